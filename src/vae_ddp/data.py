@@ -1,0 +1,230 @@
+"""Data as LightningDataModules: CIFAR-10 (torchvision), any ImageFolder tree, and
+scikit-learn's bundled digits (the embedded default, no download).
+
+All three follow lightning-bolts 0.7.0's ``CIFAR10DataModule`` / ``VisionDataModule``
+rules: the training pool is split into train / validation with
+``random_split(..., generator=torch.Generator().manual_seed(42))`` and a 20% validation
+share (``int(0.2 * n)``), images are ``ToTensor`` floats in ``[0, 1]`` (normalised only
+if ``normalize=True``), no augmentation, shuffling on, ``drop_last`` off.
+
+Images are decoded once and kept in memory as ``uint8`` ``(N, 3, 32, 32)`` tensors; each
+sample is returned as ``(x, y)`` with ``x: (3, 32, 32) float32`` and ``y`` the class index.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Optional
+
+import torch
+from pytorch_lightning import LightningDataModule
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset, random_split
+
+from vae_ddp.errors import UserError
+from vae_ddp.fixes.sampler import GlobalBatchDistributedSampler
+
+__all__ = ["ImageTensorDataset", "CIFAR10DataModule", "ImageFolderDataModule", "DigitsDataModule", "DATASETS",
+           "make_datamodule", "CIFAR10_MEAN", "CIFAR10_STD"]
+
+#: Data names accepted by ``vae-ddp --data``.
+DATASETS = ("digits", "cifar10", "imagefolder")
+#: bolts' ``cifar10_normalization`` (pl_bolts.transforms.dataset_normalizations).
+CIFAR10_MEAN = (125.3 / 255.0, 123.0 / 255.0, 113.9 / 255.0)
+CIFAR10_STD = (63.0 / 255.0, 62.1 / 255.0, 66.7 / 255.0)
+SAMPLERS = ("default", "global")
+_IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".webp")
+
+
+class ImageTensorDataset(Dataset):
+    """In-memory images: ``images: (N, 3, H, W) uint8``, ``labels: (N,) int64``.
+
+    ``__getitem__`` returns ``(images[i] / 255, labels[i])`` as ``float32``, exactly what
+    ``torchvision.transforms.ToTensor`` gives for the same pixels, then the CIFAR-10
+    normalisation if ``normalize``.
+    """
+
+    def __init__(self, images: Tensor, labels: Tensor, normalize: bool = False) -> None:
+        self.images, self.labels, self.normalize = images, labels, normalize
+        self._mean = torch.tensor(CIFAR10_MEAN).view(3, 1, 1)
+        self._std = torch.tensor(CIFAR10_STD).view(3, 1, 1)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int):
+        x = self.images[i].float().div(255)
+        if self.normalize:
+            x = (x - self._mean) / self._std
+        return x, int(self.labels[i])
+
+
+def _subset(images: Tensor, labels: Tensor, max_samples: Optional[int]) -> tuple[Tensor, Tensor]:
+    """A fixed random subset of ``max_samples`` (seed 0), for quick runs; all if None."""
+    if max_samples is None or max_samples >= len(labels):
+        return images, labels
+    idx = torch.randperm(len(labels), generator=torch.Generator().manual_seed(0))[:max_samples].sort().values
+    return images[idx], labels[idx]
+
+
+class _InMemoryDataModule(LightningDataModule):
+    """Shared train/val split and loaders; subclasses implement ``_load()``."""
+
+    def __init__(self, batch_size: int = 32, val_split: float = 0.2, seed: int = 42, num_workers: int = 0,
+                 normalize: bool = False, shuffle: bool = True, drop_last: bool = False,
+                 max_samples: Optional[int] = None, sampler: str = "default", sampler_seed: int = 0) -> None:
+        super().__init__()
+        if sampler not in SAMPLERS:
+            raise UserError(f"unknown sampler {sampler!r}: use one of {', '.join(SAMPLERS)}")
+        self.batch_size, self.val_split, self.seed = batch_size, val_split, seed
+        self.num_workers, self.normalize, self.shuffle, self.drop_last = num_workers, normalize, shuffle, drop_last
+        self.max_samples, self.sampler, self.sampler_seed = max_samples, sampler, sampler_seed
+        self.dataset_train: Optional[Dataset] = None
+        self.dataset_val: Optional[Dataset] = None
+
+    def _load(self) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError
+
+    def setup(self, stage: Optional[str] = None) -> None:
+        if self.dataset_train is not None:
+            return
+        images, labels = _subset(*self._load(), self.max_samples)
+        full = ImageTensorDataset(images, labels, self.normalize)
+        val_len = int(self.val_split * len(full))
+        self.dataset_train, self.dataset_val = random_split(
+            full, [len(full) - val_len, val_len], generator=torch.Generator().manual_seed(self.seed))
+
+    def train_dataloader(self) -> DataLoader:
+        """``batch_size`` is the per-device batch size. With ``sampler="global"`` the loader
+        uses :class:`GlobalBatchDistributedSampler` over the trainer's world size."""
+        if self.sampler == "global":
+            world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
+            sampler = GlobalBatchDistributedSampler(self.dataset_train, self.batch_size * world, num_replicas=world,
+                                                    rank=rank, shuffle=self.shuffle, seed=self.sampler_seed)
+            return DataLoader(self.dataset_train, batch_size=self.batch_size, sampler=sampler,
+                              num_workers=self.num_workers)
+        return DataLoader(self.dataset_train, batch_size=self.batch_size, shuffle=self.shuffle,
+                          drop_last=self.drop_last, num_workers=self.num_workers)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.dataset_val, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers)
+
+
+class DigitsDataModule(_InMemoryDataModule):
+    """scikit-learn's bundled handwritten digits (1,797 real 8x8 grey images, no download),
+    upsampled to 32x32 with nearest-neighbour and repeated on 3 channels so that the
+    CIFAR-10 models take them unchanged. Pixels ``0..16`` map to ``0..255``."""
+
+    def _load(self) -> tuple[Tensor, Tensor]:
+        from sklearn.datasets import load_digits
+
+        d = load_digits()
+        x = torch.from_numpy(d.images).float().div(16).unsqueeze(1)  # (N, 1, 8, 8) in [0, 1]
+        x = torch.nn.functional.interpolate(x, size=32, mode="nearest").repeat(1, 3, 1, 1)
+        return x.mul(255).round().to(torch.uint8), torch.from_numpy(d.target).long()
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("VAE_DDP_CACHE", Path.home() / ".cache" / "vae-ddp"))
+
+
+def find_image_root(data_dir: str | os.PathLike) -> Path:
+    """The ImageFolder root inside ``data_dir``: ``data_dir/train`` if present, else
+    ``data_dir``. Raises :class:`UserError` if the folder is missing or holds no images."""
+    root = Path(data_dir).expanduser()
+    if not root.is_dir():
+        raise UserError(f"--data-dir {root} does not exist: point it at an ImageFolder tree "
+                        f"(<dir>/[train/]<class>/<image>), e.g. ../shared/data/cifar10-jpg-subset")
+    if (root / "train").is_dir():
+        root = root / "train"
+    has_images = any(p.suffix.lower() in _IMAGE_EXTS for c in root.iterdir() if c.is_dir() for p in c.iterdir())
+    if not has_images:
+        raise UserError(f"--data-dir {root} holds no images in class folders: expected "
+                        f"<dir>/[train/]<class>/<image>.jpg|.png, e.g. ../shared/data/cifar10-jpg-subset")
+    return root
+
+
+class ImageFolderDataModule(_InMemoryDataModule):
+    """Any ``torchvision.datasets.ImageFolder`` tree: ``data_dir/[train/]<class>/<image>``.
+
+    Images are read with ``torchvision.io.decode_image`` (RGB), resized to 32x32 only if
+    they are not already, and cached as one ``uint8`` tensor under
+    ``$VAE_DDP_CACHE`` (default ``~/.cache/vae-ddp``), keyed by the root path and the
+    file list, so that each DDP rank and each later run skip the decoding.
+
+    Raises:
+        UserError: ``data_dir`` does not exist or holds no images.
+    """
+
+    def __init__(self, data_dir: str = "../shared/data/cifar10-jpg-subset", **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.data_dir = data_dir
+        self.root = find_image_root(data_dir)
+
+    def _load(self) -> tuple[Tensor, Tensor]:
+        from torchvision.datasets import ImageFolder
+        from torchvision.io import ImageReadMode, decode_image
+
+        folder = ImageFolder(str(self.root), loader=lambda p: p)  # paths only; decode below
+        key = hashlib.sha1(("\n".join(f"{p}:{y}" for p, y in folder.samples)).encode()).hexdigest()[:16]
+        cache = _cache_dir() / f"imagefolder-{key}.pt"
+        if cache.exists():
+            data = torch.load(cache)
+            return data["images"], data["labels"]
+        imgs = []
+        for path, _ in folder.samples:
+            img = decode_image(path, mode=ImageReadMode.RGB)
+            if img.shape[-2:] != (32, 32):
+                img = torch.nn.functional.interpolate(img[None].float(), size=(32, 32), mode="bilinear",
+                                                      antialias=True)[0].round().clamp(0, 255).to(torch.uint8)
+            imgs.append(img)
+        images, labels = torch.stack(imgs), torch.tensor(folder.targets, dtype=torch.long)
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+        torch.save({"images": images, "labels": labels}, tmp)
+        os.replace(tmp, cache)
+        return images, labels
+
+
+class CIFAR10DataModule(_InMemoryDataModule):
+    """CIFAR-10 through ``torchvision.datasets.CIFAR10`` (``download=True`` in
+    ``prepare_data``, as bolts does). Needs internet the first time, or the extracted
+    ``cifar-10-batches-py`` in ``data_dir``."""
+
+    def __init__(self, data_dir: str = ".", **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.data_dir = data_dir
+
+    def prepare_data(self) -> None:
+        from torchvision.datasets import CIFAR10
+
+        try:
+            CIFAR10(self.data_dir, train=True, download=True)
+        except Exception as err:  # no internet: say what to do
+            raise UserError(f"could not get CIFAR-10 into {self.data_dir} ({type(err).__name__}): download "
+                            f"cifar-10-python.tar.gz there, or use --data imagefolder --data-dir DIR") from None
+
+    def _load(self) -> tuple[Tensor, Tensor]:
+        from torchvision.datasets import CIFAR10
+
+        ds = CIFAR10(self.data_dir, train=True, download=False)
+        return torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous(), torch.tensor(ds.targets)
+
+
+def make_datamodule(data: str, data_dir: Optional[str] = None, **kwargs) -> _InMemoryDataModule:
+    """Build the datamodule named ``data`` (one of :data:`DATASETS`); ``kwargs`` go to it.
+
+    Raises:
+        UserError: unknown name, or (imagefolder) a missing or empty ``data_dir``.
+    """
+    if data == "digits":
+        return DigitsDataModule(**kwargs)
+    if data == "cifar10":
+        return CIFAR10DataModule(data_dir or ".", **kwargs)
+    if data == "imagefolder":
+        if not data_dir:
+            raise UserError("--data imagefolder needs --data-dir DIR, e.g. ../shared/data/cifar10-jpg-subset")
+        return ImageFolderDataModule(data_dir, **kwargs)
+    raise UserError(f"unknown data {data!r}: use one of {', '.join(DATASETS)}")

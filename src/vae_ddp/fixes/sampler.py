@@ -1,0 +1,79 @@
+"""Fix for data order and sampling: every optimizer step sees the single-device batch.
+
+Default behaviour (Lightning 2.x): a single device iterates a shuffled ``RandomSampler``;
+under ``strategy="ddp"`` Lightning replaces it with ``DistributedSampler(shuffle=True,
+seed=int(os.environ["PL_GLOBAL_SEED"]))`` (``pytorch_lightning.trainer.connectors.
+data_connector._get_distributed_sampler``), whose own permutation is dealt to the ranks
+interleaved (``indices[rank::world_size]``) and padded with repeated samples up to a
+multiple of the world size. The sample sets of step k then differ from the single run's.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Optional
+
+import torch
+from torch.utils.data import Dataset, DistributedSampler
+
+__all__ = ["GlobalBatchDistributedSampler"]
+
+
+class GlobalBatchDistributedSampler(DistributedSampler):
+    """Deals each global batch of one shared permutation to the ranks in contiguous chunks.
+
+    With ``num_replicas=1`` it yields the permutation in order, so the single-device
+    batch k is ``perm[k*B:(k+1)*B]``; with world size N, rank r's batch k is the r-th
+    chunk of ``B/N`` samples of that same global batch. The union over ranks of step k's
+    batches is therefore exactly the single-device batch k, in the same order, for any N.
+    Incomplete last global batches are dropped (an uneven last batch would weight samples
+    differently, see the mean-reduction page).
+
+    Use it with ``DataLoader(dataset, batch_size=global_batch_size // world_size,
+    sampler=...)`` and ``Trainer(use_distributed_sampler=False)`` (Lightning would keep a
+    ``DistributedSampler`` subclass anyway; the flag makes the intent explicit).
+    Lightning calls :meth:`set_epoch` at every epoch, which reshuffles.
+
+    Args:
+        dataset: map-style dataset of length ``n``.
+        global_batch_size: samples per optimizer step over all ranks (``B``).
+        num_replicas: world size ``N``; default: from the process group.
+        rank: this process's global rank; default: from the process group.
+        shuffle: permute with ``torch.randperm(n, generator=manual_seed(seed + epoch))``;
+            else keep dataset order.
+        seed: base seed of the permutation (must be the same on every rank).
+
+    Raises:
+        ValueError: ``global_batch_size`` not divisible by ``num_replicas``, or larger than
+            the dataset.
+    """
+
+    def __init__(self, dataset: Dataset, global_batch_size: int, num_replicas: Optional[int] = None,
+                 rank: Optional[int] = None, shuffle: bool = True, seed: int = 0) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=True)
+        if global_batch_size % self.num_replicas:
+            raise ValueError(f"global batch size {global_batch_size} is not divisible by world size "
+                             f"{self.num_replicas}: choose a multiple of {self.num_replicas}")
+        if global_batch_size > len(dataset):
+            raise ValueError(f"global batch size {global_batch_size} exceeds the dataset size {len(dataset)}")
+        self.global_batch_size = global_batch_size
+        self.per_device_batch_size = global_batch_size // self.num_replicas
+        self.num_global_batches = len(dataset) // global_batch_size
+        self.num_samples = self.num_global_batches * self.per_device_batch_size
+        self.total_size = self.num_global_batches * global_batch_size
+
+    def global_order(self) -> list[int]:
+        """The permutation of this epoch, shared by all ranks (the single-device order)."""
+        if self.shuffle:
+            g = torch.Generator()
+            g.manual_seed(self.seed + self.epoch)
+            return torch.randperm(len(self.dataset), generator=g).tolist()
+        return list(range(len(self.dataset)))
+
+    def __iter__(self) -> Iterator[int]:
+        order, b, B = self.global_order(), self.per_device_batch_size, self.global_batch_size
+        for k in range(self.num_global_batches):
+            start = k * B + self.rank * b
+            yield from order[start:start + b]
+
+    def __len__(self) -> int:
+        return self.num_samples

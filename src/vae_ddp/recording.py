@@ -1,0 +1,103 @@
+"""Recording what a run does, the same way for every configuration.
+
+:class:`GlobalBatchRecorder` is a Lightning callback that records, per optimizer step,
+the train ``recon_loss``, ``kl`` and ``loss`` **over the whole global batch** (under DDP
+the per-rank means are weighted by their batch sizes and summed across ranks with
+``trainer.strategy.reduce(..., reduce_op="sum")``, not rank 0's half), next to what
+Lightning logged on rank 0 (``trainer.callback_metrics``), and validation metrics over
+the whole validation set with fixed noise, computed on rank 0.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, Optional
+
+import torch
+from pytorch_lightning import Callback, LightningModule, Trainer
+from torch.utils.data import DataLoader
+
+__all__ = ["GlobalBatchRecorder", "evaluate"]
+
+METRICS = ("recon_loss", "kl", "loss")
+
+
+@torch.no_grad()
+def evaluate(module: LightningModule, loader: DataLoader, seed: int = 1234) -> dict[str, float]:
+    """Mean ``recon_loss``, ``kl`` and ``loss`` of ``module`` over all of ``loader``, in eval
+    mode (BatchNorm running statistics), with reparameterization noise from a private
+    generator seeded with ``seed`` (the same noise for every configuration), weighted by
+    batch size. Restores the module's training mode."""
+    was_training = module.training
+    module.eval()
+    g = torch.Generator(device=module.device)
+    g.manual_seed(seed)
+    totals, n = torch.zeros(3, dtype=torch.float64), 0
+    for x, _ in loader:
+        x = x.to(device=module.device, dtype=module.dtype)
+        h = module.encoder(x)
+        mu = module.fc_mu(h)
+        eps = torch.randn(mu.shape, generator=g, dtype=mu.dtype, device=mu.device)
+        _, logs = module.step(x, eps)
+        totals += torch.tensor([float(logs[k]) for k in METRICS], dtype=torch.float64) * len(x)
+        n += len(x)
+    module.train(was_training)
+    return {k: float(v) / n for k, v in zip(METRICS, totals)}
+
+
+class GlobalBatchRecorder(Callback):
+    """Record global-batch train metrics each step and validation metrics every ``val_every``.
+
+    The LightningModule must leave its last step's detached metrics and batch size in
+    ``pl_module.last_logs`` (as :class:`vae_ddp.model.VAE` does).
+
+    Args:
+        total_steps: the run's ``max_steps`` (for progress and the last validation).
+        val_every: validate every this many optimizer steps and after the last; 0: never.
+        label: name printed in progress lines.
+        progress: print a progress line to stdout about every 10% of the steps.
+
+    Attributes (rank 0 only):
+        records: one dict per optimizer step: ``step`` (1-based), the global-batch
+            ``recon_loss``, ``kl``, ``loss``, ``global_batch_size``, and
+            ``logged_<metric>``: what ``self.log`` put in ``callback_metrics`` on rank 0.
+        val_records: ``{"step", "recon_loss", "kl", "loss"}`` per validation.
+    """
+
+    def __init__(self, total_steps: int, val_every: int = 0, label: str = "", progress: bool = True) -> None:
+        self.total_steps, self.val_every, self.label, self.progress = total_steps, val_every, label, progress
+        self.records: list[dict[str, Any]] = []
+        self.val_records: list[dict[str, float]] = []
+        self._val_loader: Optional[DataLoader] = None
+        self._t0 = 0.0
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._t0 = time.perf_counter()
+        dm = trainer.datamodule
+        if self.val_every and trainer.is_global_zero and dm is not None:
+            self._val_loader = DataLoader(dm.dataset_val, batch_size=256, shuffle=False)
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        logs = pl_module.last_logs
+        n = logs["batch_size"]
+        stats = torch.stack([logs[k] * n for k in METRICS] + [n]).double()
+        stats = trainer.strategy.reduce(stats, reduce_op="sum")
+        step = trainer.global_step
+        if not trainer.is_global_zero:
+            return
+        rec: dict[str, Any] = {"step": step, "global_batch_size": int(stats[-1])}
+        rec.update({k: float(stats[i] / stats[-1]) for i, k in enumerate(METRICS)})
+        for k in METRICS:
+            v = trainer.callback_metrics.get(f"train_{k}")
+            rec[f"logged_{k}"] = None if v is None else float(v)
+        self.records.append(rec)
+        if self._val_loader is not None and (step % self.val_every == 0 or step == self.total_steps):
+            self.val_records.append({"step": step, **evaluate(pl_module, self._val_loader)})
+        every = max(1, self.total_steps // 10)
+        if self.progress and (step % every == 0 or step == self.total_steps):
+            rate = step / max(time.perf_counter() - self._t0, 1e-9)
+            print(f"[{self.label}] step {step}/{self.total_steps}  loss {rec['loss']:.4f}  kl {rec['kl']:.4f}  "
+                  f"recon {rec['recon_loss']:.4f}  ({rate:.1f} steps/s)", flush=True)
+            sys.stdout.flush()

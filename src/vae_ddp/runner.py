@@ -1,0 +1,104 @@
+"""Run one :class:`~vae_ddp.configs.RunSpec` through Lightning's ``Trainer``.
+
+Entry point for a child process: ``python -m vae_ddp.runner SPEC_JSON OUT_DIR``. Under
+``strategy="ddp"`` Lightning starts the other ranks by re-running this same command
+(``_SubprocessScriptLauncher``), which is why every study launches its runs this way
+instead of inside its own process. Rank 0 writes ``OUT_DIR/run.json``:
+``{"spec": {...}, "runs": [{"seed", "records", "val_records", "params"}]}``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import warnings
+from pathlib import Path
+from typing import Any, Optional
+
+import pytorch_lightning as pl
+import torch
+
+from vae_ddp.configs import RunSpec
+from vae_ddp.data import make_datamodule
+from vae_ddp.dp import DataParallelVAE
+from vae_ddp.fixes.batchnorm import GlooSyncBatchNorm
+from vae_ddp.fixes.noise import GlobalBatchNoise, PerRankSeed
+from vae_ddp.model import VAE
+from vae_ddp.recording import GlobalBatchRecorder
+
+__all__ = ["build_model", "build_trainer", "train_one"]
+
+
+def quiet() -> None:
+    """Silence Lightning's informational chatter in child processes (warnings stay on stderr)."""
+    for name in ("pytorch_lightning", "lightning_fabric", "lightning.pytorch", "lightning.fabric"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+    warnings.filterwarnings("ignore", message=".*`max_epochs` was not set.*")
+
+
+def build_model(spec: RunSpec, seed: int) -> VAE:
+    """The LightningModule of ``spec`` (call after ``seed_everything``: it draws the weights)."""
+    kwargs = dict(input_height=32, enc_type=spec.model, latent_dim=spec.latent_dim, lr=spec.lr,
+                  kl_coeff=spec.kl_coeff, kl_estimator=spec.kl_estimator, sync_dist_logging=spec.sync_dist_logging)
+    if spec.config == "dp":
+        return DataParallelVAE(replicas=spec.devices, dp_mode=spec.dp_mode, replica_seed=seed, **kwargs)
+    return VAE(**kwargs)
+
+
+def build_trainer(spec: RunSpec, seed: int, callbacks: Optional[list] = None) -> pl.Trainer:
+    """Lightning ``Trainer`` of ``spec`` with the fixes it asks for."""
+    callbacks = list(callbacks or [])
+    if spec.noise == "per_rank":
+        callbacks.append(PerRankSeed(seed))
+    elif spec.noise == "global":
+        callbacks.append(GlobalBatchNoise(seed))
+    extra: dict[str, Any] = {}
+    if spec.sync_bn and spec.config == "ddp":
+        if spec.accelerator == "gpu":
+            extra["sync_batchnorm"] = True  # torch.nn.SyncBatchNorm (GPU only)
+        else:
+            extra["plugins"] = [GlooSyncBatchNorm()]
+    accelerator = "gpu" if (spec.accelerator == "gpu" or (spec.config == "dp" and spec.dp_mode == "real")) else "cpu"
+    return pl.Trainer(
+        accelerator=accelerator, devices=spec.world_size, strategy="ddp" if spec.config == "ddp" else "auto",
+        max_steps=spec.steps, max_epochs=-1, limit_val_batches=0, num_sanity_val_steps=0, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        precision="64-true" if spec.dtype == "float64" else "32-true",
+        use_distributed_sampler=spec.sampler == "default", callbacks=callbacks, **extra)
+
+
+def train_one(spec: RunSpec, seed: int, out_dir: Optional[Path] = None, progress: bool = True) -> Optional[dict]:
+    """Train ``spec`` with ``seed``; on rank 0 return ``{"seed", "records", "val_records",
+    "params"}`` (``params``: file name of the saved final state dict, or None)."""
+    pl.seed_everything(seed, verbose=False)
+    dm = make_datamodule(spec.data, spec.data_dir, batch_size=spec.per_device_batch_size,
+                         max_samples=spec.max_samples, sampler=spec.sampler, sampler_seed=seed)
+    model = build_model(spec, seed)
+    recorder = GlobalBatchRecorder(spec.steps, spec.val_every, f"{spec.label} seed {seed}", progress)
+    trainer = build_trainer(spec, seed, [recorder])
+    trainer.fit(model, datamodule=dm)
+    if not trainer.is_global_zero:
+        return None
+    params = None
+    if spec.save_params and out_dir is not None:
+        params = f"params-{seed}.pt"
+        torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, out_dir / params)
+    return {"seed": seed, "records": recorder.records, "val_records": recorder.val_records, "params": params}
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    spec, out_dir = RunSpec.from_json(argv[0]), Path(argv[1])
+    quiet()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    runs = [train_one(spec, seed, out_dir) for seed in spec.seeds]
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0 and int(os.environ.get("NODE_RANK", "0")) == 0:
+        (out_dir / "run.json").write_text(json.dumps({"spec": json.loads(spec.to_json()), "runs": runs}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
