@@ -98,16 +98,18 @@ class DataParallelVAE(VAE):
         saved_noise = self.noise
         self.noise = lambda mu: torch.randn(mu.shape, generator=self._gens[i], dtype=mu.dtype, device=mu.device)
         bns = [m for m in self.modules() if isinstance(m, _BatchNorm)] if i else []
-        saved = [(m.running_mean.clone(), m.running_var.clone(), m.num_batches_tracked.clone()) for m in bns]
+        names = ("running_mean", "running_var", "num_batches_tracked")
+        originals = [[getattr(m, n) for n in names] for m in bns]
+        for m in bns:  # replica i > 0 updates copies, which are then dropped
+            for n in names:
+                setattr(m, n, getattr(m, n).clone())
         try:
             yield
         finally:
             self.noise = saved_noise
-            with torch.no_grad():
-                for m, (rm, rv, nb) in zip(bns, saved):
-                    m.running_mean.copy_(rm)
-                    m.running_var.copy_(rv)
-                    m.num_batches_tracked.copy_(nb)
+            for m, bufs in zip(bns, originals):
+                for n, b in zip(names, bufs):
+                    setattr(m, n, b)
 
     def training_step(self, batch, batch_idx):
         x = batch[0]

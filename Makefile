@@ -1,0 +1,30 @@
+# One command each; every target first makes the virtual environment it needs.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+OUT ?= runs
+
+.PHONY: setup demo test test-full docs docs-serve legacy legacy-test bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip >/dev/null
+	$(PY) -m pip install -e ".[dev,docs]"
+	touch $@
+
+setup: $(VENV)/.installed  ## create .venv and install the project with its test and docs extras
+
+demo: setup  ## the main job on the bundled digits: single, ddp (2 gloo processes) and dp
+	$(VENV)/bin/vae-ddp compare --out $(OUT)/demo
+
+test: setup  ## the test suite (reduced studies; CPU, gloo)
+	$(PY) -m pytest
+
+test-full: setup  ## the full-size studies too (tens of minutes on 2 cores)
+	VAE_DDP_FULL=1 $(PY) -m pytest
+
+bench: setup  ## step-time benchmarks (medians and ratios)
+	$(PY) benchmarks/step_time.py
+
+clean:
+	rm -rf $(OUT) site docs/generated

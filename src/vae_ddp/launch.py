@@ -1,0 +1,56 @@
+"""Start a run in its own process tree and collect what rank 0 wrote.
+
+Each run is ``python -m vae_ddp.runner SPEC_JSON OUT_DIR``; Lightning's DDP launcher then
+starts the other ranks by re-running that command. If any rank fails, Lightning ends the
+whole group (rank 0 kills its children on an exception; ``_ChildProcessObserver``
+SIGKILLs everyone when a child exits non-zero), so the run returns a non-zero code
+instead of hanging; :func:`launch` then raises :class:`RunFailed` with the end of the
+failing process's stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional
+
+from vae_ddp.configs import RunSpec
+
+__all__ = ["launch", "RunFailed"]
+
+
+class RunFailed(RuntimeError):
+    """A training run exited non-zero; ``str()`` holds its label, exit code and stderr tail."""
+
+
+def launch(spec: RunSpec, out_dir: Path, timeout: Optional[float] = None, quiet: bool = False) -> dict:
+    """Run ``spec`` (already validated) in a child process; return its ``run.json``.
+
+    Progress lines stream to this process's stdout (unless ``quiet``); stderr goes to
+    ``out_dir/stderr.log``.
+
+    Raises:
+        RunFailed: non-zero exit (any rank failed) or ``timeout`` seconds exceeded.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "run.json").unlink(missing_ok=True)
+    log = out_dir / "stderr.log"
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.pop("LOCAL_RANK", None)
+    cmd = [sys.executable, "-m", "vae_ddp.runner", spec.to_json(), str(out_dir)]
+    with open(log, "w") as err:
+        try:
+            proc = subprocess.run(cmd, stdout=subprocess.DEVNULL if quiet else None, stderr=err, env=env,
+                                  timeout=timeout, start_new_session=False)
+            code = proc.returncode
+        except subprocess.TimeoutExpired:
+            code = None
+    if code != 0 or not (out_dir / "run.json").exists():
+        tail = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()][-15:]
+        what = "timed out" if code is None else f"exited with code {code}"
+        raise RunFailed(f"run '{spec.label}' {what}; its stderr ({log}) ends with:\n" + "\n".join(tail))
+    return json.loads((out_dir / "run.json").read_text())
