@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,16 +22,20 @@ from vae_ddp.configs import RunSpec
 
 __all__ = ["launch", "RunFailed"]
 
+_ERROR_LINE = re.compile(r"^(\[rank\d+\]: )?[A-Za-z_][\w.]*(Error|Exception)(:|$)")
+
 
 class RunFailed(RuntimeError):
     """A training run exited non-zero; ``str()`` holds its label, exit code and stderr tail."""
 
 
-def launch(spec: RunSpec, out_dir: Path, timeout: Optional[float] = None, quiet: bool = False) -> dict:
+def launch(spec: RunSpec, out_dir: Path, timeout: Optional[float] = None, quiet: bool = False,
+           entry: Optional[list[str]] = None) -> dict:
     """Run ``spec`` (already validated) in a child process; return its ``run.json``.
 
     Progress lines stream to this process's stdout (unless ``quiet``); stderr goes to
-    ``out_dir/stderr.log``.
+    ``out_dir/stderr.log``. ``entry`` replaces ``[python, -m, vae_ddp.runner]`` (tests use
+    it to inject a failing rank).
 
     Raises:
         RunFailed: non-zero exit (any rank failed) or ``timeout`` seconds exceeded.
@@ -41,7 +46,7 @@ def launch(spec: RunSpec, out_dir: Path, timeout: Optional[float] = None, quiet:
     log = out_dir / "stderr.log"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.pop("LOCAL_RANK", None)
-    cmd = [sys.executable, "-m", "vae_ddp.runner", spec.to_json(), str(out_dir)]
+    cmd = (entry or [sys.executable, "-m", "vae_ddp.runner"]) + [spec.to_json(), str(out_dir)]
     with open(log, "w") as err:
         try:
             proc = subprocess.run(cmd, stdout=subprocess.DEVNULL if quiet else None, stderr=err, env=env,
@@ -50,7 +55,10 @@ def launch(spec: RunSpec, out_dir: Path, timeout: Optional[float] = None, quiet:
         except subprocess.TimeoutExpired:
             code = None
     if code != 0 or not (out_dir / "run.json").exists():
-        tail = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()][-15:]
+        lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+        # the first exception line is the rank that failed first; the others follow from it
+        first = next((ln for ln in lines if _ERROR_LINE.match(ln)), None)
         what = "timed out" if code is None else f"exited with code {code}"
-        raise RunFailed(f"run '{spec.label}' {what}; its stderr ({log}) ends with:\n" + "\n".join(tail))
+        head = f"run '{spec.label}' {what}" + (f"; first error: {first}" if first else "")
+        raise RunFailed(f"{head}\n(full stderr of all ranks: {log}; it ends with:)\n" + "\n".join(lines[-8:]))
     return json.loads((out_dir / "run.json").read_text())
