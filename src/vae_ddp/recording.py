@@ -60,7 +60,8 @@ class GlobalBatchRecorder(Callback):
 
     Attributes (rank 0 only):
         records: one dict per optimizer step: ``step`` (1-based), the global-batch
-            ``recon_loss``, ``kl``, ``loss``, ``global_batch_size``, and
+            ``recon_loss``, ``kl``, ``loss``, ``global_batch_size``, ``time_s`` (seconds
+            since the start of fit, at the end of the step, validation excluded), and
             ``logged_<metric>``: what ``self.log`` put in ``callback_metrics`` on rank 0.
         val_records: ``{"step", "recon_loss", "kl", "loss"}`` per validation.
     """
@@ -87,14 +88,17 @@ class GlobalBatchRecorder(Callback):
         step = trainer.global_step
         if not trainer.is_global_zero:
             return
-        rec: dict[str, Any] = {"step": step, "global_batch_size": int(stats[-1])}
+        rec: dict[str, Any] = {"step": step, "global_batch_size": int(stats[-1]),
+                               "time_s": time.perf_counter() - self._t0}
         rec.update({k: float(stats[i] / stats[-1]) for i, k in enumerate(METRICS)})
         for k in METRICS:
             v = trainer.callback_metrics.get(f"train_{k}")
             rec[f"logged_{k}"] = None if v is None else float(v)
         self.records.append(rec)
         if self._val_loader is not None and (step % self.val_every == 0 or step == self.total_steps):
+            t = time.perf_counter()
             self.val_records.append({"step": step, **evaluate(pl_module, self._val_loader)})
+            self._t0 += time.perf_counter() - t  # keep time_s a training-only clock
         every = max(1, self.total_steps // 10)
         if self.progress and (step % every == 0 or step == self.total_steps):
             rate = step / max(time.perf_counter() - self._t0, 1e-9)
