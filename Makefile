@@ -26,5 +26,11 @@ test-full: setup  ## the full-size studies too (tens of minutes on 2 cores)
 bench: setup  ## step-time benchmarks (medians and ratios)
 	$(PY) benchmarks/step_time.py
 
+docs: setup  ## build the site strictly into site/, running every example of docs/examples.yml (cached)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
+docs-serve: setup  ## serve the site with live reload on http://127.0.0.1:8000
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
+
 clean:
 	rm -rf $(OUT) site docs/generated

@@ -1,0 +1,294 @@
+"""MkDocs hook: run the registered examples at build time (one source of truth for every number).
+
+Registered in ``mkdocs.yml`` (``hooks: [docs/hooks/generate.py]``). Before each build
+(``on_pre_build``) it runs every entry of ``docs/examples.yml`` whose inputs changed and
+writes ``docs/generated/<name>/``: ``output.md`` (what the entry printed), ``command.md``
+(how it was run) and the files it wrote with ``--out`` (PNG, JSON). A failing entry fails
+the build with the end of its stderr. ``VAE_DDP_FULL=1`` runs the full settings
+(``full_args``) instead of the reduced ones (``args``).
+
+It also writes ``docs/generated/summary/output.md``, the Home page's factor table, from
+the ``"summary"`` objects of the entries marked ``summary: true``.
+
+``on_config`` drops from the nav the pages listed in ``extra.planned_pages`` that do not
+exist yet (pages other engineers are writing); every other nav entry stays checked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from mkdocs.exceptions import PluginError
+
+log = logging.getLogger("mkdocs.hooks.generate")
+
+REGISTRY = "docs/examples.yml"
+GENERATED = "docs/generated"
+STAMP = ".stamp"
+OUTPUT_MODES = ("markdown", "tables", "text")
+KEYS = {"name", "script", "command", "args", "full_args", "output", "keep", "timeout", "requires", "summary", "page"}
+
+
+def full_mode() -> bool:
+    return os.environ.get("VAE_DDP_FULL", "") not in ("", "0")
+
+
+def load_registry(root: Path) -> list[dict[str, Any]]:
+    """The entries of ``docs/examples.yml``, checked and completed with defaults."""
+    path = root / REGISTRY
+    data = yaml.safe_load(path.read_text()) or {}
+    entries, names = [], set()
+    for i, raw in enumerate(data.get("examples") or []):
+        where = f"{REGISTRY}, entry {i + 1}"
+        if not isinstance(raw, dict):
+            raise PluginError(f"{where}: expected a mapping, got {raw!r}")
+        unknown = set(raw) - KEYS
+        if unknown:
+            raise PluginError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; use {', '.join(sorted(KEYS))}")
+        if ("script" in raw) == ("command" in raw):
+            raise PluginError(f"{where}: give exactly one of `script` or `command`")
+        e = dict(raw)
+        if "script" in e:
+            script = root / e["script"]
+            if not script.is_file():
+                raise PluginError(f"{where}: script {e['script']} does not exist")
+            e.setdefault("name", script.stem)
+            e.setdefault("output", "markdown")
+        else:
+            if not isinstance(e["command"], list) or not e["command"]:
+                raise PluginError(f"{where}: `command` must be a non-empty list")
+            if "name" not in e:
+                raise PluginError(f"{where}: a `command` entry needs a `name`")
+            e.setdefault("output", "tables")
+        if e["output"] not in OUTPUT_MODES:
+            raise PluginError(f"{where}: output {e['output']!r} is not one of {', '.join(OUTPUT_MODES)}")
+        if not re.fullmatch(r"[A-Za-z0-9_-]+", e["name"]) or e["name"] == "summary":
+            raise PluginError(f"{where}: bad name {e['name']!r} (letters, digits, _ and -; not 'summary')")
+        if e["name"] in names:
+            raise PluginError(f"{where}: name {e['name']!r} is registered twice")
+        names.add(e["name"])
+        e["args"] = [str(a) for a in e.get("args") or []]
+        e["full_args"] = [str(a) for a in e["full_args"]] if "full_args" in e else e["args"]
+        e["timeout"] = float(e.get("timeout", 600))
+        try:
+            e["keep"] = [re.compile(k) for k in e.get("keep") or []]
+        except re.error as err:
+            raise PluginError(f"{where}: bad `keep` pattern: {err}") from None
+        entries.append(e)
+    return entries
+
+
+def command_of(e: dict[str, Any], out: str) -> list[str]:
+    """The argv of an entry, with ``{out}`` substituted (or ``--out OUT`` appended)."""
+    args = e["full_args"] if full_mode() else e["args"]
+    if any("{out}" in a for a in args):
+        args = [a.replace("{out}", out) for a in args]
+    else:
+        args = args + ["--out", out]
+    if "script" in e:
+        return [sys.executable, e["script"], *args]
+    head = list(map(str, e["command"]))
+    if head[0] == "vae-ddp":
+        head = [sys.executable, "-m", "vae_ddp.cli", *head[1:]]
+    return head + args
+
+
+def display_command(argv: list[str]) -> str:
+    """``argv`` as a reader would type it (``python``, ``vae-ddp``)."""
+    shown = list(argv)
+    if shown[:3] == [sys.executable, "-m", "vae_ddp.cli"]:
+        shown = ["vae-ddp", *shown[3:]]
+    elif shown and shown[0] == sys.executable:
+        shown[0] = "python"
+    return shlex.join(shown)
+
+
+def digest(root: Path, e: dict[str, Any], argv: list[str]) -> str:
+    h = hashlib.sha256()
+    h.update(json.dumps({"argv": display_command(argv), "output": e["output"], "full": full_mode(),
+                         "keep": [k.pattern for k in e["keep"]]}).encode())
+    files = sorted((root / "src" / "vae_ddp").rglob("*.py"))
+    if "script" in e:
+        files += [root / e["script"], *sorted((root / "examples").glob("_*.py"))]
+    for f in files:
+        h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def extract_tables(stdout: str) -> str:
+    """The Markdown tables of ``stdout``, each with its title (the non-blank line before it)."""
+    lines, blocks, i = stdout.splitlines(), [], 0
+    while i < len(lines):
+        if lines[i].startswith("|"):
+            j = i
+            while j < len(lines) and lines[j].startswith("|"):
+                j += 1
+            k = i - 1
+            while k >= 0 and not lines[k].strip():
+                k -= 1
+            title = lines[k] if k >= 0 and not lines[k].startswith(("|", "[", "==")) else ""
+            blocks.append(((f"**{title.strip()}**\n\n") if title else "") + "\n".join(lines[i:j]))
+            i = j
+        else:
+            i += 1
+    return "\n\n".join(blocks)
+
+
+def render_output(e: dict[str, Any], stdout: str) -> str:
+    if e["output"] == "markdown":
+        return stdout.rstrip() + "\n"
+    if e["output"] == "text":
+        return "```text\n" + stdout.rstrip() + "\n```\n"
+    tables = extract_tables(stdout)
+    if not tables:
+        raise PluginError(f"example {e['name']!r}: `output: tables` but it printed no Markdown table:\n{stdout[-2000:]}")
+    kept = [ln for ln in stdout.splitlines() if any(k.search(ln) for k in e["keep"])]
+    return "".join(f"{ln}  \n" for ln in kept) + ("\n" if kept else "") + tables + "\n"
+
+
+def run_entry(root: Path, e: dict[str, Any]) -> str:
+    """Run one entry unless its stamp matches; return 'cached', 'ran' or 'skipped'."""
+    out_rel = f"{GENERATED}/{e['name']}"
+    out = root / out_rel
+    argv = command_of(e, out_rel)
+    key = digest(root, e, argv)
+    stamp = out / STAMP
+    if stamp.is_file() and stamp.read_text() == key and (out / "output.md").is_file():
+        return "cached"
+    if e.get("requires") and importlib.util.find_spec(e["requires"]) is None:
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+        (out / "output.md").write_text(
+            f'!!! note "Not generated yet"\n    `{display_command(argv)}` needs `{e["requires"]}`, '
+            "which is not implemented yet; this output appears once it is.\n")
+        (out / "command.md").write_text(f"```bash\n{display_command(argv)}\n```\n")
+        return "skipped"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", MPLBACKEND="Agg", PYTHONHASHSEED="0")
+    src = str(root / "src")
+    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.pop("LOCAL_RANK", None)
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=e["timeout"])
+    except subprocess.TimeoutExpired as err:
+        tail = (err.stderr or b"")[-3000:]
+        tail = tail.decode(errors="replace") if isinstance(tail, bytes) else tail
+        raise PluginError(f"example {e['name']!r} timed out after {e['timeout']:.0f} s: "
+                          f"{display_command(argv)}\n{tail}") from None
+    (out / "stdout.txt").write_text(proc.stdout)
+    (out / "stderr.txt").write_text(proc.stderr)
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stderr.rstrip().splitlines()[-40:])
+        raise PluginError(f"example {e['name']!r} failed (exit code {proc.returncode}): "
+                          f"{display_command(argv)}\n--- stderr (end) ---\n{tail}")
+    (out / "output.md").write_text(render_output(e, proc.stdout))
+    (out / "command.md").write_text(f"```bash\n{display_command(argv)}\n```\n")
+    stamp.write_text(key)
+    log.info("generate: %s ran in %.0f s", e["name"], time.monotonic() - t0)
+    return "ran"
+
+
+def write_summary(root: Path, entries: list[dict[str, Any]]) -> None:
+    """``docs/generated/summary/output.md``: one row per ``summary: true`` entry."""
+    rows: list[dict[str, Any]] = []
+    for e in entries:
+        if not e.get("summary"):
+            continue
+        path = root / GENERATED / e["name"] / f"{e['name']}.json"
+        if not path.is_file():
+            raise PluginError(f"example {e['name']!r} is marked `summary: true` but wrote no {path.relative_to(root)}")
+        summary = json.loads(path.read_text()).get("summary")
+        if not isinstance(summary, dict):
+            raise PluginError(f"{path.relative_to(root)} has no \"summary\" object (needed by `summary: true`)")
+        row = dict(summary)
+        if e.get("page"):
+            first = next(iter(row)) if row else "factor"
+            row[first] = f"[{row.get(first, e['name'])}]({e['page']})"
+        rows.append(row)
+    out = root / GENERATED / "summary"
+    out.mkdir(parents=True, exist_ok=True)
+    if not rows:
+        text = ('!!! note "The factor table appears here"\n    It is generated from the factor examples '
+                "(`summary: true` in `docs/examples.yml`) once they are registered.\n")
+    else:
+        cols: list[str] = []
+        for r in rows:
+            cols += [c for c in r if c not in cols]
+        cell = lambda v: "-" if v is None else str(v).replace("|", "\\|").replace("\n", " ")  # noqa: E731
+        text = "| " + " | ".join(cols) + " |\n|" + "|".join("---" for _ in cols) + "|\n"
+        text += "".join("| " + " | ".join(cell(r.get(c)) for c in cols) + " |\n" for r in rows)
+    target = out / "output.md"
+    if not target.is_file() or target.read_text() != text:  # unchanged: no rewrite (mkdocs serve)
+        target.write_text(text)
+
+
+def generate(root: Path) -> dict[str, str]:
+    entries = load_registry(root)
+    done = {}
+    for e in entries:
+        done[e["name"]] = run_entry(root, e)
+    write_summary(root, entries)
+    return done
+
+
+# --------------------------------------------------------------------------- MkDocs events
+
+def _root(config) -> Path:
+    return Path(config.config_file_path).resolve().parent
+
+
+def _prune(nav: list, docs_dir: Path, planned: set[str]) -> list:
+    kept = []
+    for item in nav:
+        if isinstance(item, dict):
+            (title, value), = item.items()
+            if isinstance(value, list):
+                value = _prune(value, docs_dir, planned)
+                if value:
+                    kept.append({title: value})
+                continue
+            if value in planned and not (docs_dir / value).is_file():
+                log.info("nav: %s is not written yet; left out of the nav", value)
+                continue
+            kept.append(item)
+        elif isinstance(item, str) and item in planned and not (docs_dir / item).is_file():
+            log.info("nav: %s is not written yet; left out of the nav", item)
+        else:
+            kept.append(item)
+    return kept
+
+
+def on_config(config, **kwargs):
+    planned = set((config.extra or {}).get("planned_pages") or [])
+    if config.nav and planned:
+        config.nav = _prune(config.nav, Path(config.docs_dir), planned)
+    return config
+
+
+def on_pre_build(config, **kwargs):
+    root = _root(config)
+    t0 = time.monotonic()
+    done = generate(root)
+    log.info("generate: %s (%.0f s%s)", ", ".join(f"{k} {v}" for k, v in done.items()),
+             time.monotonic() - t0, ", VAE_DDP_FULL" if full_mode() else "")
+
+
+if __name__ == "__main__":  # `python docs/hooks/generate.py`: generate without building
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    for name, what in generate(Path(__file__).resolve().parents[2]).items():
+        print(f"{name}: {what}")
