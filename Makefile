@@ -32,5 +32,20 @@ docs: setup  ## build the site strictly into site/, running every example of doc
 docs-serve: setup  ## serve the site with live reload on http://127.0.0.1:8000
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
 
+# Legacy environment: Lightning 1.9.5 + lightning-bolts 0.7.0, separate from $(VENV).
+LEGACY_VENV ?= .venv-legacy
+LPY := $(LEGACY_VENV)/bin/python
+
+$(LEGACY_VENV)/.installed: examples/legacy/requirements.txt
+	$(PYTHON) -m venv $(LEGACY_VENV)
+	$(LPY) -m pip install -r examples/legacy/requirements.txt
+	$(LPY) -m pip install --no-deps -e .
+	touch $@
+
+legacy: $(LEGACY_VENV)/.installed  ## .venv-legacy: Lightning 1.9.5 + lightning-bolts 0.7.0 (+ this package, no deps)
+
+legacy-test: legacy  ## parity of bolts' VAE and the port, the report's script, the 1.9.5 factor check
+	$(LPY) -m pytest tests_legacy
+
 clean:
 	rm -rf $(OUT) site docs/generated
