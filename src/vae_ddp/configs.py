@@ -55,7 +55,8 @@ class RunSpec:
         val_every: validation every this many steps (0: none).
         accelerator: ``cpu`` or ``gpu``.
         dp_mode: ``auto``, ``real`` or ``emulate`` (``dp`` only).
-        save_params: write the final parameters (``params-<seed>.pt``).
+        save_params: write the final parameters and Adam's second moments (``params-<seed>.pt``).
+        record_indices: record the dataset indices of every step's global batch.
         lr, kl_coeff, kl_estimator: model hyper-parameters (bolts defaults).
         label: name used in progress lines and results.
     """
@@ -79,6 +80,7 @@ class RunSpec:
     accelerator: str = "cpu"
     dp_mode: str = "auto"
     save_params: bool = False
+    record_indices: bool = False
     lr: float = 1e-4
     kl_coeff: float = 0.1
     kl_estimator: str = "mc"

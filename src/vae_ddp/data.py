@@ -43,11 +43,12 @@ class ImageTensorDataset(Dataset):
 
     ``__getitem__`` returns ``(images[i] / 255, labels[i])`` as ``float32``, exactly what
     ``torchvision.transforms.ToTensor`` gives for the same pixels, then the CIFAR-10
-    normalisation if ``normalize``.
+    normalisation if ``normalize``. With ``return_index`` the second item is ``i`` (the
+    index in this dataset), so that a run can record which samples each step saw.
     """
 
-    def __init__(self, images: Tensor, labels: Tensor, normalize: bool = False) -> None:
-        self.images, self.labels, self.normalize = images, labels, normalize
+    def __init__(self, images: Tensor, labels: Tensor, normalize: bool = False, return_index: bool = False) -> None:
+        self.images, self.labels, self.normalize, self.return_index = images, labels, normalize, return_index
         self._mean = torch.tensor(CIFAR10_MEAN).view(3, 1, 1)
         self._std = torch.tensor(CIFAR10_STD).view(3, 1, 1)
 
@@ -58,7 +59,7 @@ class ImageTensorDataset(Dataset):
         x = self.images[i].float().div(255)
         if self.normalize:
             x = (x - self._mean) / self._std
-        return x, int(self.labels[i])
+        return x, (i if self.return_index else int(self.labels[i]))
 
 
 def _subset(images: Tensor, labels: Tensor, max_samples: Optional[int]) -> tuple[Tensor, Tensor]:
@@ -74,13 +75,15 @@ class _InMemoryDataModule(LightningDataModule):
 
     def __init__(self, batch_size: int = 32, val_split: float = 0.2, seed: int = 42, num_workers: int = 0,
                  normalize: bool = False, shuffle: bool = True, drop_last: bool = False,
-                 max_samples: Optional[int] = None, sampler: str = "default", sampler_seed: int = 0) -> None:
+                 max_samples: Optional[int] = None, sampler: str = "default", sampler_seed: int = 0,
+                 return_index: bool = False) -> None:
         super().__init__()
         if sampler not in SAMPLERS:
             raise UserError(f"unknown sampler {sampler!r}: use one of {', '.join(SAMPLERS)}")
         self.batch_size, self.val_split, self.seed = batch_size, val_split, seed
         self.num_workers, self.normalize, self.shuffle, self.drop_last = num_workers, normalize, shuffle, drop_last
         self.max_samples, self.sampler, self.sampler_seed = max_samples, sampler, sampler_seed
+        self.return_index = return_index
         self.dataset_train: Optional[Dataset] = None
         self.dataset_val: Optional[Dataset] = None
 
@@ -91,7 +94,7 @@ class _InMemoryDataModule(LightningDataModule):
         if self.dataset_train is not None:
             return
         images, labels = _subset(*self._load(), self.max_samples)
-        full = ImageTensorDataset(images, labels, self.normalize)
+        full = ImageTensorDataset(images, labels, self.normalize, self.return_index)
         val_len = int(self.val_split * len(full))
         self.dataset_train, self.dataset_val = random_split(
             full, [len(full) - val_len, val_len], generator=torch.Generator().manual_seed(self.seed))

@@ -62,12 +62,16 @@ class GlobalBatchRecorder(Callback):
         records: one dict per optimizer step: ``step`` (1-based), the global-batch
             ``recon_loss``, ``kl``, ``loss``, ``global_batch_size``, ``time_s`` (seconds
             since the start of fit, at the end of the step, validation excluded), and
-            ``logged_<metric>``: what ``self.log`` put in ``callback_metrics`` on rank 0.
+            ``logged_<metric>``: what ``self.log`` put in ``callback_metrics`` on rank 0;
+            with ``record_indices``, ``indices``: the dataset indices of the step's global
+            batch (rank 0's, then rank 1's, ...), which needs a dataset returning them.
         val_records: ``{"step", "recon_loss", "kl", "loss"}`` per validation.
     """
 
-    def __init__(self, total_steps: int, val_every: int = 0, label: str = "", progress: bool = True) -> None:
+    def __init__(self, total_steps: int, val_every: int = 0, label: str = "", progress: bool = True,
+                 record_indices: bool = False) -> None:
         self.total_steps, self.val_every, self.label, self.progress = total_steps, val_every, label, progress
+        self.record_indices = record_indices
         self.records: list[dict[str, Any]] = []
         self.val_records: list[dict[str, float]] = []
         self._val_loader: Optional[DataLoader] = None
@@ -86,11 +90,16 @@ class GlobalBatchRecorder(Callback):
         stats = torch.stack([logs[k] * n for k in METRICS] + [n]).double()
         stats = trainer.strategy.reduce(stats, reduce_op="sum")
         step = trainer.global_step
+        indices = None
+        if self.record_indices:  # batch[1] holds dataset indices; equal per-rank sizes (DistributedSampler pads)
+            indices = trainer.strategy.all_gather(batch[1]).reshape(-1).tolist()
         if not trainer.is_global_zero:
             return
         rec: dict[str, Any] = {"step": step, "global_batch_size": int(stats[-1]),
                                "time_s": time.perf_counter() - self._t0}
         rec.update({k: float(stats[i] / stats[-1]) for i, k in enumerate(METRICS)})
+        if indices is not None:
+            rec["indices"] = indices
         for k in METRICS:
             v = trainer.callback_metrics.get(f"train_{k}")
             rec[f"logged_{k}"] = None if v is None else float(v)

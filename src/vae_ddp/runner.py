@@ -72,12 +72,15 @@ def build_trainer(spec: RunSpec, seed: int, callbacks: Optional[list] = None) ->
 
 def train_one(spec: RunSpec, seed: int, out_dir: Optional[Path] = None, progress: bool = True) -> Optional[dict]:
     """Train ``spec`` with ``seed``; on rank 0 return ``{"seed", "records", "val_records",
-    "params"}`` (``params``: file name of the saved final state dict, or None)."""
+    "params"}`` (``params``: file name of the saved ``{"state_dict", "adam_v"}``, Adam's
+    ``exp_avg_sq`` per parameter name, or None)."""
     pl.seed_everything(seed, verbose=False)
     dm = make_datamodule(spec.data, spec.data_dir, batch_size=spec.per_device_batch_size,
-                         max_samples=spec.max_samples, sampler=spec.sampler, sampler_seed=seed)
+                         max_samples=spec.max_samples, sampler=spec.sampler, sampler_seed=seed,
+                         return_index=spec.record_indices)
     model = build_model(spec, seed)
-    recorder = GlobalBatchRecorder(spec.steps, spec.val_every, f"{spec.label} seed {seed}", progress)
+    recorder = GlobalBatchRecorder(spec.steps, spec.val_every, f"{spec.label} seed {seed}", progress,
+                                   record_indices=spec.record_indices)
     trainer = build_trainer(spec, seed, [recorder])
     trainer.fit(model, datamodule=dm)
     if not trainer.is_global_zero:
@@ -85,7 +88,10 @@ def train_one(spec: RunSpec, seed: int, out_dir: Optional[Path] = None, progress
     params = None
     if spec.save_params and out_dir is not None:
         params = f"params-{seed}.pt"
-        torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, out_dir / params)
+        opt = trainer.optimizers[0]
+        adam_v = {n: opt.state[p]["exp_avg_sq"].detach().cpu() for n, p in model.named_parameters() if p in opt.state}
+        torch.save({"state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()}, "adam_v": adam_v},
+                   out_dir / params)
     return {"seed": seed, "records": recorder.records, "val_records": recorder.val_records, "params": params}
 
 
