@@ -260,3 +260,22 @@ def test_search_finds_syncbatchnorm(server, browser):
     result.wait_for(state="visible", timeout=20000)
     assert "SyncBatchNorm" in page.locator(".md-search-result").inner_text()
     page.close()
+
+
+# --------------------------------------------------------------------------- CI workflows
+
+@pytest.mark.parametrize("name", ["ci.yml", "pages.yml"])
+def test_workflows(name):
+    """The workflows are valid YAML and run the README's commands (make test, make docs)."""
+    import yaml
+
+    path = ROOT / ".github" / "workflows" / name
+    wf = yaml.safe_load(path.read_text())
+    steps = [s for job in wf["jobs"].values() for s in job.get("steps", [])]
+    commands = [s["run"].strip() for s in steps if "run" in s]
+    assert "make docs" in commands
+    if name == "ci.yml":
+        assert "make test" in commands
+    else:
+        uses = [s.get("uses", "").split("@")[0] for s in steps]
+        assert "actions/upload-pages-artifact" in uses and "actions/deploy-pages" in uses

@@ -38,8 +38,11 @@ log = logging.getLogger("mkdocs.hooks.generate")
 REGISTRY = "docs/examples.yml"
 GENERATED = "docs/generated"
 STAMP = ".stamp"
-OUTPUT_MODES = ("markdown", "tables", "text")
-KEYS = {"name", "script", "command", "args", "full_args", "output", "keep", "timeout", "requires", "summary", "page"}
+OUTPUT_MODES = ("markdown", "tables", "text", "log")
+KEYS = {"name", "script", "command", "args", "full_args", "output", "keep", "drop", "timeout", "requires", "summary",
+        "page"}
+#: Python warnings (``path.py:LINE: Category: message`` and the source line after it) are not output.
+WARNING_LINE = re.compile(r"^\S+\.py:\d+: ")
 
 
 def full_mode() -> bool:
@@ -85,6 +88,7 @@ def load_registry(root: Path) -> list[dict[str, Any]]:
         e["timeout"] = float(e.get("timeout", 600))
         try:
             e["keep"] = [re.compile(k) for k in e.get("keep") or []]
+            e["drop"] = [re.compile(k) for k in e.get("drop") or []]
         except re.error as err:
             raise PluginError(f"{where}: bad `keep` pattern: {err}") from None
         entries.append(e)
@@ -116,10 +120,32 @@ def display_command(argv: list[str]) -> str:
     return shlex.join(shown)
 
 
+def wrapped_command(argv: list[str], width: int = 88) -> str:
+    """``display_command`` broken into shell continuation lines, each flag next to its value."""
+    words = shlex.split(display_command(argv))
+    groups, i = [], 0
+    while i < len(words):
+        if words[i].startswith("-") and i + 1 < len(words) and not words[i + 1].startswith("-"):
+            groups.append(shlex.join(words[i:i + 2]))
+            i += 2
+        else:
+            groups.append(shlex.quote(words[i]))
+            i += 1
+    lines, line = [], ""
+    for g in groups:
+        if line and len(line) + 1 + len(g) > width - 2:
+            lines.append(line + " \\")
+            line = "    " + g
+        else:
+            line = f"{line} {g}" if line else g
+    return "\n".join(lines + [line])
+
+
 def digest(root: Path, e: dict[str, Any], argv: list[str]) -> str:
     h = hashlib.sha256()
-    h.update(json.dumps({"argv": display_command(argv), "output": e["output"], "full": full_mode(),
-                         "keep": [k.pattern for k in e["keep"]]}).encode())
+    # How the output is rendered is not part of the key: output.md is re-rendered from
+    # stdout.txt on every build. Only whether stderr is merged into it is.
+    h.update(json.dumps({"argv": display_command(argv), "merged": e["output"] == "log", "full": full_mode()}).encode())
     files = sorted((root / "src" / "vae_ddp").rglob("*.py"))
     if "script" in e:
         files += [root / e["script"], *sorted((root / "examples").glob("_*.py"))]
@@ -147,7 +173,24 @@ def extract_tables(stdout: str) -> str:
     return "\n\n".join(blocks)
 
 
+def clean_log(e: dict[str, Any], text: str) -> str:
+    """``text`` without Python warnings and without the lines matching ``drop``."""
+    out, skip_source = [], False
+    for ln in text.splitlines():
+        if WARNING_LINE.match(ln):
+            skip_source = True
+            continue
+        if skip_source and ln.startswith("  "):
+            continue
+        skip_source = False
+        if not any(d.search(ln) for d in e["drop"]):
+            out.append(ln)
+    return "\n".join(out).strip("\n")
+
+
 def render_output(e: dict[str, Any], stdout: str) -> str:
+    if e["output"] == "log":
+        return "```text\n" + clean_log(e, stdout) + "\n```\n"
     if e["output"] == "markdown":
         return stdout.rstrip() + "\n"
     if e["output"] == "text":
@@ -166,15 +209,18 @@ def run_entry(root: Path, e: dict[str, Any]) -> str:
     argv = command_of(e, out_rel)
     key = digest(root, e, argv)
     stamp = out / STAMP
-    if stamp.is_file() and stamp.read_text() == key and (out / "output.md").is_file():
+    if stamp.is_file() and stamp.read_text() == key and (out / "stdout.txt").is_file():
+        write_if_changed(out / "output.md", render_output(e, (out / "stdout.txt").read_text()))
+        write_if_changed(out / "command.md", f"```bash\n{wrapped_command(argv)}\n```\n")
         return "cached"
     if e.get("requires") and importlib.util.find_spec(e["requires"]) is None:
-        shutil.rmtree(out, ignore_errors=True)
-        out.mkdir(parents=True)
-        (out / "output.md").write_text(
-            f'!!! note "Not generated yet"\n    `{display_command(argv)}` needs `{e["requires"]}`, '
-            "which is not implemented yet; this output appears once it is.\n")
-        (out / "command.md").write_text(f"```bash\n{display_command(argv)}\n```\n")
+        if stamp.exists():  # outputs of an earlier real run
+            shutil.rmtree(out)
+        out.mkdir(parents=True, exist_ok=True)
+        write_if_changed(out / "output.md",
+                         f'!!! note "Not generated yet"\n    `{display_command(argv)}` needs `{e["requires"]}`, '
+                         "which is not implemented yet; this output appears once it is.\n")
+        write_if_changed(out / "command.md", f"```bash\n{wrapped_command(argv)}\n```\n")
         return "skipped"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
@@ -184,23 +230,31 @@ def run_entry(root: Path, e: dict[str, Any]) -> str:
     env.pop("LOCAL_RANK", None)
     t0 = time.monotonic()
     try:
-        proc = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=e["timeout"])
+        merged = e["output"] == "log"  # Lightning logs to stderr or stdout depending on the terminal
+        proc = subprocess.run(argv, cwd=root, env=env, stdout=subprocess.PIPE, text=True, timeout=e["timeout"],
+                              stderr=subprocess.STDOUT if merged else subprocess.PIPE)
     except subprocess.TimeoutExpired as err:
         tail = (err.stderr or b"")[-3000:]
         tail = tail.decode(errors="replace") if isinstance(tail, bytes) else tail
         raise PluginError(f"example {e['name']!r} timed out after {e['timeout']:.0f} s: "
                           f"{display_command(argv)}\n{tail}") from None
     (out / "stdout.txt").write_text(proc.stdout)
-    (out / "stderr.txt").write_text(proc.stderr)
+    (out / "stderr.txt").write_text(proc.stderr or "")
     if proc.returncode != 0:
-        tail = "\n".join(proc.stderr.rstrip().splitlines()[-40:])
+        tail = "\n".join((proc.stdout if merged else proc.stderr).rstrip().splitlines()[-40:])
         raise PluginError(f"example {e['name']!r} failed (exit code {proc.returncode}): "
                           f"{display_command(argv)}\n--- stderr (end) ---\n{tail}")
     (out / "output.md").write_text(render_output(e, proc.stdout))
-    (out / "command.md").write_text(f"```bash\n{display_command(argv)}\n```\n")
+    (out / "command.md").write_text(f"```bash\n{wrapped_command(argv)}\n```\n")
     stamp.write_text(key)
     log.info("generate: %s ran in %.0f s", e["name"], time.monotonic() - t0)
     return "ran"
+
+
+def write_if_changed(path: Path, text: str) -> None:
+    """Write only when the content changes (no rebuild loop under ``mkdocs serve``)."""
+    if not path.is_file() or path.read_text() != text:
+        path.write_text(text)
 
 
 def write_summary(root: Path, entries: list[dict[str, Any]]) -> None:
@@ -232,9 +286,7 @@ def write_summary(root: Path, entries: list[dict[str, Any]]) -> None:
         cell = lambda v: "-" if v is None else str(v).replace("|", "\\|").replace("\n", " ")  # noqa: E731
         text = "| " + " | ".join(cols) + " |\n|" + "|".join("---" for _ in cols) + "|\n"
         text += "".join("| " + " | ".join(cell(r.get(c)) for c in cols) + " |\n" for r in rows)
-    target = out / "output.md"
-    if not target.is_file() or target.read_text() != text:  # unchanged: no rewrite (mkdocs serve)
-        target.write_text(text)
+    write_if_changed(out / "output.md", text)
 
 
 def generate(root: Path) -> dict[str, str]:
