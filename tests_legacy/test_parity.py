@@ -103,3 +103,17 @@ def test_same_outputs_in_eval_mode(batch, kl):
     r = parity.compare_step(kl, *batch, seed=0, train=False)
     for key in ("x_hat", "recon_loss", "kl", "loss"):
         assert r["max_abs_diff"][key] <= TOL, (kl, key, r["max_abs_diff"])
+
+
+def test_committed_results_are_current(analytic_train, mc_train):
+    """The numbers on docs/legacy.md (examples/legacy/results/parity.json) are what this code measures now."""
+    import json
+
+    from conftest import ROOT
+
+    committed = json.loads((ROOT / "examples/legacy/results/parity.json").read_text())
+    assert committed["structure"]["bolts_params"] == 20_057_088
+    for key, fresh in (("analytic_train", analytic_train), ("mc_train", mc_train)):
+        assert committed[key]["values_bolts"] == pytest.approx(fresh["values_bolts"], abs=1e-6)
+        assert committed[key]["max_abs_diff"] == pytest.approx(fresh["max_abs_diff"], abs=1e-6)
+        assert committed[key]["grad"]["max_abs_diff"] == pytest.approx(fresh["grad"]["max_abs_diff"], abs=1e-6)

@@ -160,6 +160,7 @@ def _worker(args) -> None:
                 "sampler": info, "replay_exact": record["replay_exact"],
                 "pl_version": pl.__version__, "torch_version": torch.__version__, "model": model_name,
                 "dataset_train_len": len(trainer.datamodule.dataset_train),
+                "ddp_find_unused_parameters": getattr(trainer.strategy.model, "find_unused_parameters", None),
             }
             d = Path(args.rank_dir)
             torch.save({"eps": record["eps"]}, d / f"eps_rank{trainer.global_rank}.pt")
@@ -177,6 +178,35 @@ def _worker(args) -> None:
 
 
 # --------------------------------------------------------------------------- driver
+def trainer_facts() -> dict:
+    """What this Lightning version does with the report's Trainer arguments (constructed
+    in this process; nothing is launched). Each value is the strategy class chosen, or
+    ``"ErrorType: message"``."""
+    import warnings
+
+    import pytorch_lightning as pl
+
+    def build(**kw) -> str:
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                t = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False, **kw)
+            warned = [str(w.message) for w in caught if "not supported on CPUs" in str(w.message)]
+            return type(t.strategy).__name__ + (f" (warning: {warned[0]})" if warned else "")
+        except Exception as err:  # the message is the measurement
+            return f"{type(err).__name__}: {str(err).splitlines()[0]}"
+
+    return {
+        "gpus=1": build(gpus=1),
+        "accelerator='ddp', devices=2": build(accelerator="ddp", devices=2),
+        "accelerator='cpu', devices=2, strategy='ddp'": build(accelerator="cpu", devices=2, strategy="ddp"),
+        "accelerator='cpu', devices=2, strategy='dp'": build(accelerator="cpu", devices=2, strategy="dp"),
+        "max_steps=None": build(accelerator="cpu", devices=1, max_steps=None),
+        "Trainer.add_argparse_args exists": hasattr(pl.Trainer, "add_argparse_args"),
+        "LightningDataModule.size exists": hasattr(pl.LightningDataModule, "size"),
+    }
+
+
 def _corr(a, b) -> float:
     import torch
 
@@ -214,6 +244,7 @@ def summarize(config: str, rank_dir: Path) -> dict:
         "pl_global_seed": [r["pl_global_seed"] for r in ranks],
         "initial_seed": [r["initial_seed"] for r in ranks],
         "dataset_train_len": ranks[0]["dataset_train_len"],
+        "ddp_find_unused_parameters": ranks[0]["ddp_find_unused_parameters"],
         "sampler": [{k: v for k, v in r["sampler"].items() if k != "indices"} for r in ranks],
     }
     if idx[0] is not None and idx[1] is not None:
@@ -276,7 +307,7 @@ def main(argv=None) -> int:
     doc = {"pl_version": pl.__version__,
            "command": " ".join([exe, "examples/legacy/factor_check.py"] + (argv if argv is not None else sys.argv[1:])),
            "seed": args.seed, "per_device_batch_size": args.batch_size, "steps": args.steps,
-           "wall_seconds": timings, "configs": results}
+           "wall_seconds": timings, "trainer_facts": trainer_facts(), "configs": results}
     (out_dir / "factor_check.json").write_text(json.dumps(doc, indent=1))
     print(f"wrote {out_dir / 'factor_check.json'}")
     return 0
