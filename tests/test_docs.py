@@ -148,6 +148,12 @@ def test_extract_tables():
     assert hook.extract_tables(text) == "**after 3 steps**\n\n| a | b |\n|---|---|\n| 1 | 2 |"
 
 
+def test_sphinx_roles_render_as_code():
+    hook = _hook()
+    html = "see :class:<code>~vae_ddp.model.VAE</code> and :func:<code>vae_ddp.model.vae_loss</code>"
+    assert hook.on_page_content(html) == "see <code>VAE</code> and <code>vae_ddp.model.vae_loss</code>"
+
+
 # --------------------------------------------------------------------------- code blocks
 
 def _code_examples():

@@ -12,6 +12,9 @@ the ``"summary"`` objects of the entries marked ``summary: true``.
 
 ``on_config`` drops from the nav the pages listed in ``extra.planned_pages`` that do not
 exist yet (pages other engineers are writing); every other nav entry stays checked.
+``on_page_content`` shows the Sphinx roles left in docstrings (``:class:`X```) as code.
+
+Run it alone with ``python docs/hooks/generate.py`` (generates without building).
 """
 
 from __future__ import annotations
@@ -330,6 +333,15 @@ def on_config(config, **kwargs):
     if config.nav and planned:
         config.nav = _prune(config.nav, Path(config.docs_dir), planned)
     return config
+
+
+#: Sphinx roles left in the docstrings (``:class:`~a.b.C```) render as ":class:<code>~a.b.C</code>".
+SPHINX_ROLE = re.compile(r":(?:class|func|meth|mod|attr|data|exc|obj):<code>(~?)([^<]+)</code>")
+
+
+def on_page_content(html, **kwargs):
+    """Show Sphinx roles of the API docstrings as code (``~`` keeps the last name only)."""
+    return SPHINX_ROLE.sub(lambda m: f"<code>{m.group(2).rsplit('.', 1)[-1] if m.group(1) else m.group(2)}</code>", html)
 
 
 def on_pre_build(config, **kwargs):

@@ -70,7 +70,7 @@ def ablation(base: RunSpec, out_dir: Path) -> dict:
                      entry["logged_kl_diff"], entry["logged_recon_diff"]])
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "ablation.json").write_text(json.dumps(result, indent=1))
-    print(format_table(["ddp variant", "max |theta - theta_single|", "val KL diff", "val recon diff",
+    print(format_table(["ddp variant", "max abs param diff vs single", "val KL diff", "val recon diff",
                         "logged KL diff", "logged recon diff"], rows,
                        title=f"{base.model} VAE, {base.data}, {base.devices} ranks, global batch "
                              f"{base.global_batch_size}, {base.steps} steps, {base.dtype}; differences to single"))

@@ -63,7 +63,7 @@ def equivalence(base: RunSpec, world_sizes: list[int], out_dir: Path) -> dict:
                      entry["final_loss_diff"], "yes" if d <= bound else "NO"])
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "equivalence.json").write_text(json.dumps(result, indent=1))
-    print(format_table(["world size", "per-device batch", "max |theta_ddp - theta_single|", "BatchNorm buffers",
+    print(format_table(["world size", "per-device batch", "max abs param diff vs single", "BatchNorm buffers",
                         "final loss diff", f"<= {bound:g}"], rows,
                        title=f"{base.model} VAE, {base.data}, global batch {base.global_batch_size}, {base.steps} "
                              f"steps, {base.dtype}, all fixes on"))
