@@ -46,6 +46,9 @@ def launch(spec: RunSpec, out_dir: Path, timeout: Optional[float] = None, quiet:
     log = out_dir / "stderr.log"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.pop("LOCAL_RANK", None)
+    if spec.accelerator == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+        # like torchrun: do not let N ranks x all cores threads fight over the cores
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // spec.world_size))
     cmd = (entry or [sys.executable, "-m", "vae_ddp.runner"]) + [spec.to_json(), str(out_dir)]
     with open(log, "w") as err:
         try:
