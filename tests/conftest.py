@@ -35,3 +35,13 @@ def run_cli(*args: str, timeout: float = 600):
 
     return subprocess.run([sys.executable, "-m", "vae_ddp.cli", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Full-size studies run only with VAE_DDP_FULL=1 (`make test-full`); CI runs the reduced ones."""
+    if FULL:
+        return
+    skip = pytest.mark.skip(reason="full-size study: run with VAE_DDP_FULL=1 (make test-full)")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
