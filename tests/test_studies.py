@@ -77,8 +77,9 @@ def test_welch_matches_scipy_and_textbook_interval():
     w = welch(a, b)
     ref = sps.ttest_ind(a, b, equal_var=False)
     assert w["p"] == pytest.approx(ref.pvalue) and w["t"] == pytest.approx(ref.statistic)
-    # hand-checked: diff -3.5, se^2 = 1.6667/4 + 10/5 = 2.41667, df = 4.95 -> t_0.975 = 2.5756
-    assert w["diff"] == -3.5 and w["df"] == pytest.approx(4.9531, abs=1e-3)
-    assert w["ci_high"] - w["diff"] == pytest.approx(2.5756 * 2.41667**0.5, rel=1e-3)
+    # by hand: diff -3.5; se^2 = (5/3)/4 + 10/5 = 2.41667; Welch-Satterthwaite
+    # df = se^4 / ((5/12)^2/3 + 2^2/4) = 5.5208; t_0.975(5.5208) = 2.4993 (t table)
+    assert w["diff"] == -3.5 and w["df"] == pytest.approx(5.5208, abs=1e-3)
+    assert w["ci_high"] - w["diff"] == pytest.approx(2.4993 * 2.41667**0.5, rel=1e-3)
     with pytest.raises(ValueError):
         welch([1.0], [1.0, 2.0])
