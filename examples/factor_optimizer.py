@@ -89,6 +89,17 @@ def main(argv=None) -> dict:
     result = {"gradient_variance": gradient_variance()}
     with tempfile.TemporaryDirectory() as tmp:
         result["runs"] = adam_state(args.steps, Path(tmp))
+    gv, runs = result["gradient_variance"], result["runs"]
+    head = "fc_mu/fc_var"
+    result["summary"] = {
+        "Factor": "The optimizer (Adam)",
+        "What goes wrong": "shared noise raises the gradient variance; Adam's second moment, and so its step, follow",
+        "Measured here": f"fc_mu/fc_var gradient variance x{gv['shared'][head] / gv['independent'][head]:.2f}; "
+                         f"Adam exp_avg_sq x{runs['ddp (default)']['adam_v'][head] / runs['single']['adam_v'][head]:.2f}"
+                         f" vs single (x{runs['ddp + global noise']['adam_v'][head] / runs['single']['adam_v'][head]:.2f}"
+                         " with the noise fix)",
+        "Fix": "fix the noise (factor 1); Adam itself is not the cause",
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "factor_optimizer.json").write_text(json.dumps(result, indent=1))
     gv = result["gradient_variance"]
