@@ -96,7 +96,30 @@ def seed_study(base: RunSpec, configs: list[str], num_seeds: int, out_dir: Path)
     print(format_table(["config", "quantity", "mean", "std", "diff vs single", "95% CI of diff", "Welch p"], rows,
                        title=f"{base.model} VAE, {base.data}, {num_seeds} seeds x {base.steps} steps, "
                              f"global batch {base.global_batch_size}"))
+    result["verdicts"] = verdicts(summary)
+    (out_dir / "seeds.json").write_text(json.dumps(result, indent=1))
+    print("\nVerdict at the 5% level (two-sided Welch t-test against single):\n")
+    for line in result["verdicts"]:
+        print(f"- {line}")
     return result
+
+
+def verdicts(summary: dict, alpha: float = 0.05) -> list[str]:
+    """One sentence per configuration: which final quantities differ from ``single`` beyond the
+    run-to-run variance (Welch p < ``alpha``) and which do not."""
+    out = []
+    for c, qs in summary.items():
+        if c == "single":
+            continue
+        differ = [f"{q} (p = {e['vs_single']['p']:.2g})" for q, e in qs.items() if e["vs_single"]["p"] < alpha]
+        same = [q for q, e in qs.items() if not e["vs_single"]["p"] < alpha]
+        if differ:
+            text = f"{c}: differs from single beyond run-to-run variance in " + ", ".join(differ)
+            text += f"; not detectably in {', '.join(same)}" if same else ""
+        else:
+            text = f"{c}: no difference from single detectable in any quantity (all p >= {alpha})"
+        out.append(text)
+    return out
 
 
 def _plot(runs: dict, path: Path, base: RunSpec) -> None:
