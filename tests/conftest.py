@@ -45,3 +45,31 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+def _hook():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("docs_generate_hook", ROOT / "docs" / "hooks" / "generate.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="session")
+def generated(cifar_dir):
+    """``generated(name) -> dict``: run the docs registry entry ``name`` (docs/examples.yml) the
+    way the site build does, cached by the same hash, and return the JSON it wrote. The site
+    and the tests thus read one execution of each example and study."""
+    import json
+
+    hook = _hook()
+    entries = {e["name"]: e for e in hook.load_registry(ROOT)}
+
+    def get(name: str, filename: str | None = None) -> dict:
+        hook.run_entry(ROOT, entries[name])
+        out = ROOT / hook.GENERATED / name
+        assert (out / "stdout.txt").read_text().strip(), f"{name} printed nothing"
+        return json.loads((out / (filename or f"{name}.json")).read_text())
+
+    return get

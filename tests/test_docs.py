@@ -148,6 +148,12 @@ def test_extract_tables():
     assert hook.extract_tables(text) == "**after 3 steps**\n\n| a | b |\n|---|---|\n| 1 | 2 |"
 
 
+def test_tables_escape_pipes_inside_cells():
+    hook = _hook()
+    text = "| n | max |a - b| |\n|---|-------------|\n| 2 | 1.0         |\n"
+    assert hook.extract_tables(text).splitlines()[0] == "| n | max \\|a - b\\| |"
+
+
 def test_sphinx_roles_render_as_code():
     hook = _hook()
     html = "see :class:<code>~vae_ddp.model.VAE</code> and :func:<code>vae_ddp.model.vae_loss</code>"

@@ -30,7 +30,8 @@ def _common(p: argparse.ArgumentParser, steps: int, out: str, gbs: int = 64) -> 
     p.add_argument("--global-batch-size", type=int, default=gbs, help=f"samples per optimizer step (default: {gbs})")
     p.add_argument("--dtype", default="float32", help=f"one of {', '.join(DTYPES)}")
     p.add_argument("--accelerator", default="cpu", choices=["cpu", "gpu"], help="cpu (gloo) or gpu (NCCL)")
-    p.add_argument("--lr", type=float, default=1e-4, help="Adam learning rate (default: 1e-4, the report's)")
+    p.add_argument("--lr", type=float, default=1e-4, help="learning rate (default: 1e-4, the report's)")
+    p.add_argument("--optimizer", default="adam", help="adam (the report's) or sgd")
     p.add_argument("--out", type=Path, default=Path(out), help=f"output folder (default: {out})")
 
 
@@ -74,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _spec(args: argparse.Namespace, **overrides) -> RunSpec:
     base = dict(data=args.data, data_dir=args.data_dir, max_samples=args.max_samples, model=args.model,
                 steps=args.steps, global_batch_size=args.global_batch_size, dtype=args.dtype,
-                accelerator=args.accelerator, lr=args.lr)
+                accelerator=args.accelerator, lr=args.lr, optimizer=args.optimizer)
     for name in ("devices", "dp_mode", "val_every"):
         if hasattr(args, name):
             base[name] = getattr(args, name)

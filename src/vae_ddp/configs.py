@@ -57,7 +57,7 @@ class RunSpec:
         dp_mode: ``auto``, ``real`` or ``emulate`` (``dp`` only).
         save_params: write the final parameters and Adam's second moments (``params-<seed>.pt``).
         record_indices: record the dataset indices of every step's global batch.
-        lr, kl_coeff, kl_estimator: model hyper-parameters (bolts defaults).
+        lr, kl_coeff, kl_estimator, optimizer: model hyper-parameters (bolts defaults; Adam).
         label: name used in progress lines and results.
     """
 
@@ -84,6 +84,7 @@ class RunSpec:
     lr: float = 1e-4
     kl_coeff: float = 0.1
     kl_estimator: str = "mc"
+    optimizer: str = "adam"
     label: str = ""
 
     @property
@@ -128,6 +129,8 @@ class RunSpec:
             raise UserError(f"unknown data {self.data!r}: use one of {', '.join(DATASETS)}")
         if self.noise not in NOISE_MODES:
             raise UserError(f"unknown noise mode {self.noise!r}: use one of {', '.join(NOISE_MODES)}")
+        if self.optimizer not in ("adam", "sgd"):
+            raise UserError(f"unknown optimizer {self.optimizer!r}: use adam or sgd")
         if self.dtype not in DTYPES:
             raise UserError(f"unknown dtype {self.dtype!r}: use one of {', '.join(DTYPES)}")
         if self.dp_mode not in DP_MODES:

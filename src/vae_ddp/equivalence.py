@@ -49,7 +49,8 @@ def equivalence(base: RunSpec, world_sizes: list[int], out_dir: Path) -> dict:
     ddps = [dataclasses.replace(exact, config="ddp", devices=n, label=f"ddp-{n}").validate() for n in world_sizes]
     ref, ref_last = _final(single, out_dir / "runs" / "single")
     bound = BOUNDS[base.dtype]
-    result = {"dtype": base.dtype, "bound": bound, "steps": base.steps, "model": base.model,
+    result = {"dtype": base.dtype, "optimizer": base.optimizer, "bound": bound, "steps": base.steps,
+              "model": base.model,
               "single": dataclasses.asdict(single), "world_sizes": {}}
     rows = []
     for spec in ddps:
@@ -66,5 +67,5 @@ def equivalence(base: RunSpec, world_sizes: list[int], out_dir: Path) -> dict:
     print(format_table(["world size", "per-device batch", "max abs param diff vs single", "BatchNorm buffers",
                         "final loss diff", f"<= {bound:g}"], rows,
                        title=f"{base.model} VAE, {base.data}, global batch {base.global_batch_size}, {base.steps} "
-                             f"steps, {base.dtype}, all fixes on"))
+                             f"steps, {base.dtype}, {base.optimizer}, all fixes on"))
     return result

@@ -26,6 +26,9 @@ MODELS = ("resnet18", "small")
 #: ``"mc"``: one-sample Monte Carlo estimate ``log q(z|x) - log p(z)`` (bolts of the report's
 #: era, Lightning 1.2); ``"analytic"``: closed-form ``KL(q || p)`` (what bolts 0.7.0 computes).
 KL_ESTIMATORS = ("mc", "analytic")
+#: ``"adam"`` (the report's, ``torch.optim.Adam`` defaults) or ``"sgd"`` (plain
+#: ``torch.optim.SGD``, to tell Adam's share of a divergence from the rest).
+OPTIMIZERS = ("adam", "sgd")
 
 
 # --------------------------------------------------------------------------- ResNet-18 parts
@@ -276,6 +279,7 @@ class VAE(LightningModule):
         latent_dim: dimension of ``z``.
         lr: Adam learning rate.
         kl_estimator: see :func:`vae_loss`; ``"mc"`` is the report's.
+        optimizer: ``"adam"`` (the report's) or ``"sgd"``; see :data:`OPTIMIZERS`.
         sync_dist_logging: pass ``sync_dist=True`` to ``self.log_dict`` for the training
             metrics (off by default, as in bolts: then under DDP the logged step value
             is rank 0's alone).
@@ -294,15 +298,18 @@ class VAE(LightningModule):
 
     def __init__(self, input_height: int = 32, enc_type: str = "resnet18", first_conv: bool = False,
                  maxpool1: bool = False, enc_out_dim: int = 512, kl_coeff: float = 0.1, latent_dim: int = 256,
-                 lr: float = 1e-4, kl_estimator: str = "mc", sync_dist_logging: bool = False) -> None:
+                 lr: float = 1e-4, kl_estimator: str = "mc", sync_dist_logging: bool = False,
+                 optimizer: str = "adam") -> None:
         super().__init__()
         if enc_type not in MODELS:
             raise ValueError(f"unknown model {enc_type!r}: use one of {', '.join(MODELS)}")
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {optimizer!r}: use one of {', '.join(OPTIMIZERS)}")
         if kl_estimator not in KL_ESTIMATORS:
             raise ValueError(f"unknown kl_estimator {kl_estimator!r}: use one of {', '.join(KL_ESTIMATORS)}")
         self.save_hyperparameters()
         self.lr, self.kl_coeff, self.latent_dim, self.input_height = lr, kl_coeff, latent_dim, input_height
-        self.kl_estimator, self.sync_dist_logging = kl_estimator, sync_dist_logging
+        self.kl_estimator, self.sync_dist_logging, self.optimizer_name = kl_estimator, sync_dist_logging, optimizer
         if enc_type == "resnet18":
             self.enc_out_dim = enc_out_dim
             self.encoder = resnet18_encoder(first_conv, maxpool1)
@@ -363,4 +370,6 @@ class VAE(LightningModule):
         return loss
 
     def configure_optimizers(self):
+        if self.optimizer_name == "sgd":
+            return torch.optim.SGD(self.parameters(), lr=self.lr)
         return torch.optim.Adam(self.parameters(), lr=self.lr)

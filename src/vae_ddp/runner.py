@@ -42,7 +42,8 @@ def quiet() -> None:
 def build_model(spec: RunSpec, seed: int) -> VAE:
     """The LightningModule of ``spec`` (call after ``seed_everything``: it draws the weights)."""
     kwargs = dict(input_height=32, enc_type=spec.model, latent_dim=spec.latent_dim, lr=spec.lr,
-                  kl_coeff=spec.kl_coeff, kl_estimator=spec.kl_estimator, sync_dist_logging=spec.sync_dist_logging)
+                  kl_coeff=spec.kl_coeff, kl_estimator=spec.kl_estimator, sync_dist_logging=spec.sync_dist_logging,
+                  optimizer=spec.optimizer)
     if spec.config == "dp":
         return DataParallelVAE(replicas=spec.devices, dp_mode=spec.dp_mode, replica_seed=seed, **kwargs)
     return VAE(**kwargs)
