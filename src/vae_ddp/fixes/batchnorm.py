@@ -83,32 +83,34 @@ class GlobalBatchNorm(_BatchNorm):
         ``torch.nn.SyncBatchNorm.convert_sync_batchnorm`` does)."""
         out = module
         if isinstance(module, _BatchNorm) and not isinstance(module, cls):
-            out = cls(module.num_features, module.eps, module.momentum, module.affine, module.track_running_stats)
-            if module.affine:
-                out.weight, out.bias = module.weight, module.bias
-            out.running_mean, out.running_var = module.running_mean, module.running_var
-            out.num_batches_tracked = module.num_batches_tracked
-            out.training = module.training
+            out = _swap(module, cls)
+            out.original_cls = type(module)
         for name, child in module.named_children():
             out.add_module(name, cls.convert(child))
         return out
 
     @staticmethod
     def revert(module: nn.Module) -> nn.Module:
-        """Inverse of :meth:`convert`: back to ``nn.BatchNorm{1,2,3}d`` by input rank
-        (``BatchNorm2d`` where unknown), sharing parameters and buffers."""
+        """Inverse of :meth:`convert`: each :class:`GlobalBatchNorm` back to the class it
+        replaced (``nn.BatchNorm2d`` if it was built directly), sharing parameters and buffers."""
         out = module
         if isinstance(module, GlobalBatchNorm):
-            out = nn.BatchNorm2d(module.num_features, module.eps, module.momentum, module.affine,
-                                 module.track_running_stats)
-            if module.affine:
-                out.weight, out.bias = module.weight, module.bias
-            out.running_mean, out.running_var = module.running_mean, module.running_var
-            out.num_batches_tracked = module.num_batches_tracked
-            out.training = module.training
+            out = _swap(module, getattr(module, "original_cls", nn.BatchNorm2d))
         for name, child in module.named_children():
             out.add_module(name, GlobalBatchNorm.revert(child))
         return out
+
+
+def _swap(module: _BatchNorm, new_cls: type) -> _BatchNorm:
+    """A ``new_cls`` BatchNorm with ``module``'s settings, sharing its parameters and buffers."""
+    out = new_cls(module.num_features, module.eps, module.momentum, module.affine, module.track_running_stats)
+    if module.affine:
+        out.weight, out.bias = module.weight, module.bias
+    if module.track_running_stats:
+        out.running_mean, out.running_var = module.running_mean, module.running_var
+        out.num_batches_tracked = module.num_batches_tracked
+    out.train(module.training)
+    return out
 
 
 class GlooSyncBatchNorm(LayerSync):

@@ -1,0 +1,87 @@
+"""The fixes as library pieces, without a training run."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from vae_ddp.fixes import GlobalBatchDistributedSampler, GlobalBatchNorm, GlooSyncBatchNorm
+
+BN_CHECK = r"""
+import os, sys, torch, torch.distributed as dist
+from vae_ddp.fixes.batchnorm import GlobalBatchNorm
+rank, world = int(sys.argv[1]), int(sys.argv[2])
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[3], rank=rank, world_size=world)
+torch.manual_seed(0)
+x = torch.randn(8, 4, 5, 5, dtype=torch.float64)
+w = torch.randn(8, 4, 5, 5, dtype=torch.float64)
+ref = torch.nn.BatchNorm2d(4).double()
+xr = x.clone().requires_grad_()
+y_ref = ref(xr)
+(y_ref * w).sum().backward()
+g = GlobalBatchNorm(4).double()
+b = 8 // world
+xs = x[rank * b:(rank + 1) * b].clone().requires_grad_()
+y = g(xs)
+(y * w[rank * b:(rank + 1) * b]).sum().backward()
+gw = g.weight.grad.clone(); dist.all_reduce(gw)
+diffs = [(y - y_ref[rank * b:(rank + 1) * b]).abs().max(), (xs.grad - xr.grad[rank * b:(rank + 1) * b]).abs().max(),
+         (gw - ref.weight.grad).abs().max(), (g.running_mean - ref.running_mean).abs().max(),
+         (g.running_var - ref.running_var).abs().max()]
+print(" ".join(f"{float(d):.3e}" for d in diffs))
+"""
+
+
+def test_global_batchnorm_over_gloo_equals_batchnorm_on_the_concatenated_batch(tmp_path):
+    """Two gloo processes, each with half of the batch, against torch's BatchNorm on the whole
+    batch in one process: outputs, input gradients, weight gradients (summed over ranks, as
+    the objective is the sum) and running statistics."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    script = tmp_path / "bn_check.py"
+    script.write_text(BN_CHECK)
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), "2", port], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-2000:]
+        assert all(float(v) < 1e-12 for v in out.split()), out
+
+
+def test_convert_and_revert_share_parameters_and_keep_classes():
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.BatchNorm1d(4 * 30 * 30))
+    converted = GlooSyncBatchNorm().apply(model)
+    assert isinstance(converted[1], GlobalBatchNorm) and isinstance(converted[3], GlobalBatchNorm)
+    assert converted[1].weight is model[1].weight and converted[1].running_var is model[1].running_var
+    reverted = GlooSyncBatchNorm().revert(converted)
+    assert type(reverted[1]) is nn.BatchNorm2d and type(reverted[3]) is nn.BatchNorm1d
+    # without a process group it is plain BatchNorm
+    x = torch.randn(5, 3, 32, 32)
+    torch.testing.assert_close(converted(x), nn.Sequential(*reverted)(x))
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_global_sampler_splits_the_single_device_batches(world):
+    ds = list(range(103))
+    single = list(GlobalBatchDistributedSampler(ds, 16, num_replicas=1, rank=0, seed=3))
+    ranks = [list(GlobalBatchDistributedSampler(ds, 16, num_replicas=world, rank=r, seed=3)) for r in range(world)]
+    b = 16 // world
+    for k in range(103 // 16):
+        assert sum((r[k * b:(k + 1) * b] for r in ranks), []) == single[k * 16:(k + 1) * 16]
+    assert len(single) == 96 and len(set(single)) == 96  # incomplete global batch dropped, no repeats
+
+
+def test_global_sampler_reshuffles_per_epoch_and_refuses_bad_sizes():
+    s = GlobalBatchDistributedSampler(list(range(64)), 16, num_replicas=2, rank=0, seed=0)
+    first = list(s)
+    s.set_epoch(1)
+    assert list(s) != first
+    with pytest.raises(ValueError, match="not divisible by world size 3"):
+        GlobalBatchDistributedSampler(list(range(64)), 16, num_replicas=3, rank=0)
+    with pytest.raises(ValueError, match="exceeds the dataset size"):
+        GlobalBatchDistributedSampler(list(range(8)), 16, num_replicas=2, rank=0)
