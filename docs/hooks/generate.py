@@ -157,6 +157,23 @@ def digest(root: Path, e: dict[str, Any], argv: list[str]) -> str:
     return h.hexdigest()
 
 
+def escape_cell_pipes(table: list[str]) -> list[str]:
+    """Escape ``|`` inside cells of a padded pipe table (``vae_ddp.table.format_table``'s):
+    the separator row gives the column boundaries, any other ``|`` is content."""
+    sep = next((ln for ln in table if re.fullmatch(r"\|(-+\|)+", ln.rstrip())), None)
+    if sep is None:
+        return table
+    bounds = {i for i, c in enumerate(sep.rstrip()) if c == "|"}
+    out = []
+    for ln in table:
+        ln = ln.rstrip()
+        if ln is sep or len(ln) != len(sep.rstrip()) or any(ln[i] != "|" for i in bounds):
+            out.append(ln)  # not aligned with the separator: leave it as it is
+        else:
+            out.append("".join("\\|" if c == "|" and i not in bounds else c for i, c in enumerate(ln)))
+    return out
+
+
 def extract_tables(stdout: str) -> str:
     """The Markdown tables of ``stdout``, each with its title (the non-blank line before it)."""
     lines, blocks, i = stdout.splitlines(), [], 0
@@ -169,7 +186,7 @@ def extract_tables(stdout: str) -> str:
             while k >= 0 and not lines[k].strip():
                 k -= 1
             title = lines[k] if k >= 0 and not lines[k].startswith(("|", "[", "==")) else ""
-            blocks.append(((f"**{title.strip()}**\n\n") if title else "") + "\n".join(lines[i:j]))
+            blocks.append(((f"**{title.strip()}**\n\n") if title else "") + "\n".join(escape_cell_pipes(lines[i:j])))
             i = j
         else:
             i += 1
