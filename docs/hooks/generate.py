@@ -31,7 +31,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Optional
 
 import yaml
 from mkdocs.exceptions import PluginError
@@ -309,12 +310,41 @@ def write_summary(root: Path, entries: list[dict[str, Any]]) -> None:
     write_if_changed(out / "output.md", text)
 
 
-def generate(root: Path) -> dict[str, str]:
+def jobs() -> int:
+    """Entries run at once: ``VAE_DDP_DOCS_JOBS`` (default 1; DDP entries start several processes each)."""
+    try:
+        return max(1, int(os.environ.get("VAE_DDP_DOCS_JOBS", "1")))
+    except ValueError:
+        raise PluginError(f"VAE_DDP_DOCS_JOBS must be a number, got {os.environ['VAE_DDP_DOCS_JOBS']!r}") from None
+
+
+def generate(root: Path, only: Optional[list[str]] = None) -> dict[str, str]:
+    """Run the registry's entries (``only``: these names) that are not cached; write the summary."""
     entries = load_registry(root)
-    done = {}
-    for e in entries:
-        done[e["name"]] = run_entry(root, e)
-    write_summary(root, entries)
+    if only:
+        unknown = set(only) - {e["name"] for e in entries}
+        if unknown:
+            raise PluginError(f"not in {REGISTRY}: {', '.join(sorted(unknown))}")
+        todo = [e for e in entries if e["name"] in only]
+    else:
+        todo = entries
+    done: dict[str, str] = {}
+    if jobs() == 1:
+        for e in todo:
+            done[e["name"]] = run_entry(root, e)
+    else:
+        with ThreadPoolExecutor(max_workers=jobs()) as pool:  # run_entry waits on subprocesses
+            futures = {e["name"]: pool.submit(run_entry, root, e) for e in todo}
+            errors = []
+            for name, f in futures.items():
+                try:
+                    done[name] = f.result()
+                except PluginError as err:
+                    errors.append(str(err))
+            if errors:
+                raise PluginError("\n\n".join(errors))
+    if not only:
+        write_summary(root, entries)
     return done
 
 
@@ -369,7 +399,10 @@ def on_pre_build(config, **kwargs):
              time.monotonic() - t0, ", VAE_DDP_FULL" if full_mode() else "")
 
 
-if __name__ == "__main__":  # `python docs/hooks/generate.py`: generate without building
+if __name__ == "__main__":  # `python docs/hooks/generate.py [NAME ...]`: generate without building
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    for name, what in generate(Path(__file__).resolve().parents[2]).items():
-        print(f"{name}: {what}")
+    try:
+        for name, what in generate(Path(__file__).resolve().parents[2], sys.argv[1:]).items():
+            print(f"{name}: {what}")
+    except PluginError as err:
+        sys.exit(f"error: {err}")
