@@ -78,7 +78,8 @@ def main(argv=None) -> dict:
     (args.out / "factor_reduction.json").write_text(json.dumps(result, indent=1))
     print("| case | loss: mean of rank means | loss: global mean | relative diff | gradient, max rel diff |")
     print("|---|---|---|---|---|")
-    for name, r in result.items():
+    for name in cases:
+        r = result[name]
         print(f"| {name} | {r['loss_ddp']:.6f} | {r['loss_single']:.6f} | {r['loss_rel_diff']:.1e} | "
               f"{r['grad_rel_diff']:.1e} |")
     return result

@@ -54,9 +54,9 @@ def test_ddp_step_value_is_the_global_batch_mean(cifar_dir, tmp_path):
     noise = GlobalBatchNoise(0)  # batch 0, world size 1: the rows both ranks sliced
     _, logs = model.step(x, noise(torch.zeros(32, spec.latent_dim, dtype=torch.float64)))
     for k in ("recon_loss", "kl", "loss"):
-        assert rec[k] == pytest.approx(float(logs[k]), rel=1e-10, abs=1e-14)
+        assert rec[k] == pytest.approx(float(logs[k].detach()), rel=1e-10, abs=1e-14)
     # what Lightning logged on rank 0 (sync_dist=True in the exact spec) is the same mean
-    assert rec["logged_loss"] == pytest.approx(float(logs["loss"]), rel=1e-10)
+    assert rec["logged_loss"] == pytest.approx(float(logs["loss"].detach()), rel=1e-10)
 
 
 def test_a_failing_rank_ends_the_whole_run(cifar_dir, tmp_path):

@@ -31,7 +31,7 @@ def test_equivalence_float32_meets_its_bound_with_sgd_and_adam_amplifies_roundin
     """What breaks the float32 bound is Adam: the same runs with SGD stay at rounding level,
     while Adam's per-parameter normalisation turns rounding-level gradient differences into
     update differences orders of magnitude larger."""
-    sgd, adam = generated("equivalence32sgd"), generated("equivalence32")
+    sgd, adam = generated("equivalence32sgd", "equivalence.json"), generated("equivalence32", "equivalence.json")
     assert sgd["optimizer"] == "sgd" and adam["optimizer"] == "adam" and sgd["dtype"] == adam["dtype"] == "float32"
     assert _max_diff(sgd) <= 1e-5
     assert _max_diff(adam) > 100 * _max_diff(sgd)
