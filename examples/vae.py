@@ -1,22 +1,28 @@
 """The report's training script in its Lightning 2.x form, built on LightningCLI.
 
-The report (Lightning 1.2) ran bolts' VAE script with ``Trainer.add_argparse_args``::
+The report (Lightning 1.2) ran bolts' VAE script with `Trainer.add_argparse_args`:
 
-    python vae.py --gpus 1 --batch_size 256                       # single
-    python vae.py --gpus 2 --accelerator dp --batch_size 256      # DP
-    python vae.py --gpus 2 --accelerator ddp --batch_size 128     # DDP, 128 per process
+```bash
+python vae.py --gpus 1 --batch_size 256                       # single
+python vae.py --gpus 2 --accelerator dp --batch_size 256      # DP
+python vae.py --gpus 2 --accelerator ddp --batch_size 128     # DDP, 128 per process
+```
 
-Lightning 2.x equivalents (``LightningCLI`` replaced ``add_argparse_args``; DP is gone,
-see the DataParallel page)::
+Lightning 2.x equivalents (`LightningCLI` replaced `add_argparse_args`; DP is gone, see
+the DataParallel page):
 
-    python examples/vae.py fit --trainer.accelerator gpu --trainer.devices 1 --data.batch_size 256
-    python examples/vae.py fit --trainer.accelerator gpu --trainer.devices 2 --trainer.strategy ddp --data.batch_size 128
+```bash
+python examples/vae.py fit --trainer.accelerator gpu --trainer.devices 1 --data.batch_size 256
+python examples/vae.py fit --trainer.accelerator gpu --trainer.devices 2 --trainer.strategy ddp --data.batch_size 128
+```
 
-and on a CPU with gloo, on the real CIFAR-10 subset (the default data)::
+and on a CPU with gloo, on the real CIFAR-10 subset (the default data):
 
-    python examples/vae.py fit --trainer.accelerator cpu --trainer.devices 2 --trainer.strategy ddp --data.batch_size 128
+```bash
+python examples/vae.py fit --trainer.accelerator cpu --trainer.devices 2 --trainer.strategy ddp --data.batch_size 128
+```
 
-Full CIFAR-10 (downloads it): ``--data vae_ddp.data.CIFAR10DataModule --data.data_dir DIR``.
+Full CIFAR-10 (downloads it): `--data vae_ddp.data.CIFAR10DataModule --data.data_dir DIR`.
 """
 
 from pytorch_lightning.cli import LightningCLI
