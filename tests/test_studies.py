@@ -64,6 +64,8 @@ def test_seed_study(generated):
     r = generated("seeds")
     n = r["num_seeds"]
     assert r["configs"] == ["single", "ddp", "ddp+fixed", "dp"]
+    # the page's reading of it (docs/is-it-a-bug.md) must follow from the data
+    assert r["verdicts"][0].startswith("ddp: no difference from single detectable")
     for c in ("ddp", "ddp+fixed", "dp"):
         for q in ("train_kl", "train_recon_loss", "val_kl", "val_recon_loss"):
             e = r["summary"][c][q]
@@ -91,3 +93,19 @@ def test_welch_matches_scipy_and_textbook_interval():
     assert w["ci_high"] - w["diff"] == pytest.approx(2.4993 * 2.41667**0.5, rel=1e-3)
     with pytest.raises(ValueError):
         welch([1.0], [1.0, 2.0])
+
+
+def test_committed_full_seed_study_is_what_the_study_renders():
+    """docs/results/seeds-full/ is the output folder of the full study shown on the site:
+    its table must be the one the study renders from its own seeds.json, at full settings."""
+    from conftest import ROOT
+    from vae_ddp.seeds import render, verdicts
+
+    folder = ROOT / "docs" / "results" / "seeds-full"
+    r = json.loads((folder / "seeds.json").read_text())
+    assert (folder / "seeds.md").read_text() == render(r) + "\n"
+    assert r["verdicts"] == verdicts(r["summary"])
+    assert r["num_seeds"] >= 10 and r["settings"]["steps"] >= 100 and r["settings"]["data"] == "imagefolder"
+    assert r["configs"] == ["single", "ddp", "ddp+fixed", "dp"]
+    # the page's reading of it (docs/is-it-a-bug.md) must follow from the data
+    assert r["verdicts"][0].startswith("ddp: no difference from single detectable")

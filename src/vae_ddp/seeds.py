@@ -51,7 +51,8 @@ def _finals(run: dict) -> dict[str, float]:
 
 
 def seed_study(base: RunSpec, configs: list[str], num_seeds: int, out_dir: Path) -> dict:
-    """Run the study; write ``seeds.json`` and ``seeds.png`` into ``out_dir``; return the JSON content.
+    """Run the study; write ``seeds.json``, ``seeds.md`` (the printed table and verdicts) and
+    ``seeds.png`` into ``out_dir``; return the JSON content.
 
     Raises:
         UserError: unknown configuration name, ``single`` missing, or fewer than 2 seeds.
@@ -76,7 +77,6 @@ def seed_study(base: RunSpec, configs: list[str], num_seeds: int, out_dir: Path)
               f"min to go", flush=True)
     finals = {c: [_finals(r) for r in rs] for c, rs in runs.items()}
     summary = {}
-    rows = []
     for c in runs:
         summary[c] = {}
         for q in QUANTITIES:
@@ -85,23 +85,30 @@ def seed_study(base: RunSpec, configs: list[str], num_seeds: int, out_dir: Path)
             if c != "single":
                 entry["vs_single"] = welch(vals, [f[q] for f in finals["single"]])
             summary[c][q] = entry
-            w = entry.get("vs_single", {})
-            rows.append([c, q, entry["mean"], entry["std"], w.get("diff"),
-                         None if not w else f"[{w['ci_low']:.2e}, {w['ci_high']:.2e}]", w.get("p")])
     result = {"settings": dataclasses.asdict(specs[0]) | {"config": None, "label": None}, "configs": list(runs),
-              "num_seeds": num_seeds, "summary": summary}
+              "num_seeds": num_seeds, "summary": summary, "verdicts": verdicts(summary)}
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "seeds.json").write_text(json.dumps(result, indent=1))
     _plot(runs, out_dir / "seeds.png", base)
-    print(format_table(["config", "quantity", "mean", "std", "diff vs single", "95% CI of diff", "Welch p"], rows,
-                       title=f"{base.model} VAE, {base.data}, {num_seeds} seeds x {base.steps} steps, "
-                             f"global batch {base.global_batch_size}"))
-    result["verdicts"] = verdicts(summary)
-    (out_dir / "seeds.json").write_text(json.dumps(result, indent=1))
-    print("\nVerdict at the 5% level (two-sided Welch t-test against single):\n")
-    for line in result["verdicts"]:
-        print(f"- {line}")
+    (out_dir / "seeds.md").write_text(render(result) + "\n")
+    print(render(result))
     return result
+
+
+def render(result: dict) -> str:
+    """The study's table and verdict lines (Markdown) from its ``seeds.json`` content."""
+    rows = []
+    for c, qs in result["summary"].items():
+        for q, e in qs.items():
+            w = e.get("vs_single", {})
+            rows.append([c, q, e["mean"], e["std"], w.get("diff"),
+                         None if not w else f"[{w['ci_low']:.2e}, {w['ci_high']:.2e}]", w.get("p")])
+    st = result["settings"]
+    table = format_table(["config", "quantity", "mean", "std", "diff vs single", "95% CI of diff", "Welch p"], rows,
+                         title=f"{st['model']} VAE, {st['data']}, {result['num_seeds']} seeds x {st['steps']} steps, "
+                               f"global batch {st['global_batch_size']}")
+    lines = "\n".join(f"- {v}" for v in result["verdicts"])
+    return f"{table}\n\nVerdict at the 5% level (two-sided Welch t-test against single):\n\n{lines}"
 
 
 def verdicts(summary: dict, alpha: float = 0.05) -> list[str]:
