@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-CIFAR_SUBSET = ROOT.parent / "shared" / "data" / "cifar10-jpg-subset"
+CIFAR_SUBSET = Path(os.environ.get("VAE_DDP_CIFAR_SUBSET", ROOT.parent / "shared" / "data" / "cifar10-jpg-subset"))
 FULL = os.environ.get("VAE_DDP_FULL") == "1"
 
 

@@ -47,3 +47,14 @@ def test_real_dp_without_two_cuda_devices_says_which_one_runs(tmp_path):
     assert proc.stderr.count("\n") == 1
     assert "--dp real needs 2 CUDA devices" in proc.stderr and "--dp emulate" in proc.stderr
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--lr", "-1"], "--lr must be positive"),
+    (["--val-every", "-1"], "--val-every must be 0"),
+    (["--max-samples", "3", "--global-batch-size", "4"], "--max-samples 3 is too small"),
+    (["--data", "imagefolder", "--data-dir", "/etc/passwd"], "is a file, not a folder"),
+])
+def test_more_bad_input(args, message, tmp_path, capsys):
+    code, err = _run(capsys, "compare", "--out", str(tmp_path / "o"), *args)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1

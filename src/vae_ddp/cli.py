@@ -112,6 +112,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     except UserError as err:
         print(f"vae-ddp: error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:  # e.g. an --out folder that cannot be created
+        print(f"vae-ddp: error: {err.strerror or err}: {err.filename or ''} (check --out and --data-dir)",
+              file=sys.stderr)
+        return 2
     except RunFailed as err:
         print(f"vae-ddp: error: {err}", file=sys.stderr)
         return 1

@@ -54,7 +54,7 @@ def compare(base: RunSpec, configs: list[str], out_dir: Path, exact: bool = Fals
         last, lastval = run["records"][-1], (run["val_records"] or [{}])[-1]
         rows.append([spec.label, spec.world_size, spec.per_device_batch_size, last["loss"], last["kl"],
                      last["recon_loss"], lastval.get("kl"), lastval.get("recon_loss")])
-    settings = dataclasses.asdict(specs[0])
+    settings = dataclasses.asdict(base)  # devices: ddp's world size and dp's replicas
     settings.pop("config"), settings.pop("label")
     result = {"settings": settings, "configs": [s.label for s in specs], "records": records}
     out_dir.mkdir(parents=True, exist_ok=True)

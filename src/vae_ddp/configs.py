@@ -139,6 +139,13 @@ class RunSpec:
             raise UserError(f"--steps must be at least 1, got {self.steps}")
         if self.devices < 1:
             raise UserError(f"--devices must be at least 1, got {self.devices}")
+        if self.lr <= 0:
+            raise UserError(f"--lr must be positive, got {self.lr}")
+        if self.val_every < 0:
+            raise UserError(f"--val-every must be 0 (never) or positive, got {self.val_every}")
+        if self.max_samples is not None and self.max_samples < 2 * self.global_batch_size:
+            raise UserError(f"--max-samples {self.max_samples} is too small for global batch size "
+                            f"{self.global_batch_size}: use at least {2 * self.global_batch_size} (20% go to validation)")
         if self.global_batch_size < 1:
             raise UserError(f"--global-batch-size must be at least 1, got {self.global_batch_size}")
         if self.config in ("ddp", "dp") and self.global_batch_size % self.devices:

@@ -137,6 +137,9 @@ def find_image_root(data_dir: str | os.PathLike) -> Path:
     """The ImageFolder root inside ``data_dir``: ``data_dir/train`` if present, else
     ``data_dir``. Raises :class:`UserError` if the folder is missing or holds no images."""
     root = Path(data_dir).expanduser()
+    if root.exists() and not root.is_dir():
+        raise UserError(f"--data-dir {root} is a file, not a folder: point it at an ImageFolder tree "
+                        f"(<dir>/[train/]<class>/<image>), e.g. ../shared/data/cifar10-jpg-subset")
     if not root.is_dir():
         raise UserError(f"--data-dir {root} does not exist: point it at an ImageFolder tree "
                         f"(<dir>/[train/]<class>/<image>), e.g. ../shared/data/cifar10-jpg-subset")
