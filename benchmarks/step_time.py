@@ -18,9 +18,9 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from vae_ddp.configs import RunSpec
-from vae_ddp.launch import launch
-from vae_ddp.table import format_table
+from vae_ddp.studies.configs import RunSpec
+from vae_ddp.studies.launch import launch
+from vae_ddp.studies.table import format_table
 
 VARIANTS = {
     "single": dict(config="single"),

@@ -20,7 +20,7 @@ from vae_ddp.data import make_datamodule
 from vae_ddp.fixes import GlobalBatchDistributedSampler, GlobalBatchNoise, GlooSyncBatchNorm
 from vae_ddp.model import VAE
 from vae_ddp.probes import GradientProbe
-from vae_ddp.runner import quiet
+from vae_ddp.utils import quiet
 
 GLOBAL_BATCH, SEED = 16, 0
 

@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 from torch.utils.data import DistributedSampler
 
-from vae_ddp.configs import RunSpec
+from vae_ddp.studies.configs import RunSpec
 from vae_ddp.data import DigitsDataModule
-from vae_ddp.launch import launch
+from vae_ddp.studies.launch import launch
 from vae_ddp.model import VAE
 
 METRICS = ("loss", "kl", "recon_loss")

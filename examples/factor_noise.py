@@ -23,7 +23,7 @@ from vae_ddp.data import DigitsDataModule
 from vae_ddp.fixes import GlobalBatchNoise, PerRankSeed
 from vae_ddp.model import VAE
 from vae_ddp.probes import NoiseProbe
-from vae_ddp.runner import quiet
+from vae_ddp.utils import quiet
 
 MODES = ("default", "per_rank", "global")
 

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import torch
 
-from vae_ddp.configs import RunSpec
+from vae_ddp.studies.configs import RunSpec
 from vae_ddp.data import DigitsDataModule
-from vae_ddp.launch import launch
+from vae_ddp.studies.launch import launch
 from vae_ddp.model import VAE
 
 GROUPS = ("fc_mu/fc_var", "encoder", "decoder")

@@ -17,9 +17,9 @@ from pathlib import Path
 
 from torch.utils.data import DistributedSampler
 
-from vae_ddp.configs import RunSpec
+from vae_ddp.studies.configs import RunSpec
 from vae_ddp.data import DigitsDataModule
-from vae_ddp.launch import launch
+from vae_ddp.studies.launch import launch
 
 
 def step_batches(spec: RunSpec, tmp: Path) -> list[list[int]]:

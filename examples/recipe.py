@@ -18,7 +18,7 @@ import pytorch_lightning as pl
 from vae_ddp.data import DigitsDataModule
 from vae_ddp.fixes import GlobalBatchNoise, GlooSyncBatchNorm
 from vae_ddp.model import VAE
-from vae_ddp.runner import quiet
+from vae_ddp.utils import quiet
 
 
 def main(argv=None):

@@ -81,7 +81,7 @@ def test_seed_study(generated):
 def test_welch_matches_scipy_and_textbook_interval():
     import scipy.stats as sps
 
-    from vae_ddp.stats import welch
+    from vae_ddp.studies.stats import welch
 
     a, b = [1.0, 2.0, 3.0, 4.0], [2.0, 4.0, 6.0, 8.0, 10.0]
     w = welch(a, b)
@@ -99,7 +99,7 @@ def test_committed_full_seed_study_is_what_the_study_renders():
     """docs/results/seeds-full/ is the output folder of the full study shown on the site:
     its table must be the one the study renders from its own seeds.json, at full settings."""
     from conftest import ROOT
-    from vae_ddp.seeds import render, verdicts
+    from vae_ddp.studies.seeds import render, verdicts
 
     folder = ROOT / "docs" / "results" / "seeds-full"
     r = json.loads((folder / "seeds.json").read_text())

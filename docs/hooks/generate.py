@@ -159,7 +159,7 @@ def digest(root: Path, e: dict[str, Any], argv: list[str]) -> str:
 
 
 def escape_cell_pipes(table: list[str]) -> list[str]:
-    """Escape ``|`` inside cells of a padded pipe table (``vae_ddp.table.format_table``'s):
+    """Escape ``|`` inside cells of a padded pipe table (``vae_ddp.studies.table.format_table``'s):
     the separator row gives the column boundaries, any other ``|`` is content."""
     sep = next((ln for ln in table if re.fullmatch(r"\|(-+\|)+", ln.rstrip())), None)
     if sep is None:

@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from vae_ddp.configs import CONFIGS, DTYPES, RunSpec
+from vae_ddp.studies.configs import CONFIGS, DTYPES, RunSpec
 from vae_ddp.data import DATASETS
-from vae_ddp.dp import DP_MODES
+from vae_ddp.studies.dp import DP_MODES
 from vae_ddp.errors import UserError
 from vae_ddp.model import MODELS
 
@@ -87,26 +87,26 @@ def _spec(args: argparse.Namespace, **overrides) -> RunSpec:
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    from vae_ddp.launch import RunFailed
+    from vae_ddp.studies.launch import RunFailed
 
     try:
         if args.command == "compare":
-            from vae_ddp.compare import compare
+            from vae_ddp.studies.compare import compare
 
             for c in args.configs:
                 if c not in CONFIGS:
                     raise UserError(f"unknown configuration {c!r}: use any of {', '.join(CONFIGS)}")
             compare(_spec(args), args.configs, args.out, exact=args.exact)
         elif args.command == "equivalence":
-            from vae_ddp.equivalence import equivalence
+            from vae_ddp.studies.equivalence import equivalence
 
             equivalence(_spec(args), args.world_sizes, args.out)
         elif args.command == "ablation":
-            from vae_ddp.ablation import ablation
+            from vae_ddp.studies.ablation import ablation
 
             ablation(_spec(args), args.out)
         elif args.command == "seeds":
-            from vae_ddp.seeds import seed_study
+            from vae_ddp.studies.seeds import seed_study
 
             seed_study(_spec(args), args.configs, args.num_seeds, args.out)
     except UserError as err:

@@ -26,7 +26,14 @@ __all__ = ["GlobalBatchNorm", "GlooSyncBatchNorm"]
 
 # torch 2.x marks the autograd-aware collectives deprecated in favour of a private module
 # (torch.distributed._functional_collectives); the public one is still the documented API.
-warnings.filterwarnings("ignore", message=r"torch\.distributed\.nn\.functional\.all_reduce is deprecated")
+# The warning is silenced around our own calls only (no process-wide filter).
+_DEPRECATED = r"torch\.distributed\.nn\.functional\.all_reduce is deprecated"
+
+
+def _all_reduce_autograd(t: Tensor) -> Tensor:
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_DEPRECATED)
+        return dist_fn.all_reduce(t)
 
 
 def _world_size() -> int:
@@ -62,9 +69,9 @@ class GlobalBatchNorm(_BatchNorm):
         count = torch.tensor([float(local_n)], dtype=x.dtype, device=x.device)
         dist.all_reduce(count)  # no gradient needed for the global count
         n = count[0]
-        mean = dist_fn.all_reduce(x.sum(dims)) / n
+        mean = _all_reduce_autograd(x.sum(dims)) / n
         centered = x - mean.view(shape)
-        var = dist_fn.all_reduce((centered * centered).sum(dims)) / n
+        var = _all_reduce_autograd((centered * centered).sum(dims)) / n
         if self.track_running_stats:
             with torch.no_grad():
                 self.num_batches_tracked.add_(1)

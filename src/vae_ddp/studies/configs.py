@@ -3,7 +3,7 @@
 - ``single``: 1 device, per-device batch size = global batch size.
 - ``ddp``: Lightning's ``strategy="ddp"`` with N processes (gloo on CPU, NCCL on GPUs),
   per-device batch size = global batch size / N.
-- ``dp``: Lightning 1.x DataParallel (see :mod:`vae_ddp.dp`): 1 process, the global
+- ``dp``: Lightning 1.x DataParallel (see :mod:`vae_ddp.studies.dp`): 1 process, the global
   batch scattered into N chunks.
 
 Every configuration starts from ``seed_everything(seed)``, the same initial weights and
@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 
 from vae_ddp.data import DATASETS, find_image_root
-from vae_ddp.dp import DP_MODES, resolve_dp_mode
+from vae_ddp.studies.dp import DP_MODES, resolve_dp_mode
 from vae_ddp.errors import UserError
 from vae_ddp.model import MODELS
 

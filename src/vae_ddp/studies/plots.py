@@ -1,14 +1,14 @@
-"""Matplotlib figures of the studies (Agg backend, PNG files)."""
+"""Matplotlib figures of the studies (PNG files).
+
+Figures are built with ``matplotlib.figure.Figure`` (no pyplot, no global backend), so
+importing this module or calling it changes nothing in the caller's matplotlib state."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Iterable
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.figure import Figure
 
 METRICS = ("loss", "kl", "recon_loss")
 TITLES = {"loss": "loss", "kl": "KL term (x kl_coeff)", "recon_loss": "reconstruction (MSE)"}
@@ -17,7 +17,8 @@ TITLES = {"loss": "loss", "kl": "KL term (x kl_coeff)", "recon_loss": "reconstru
 def plot_curves(series: Iterable[tuple[str, list[dict], list[dict]]], path: Path, title: str = "") -> Path:
     """One panel per metric; each series is ``(label, train_records, val_records)``.
     Train curves are lines, validation points are markers on the same colour."""
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4), constrained_layout=True)
+    fig = Figure(figsize=(14, 4), layout="constrained")
+    axes = fig.subplots(1, 3)
     for i, (label, train, val) in enumerate(series):
         color = f"C{i}"
         for ax, m in zip(axes, METRICS):
@@ -33,5 +34,4 @@ def plot_curves(series: Iterable[tuple[str, list[dict], list[dict]]], path: Path
     if title:
         fig.suptitle(title)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path

@@ -1,4 +1,4 @@
-"""Capstone 2: from the exact configuration, switch one factor back to Lightning's default.
+"""The ablation: from the exact configuration, switch one factor back to Lightning's default.
 
 ``vae-ddp ablation`` trains the exact ``single`` reference and ``ddp`` with all fixes, then
 ``ddp`` with one fix removed at a time (noise, BatchNorm, sampler, logging) and with none
@@ -17,10 +17,10 @@ from pathlib import Path
 
 import torch
 
-from vae_ddp.configs import RunSpec
-from vae_ddp.equivalence import max_abs_diff
-from vae_ddp.launch import launch
-from vae_ddp.table import format_table
+from vae_ddp.studies.configs import RunSpec
+from vae_ddp.studies.equivalence import max_abs_diff
+from vae_ddp.studies.launch import launch
+from vae_ddp.studies.table import format_table
 
 __all__ = ["ablation", "VARIANTS"]
 

@@ -1,6 +1,6 @@
 """Start a run in its own process tree and collect what rank 0 wrote.
 
-Each run is ``python -m vae_ddp.runner SPEC_JSON OUT_DIR``; Lightning's DDP launcher then
+Each run is ``python -m vae_ddp.studies.runner SPEC_JSON OUT_DIR``; Lightning's DDP launcher then
 starts the other ranks by re-running that command. If any rank fails, Lightning ends the
 whole group (rank 0 kills its children on an exception; ``_ChildProcessObserver``
 SIGKILLs everyone when a child exits non-zero), so the run returns a non-zero code
@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from vae_ddp.configs import RunSpec
+from vae_ddp.studies.configs import RunSpec
 
 __all__ = ["launch", "RunFailed"]
 
@@ -34,7 +34,7 @@ def launch(spec: RunSpec, out_dir: Path, timeout: Optional[float] = None, quiet:
     """Run ``spec`` (already validated) in a child process; return its ``run.json``.
 
     Progress lines stream to this process's stdout (unless ``quiet``); stderr goes to
-    ``out_dir/stderr.log``. ``entry`` replaces ``[python, -m, vae_ddp.runner]`` (tests use
+    ``out_dir/stderr.log``. ``entry`` replaces ``[python, -m, vae_ddp.studies.runner]`` (tests use
     it to inject a failing rank).
 
     Raises:
@@ -49,7 +49,7 @@ def launch(spec: RunSpec, out_dir: Path, timeout: Optional[float] = None, quiet:
     if spec.accelerator == "cpu" and "OMP_NUM_THREADS" not in os.environ:
         # like torchrun: do not let N ranks x all cores threads fight over the cores
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // spec.world_size))
-    cmd = (entry or [sys.executable, "-m", "vae_ddp.runner"]) + [spec.to_json(), str(out_dir)]
+    cmd = (entry or [sys.executable, "-m", "vae_ddp.studies.runner"]) + [spec.to_json(), str(out_dir)]
     with open(log, "w") as err:
         try:
             proc = subprocess.run(cmd, stdout=subprocess.DEVNULL if quiet else None, stderr=err, env=env,

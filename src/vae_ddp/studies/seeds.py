@@ -1,4 +1,4 @@
-"""Capstone 3: is the report's difference beyond run-to-run variance?
+"""The seed study: is the report's difference beyond run-to-run variance?
 
 ``vae-ddp seeds`` trains several seeds of each configuration (``single``, default ``ddp``,
 ``ddp+fixed`` with every fix on, ``dp``; ``ddp+per_rank`` on request) and compares the
@@ -16,16 +16,13 @@ import statistics
 import time
 from pathlib import Path
 
-import matplotlib
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from vae_ddp.configs import RunSpec  # noqa: E402
-from vae_ddp.errors import UserError  # noqa: E402
-from vae_ddp.launch import launch  # noqa: E402
-from vae_ddp.stats import welch  # noqa: E402
-from vae_ddp.table import format_table  # noqa: E402
+from vae_ddp.errors import UserError
+from vae_ddp.studies.configs import RunSpec
+from vae_ddp.studies.launch import launch
+from vae_ddp.studies.stats import welch
+from vae_ddp.studies.table import format_table
 
 __all__ = ["seed_study", "STUDY_CONFIGS"]
 
@@ -130,7 +127,8 @@ def verdicts(summary: dict, alpha: float = 0.05) -> list[str]:
 
 
 def _plot(runs: dict, path: Path, base: RunSpec) -> None:
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.2), constrained_layout=True)
+    fig = Figure(figsize=(13, 4.2), layout="constrained")
+    axes = fig.subplots(1, 2)
     for i, (c, rs) in enumerate(runs.items()):
         for j, r in enumerate(rs):
             steps = [x["step"] for x in r["records"]]
@@ -145,4 +143,3 @@ def _plot(runs: dict, path: Path, base: RunSpec) -> None:
     axes[0].legend()
     fig.suptitle(f"{base.model} VAE on {base.data}, global batch {base.global_batch_size}")
     fig.savefig(path, dpi=110)
-    plt.close(fig)

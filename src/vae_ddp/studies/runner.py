@@ -1,6 +1,6 @@
-"""Run one :class:`~vae_ddp.configs.RunSpec` through Lightning's ``Trainer``.
+"""Run one :class:`~vae_ddp.studies.configs.RunSpec` through Lightning's ``Trainer``.
 
-Entry point for a child process: ``python -m vae_ddp.runner SPEC_JSON OUT_DIR``. Under
+Entry point for a child process: ``python -m vae_ddp.studies.runner SPEC_JSON OUT_DIR``. Under
 ``strategy="ddp"`` Lightning starts the other ranks by re-running this same command
 (``_SubprocessScriptLauncher``), which is why every study launches its runs this way
 instead of inside its own process. Rank 0 writes ``OUT_DIR/run.json``:
@@ -10,33 +10,24 @@ instead of inside its own process. Rank 0 writes ``OUT_DIR/run.json``:
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
-import warnings
 from pathlib import Path
 from typing import Any, Optional
 
 import pytorch_lightning as pl
 import torch
 
-from vae_ddp.configs import RunSpec
+from vae_ddp.studies.configs import RunSpec
 from vae_ddp.data import make_datamodule
-from vae_ddp.dp import DataParallelVAE
+from vae_ddp.studies.dp import DataParallelVAE
 from vae_ddp.fixes.batchnorm import GlooSyncBatchNorm
 from vae_ddp.fixes.noise import GlobalBatchNoise, PerRankSeed
 from vae_ddp.model import VAE
 from vae_ddp.recording import GlobalBatchRecorder
+from vae_ddp.utils import quiet
 
 __all__ = ["build_model", "build_trainer", "train_one"]
-
-
-def quiet() -> None:
-    """Silence Lightning's informational chatter in child processes (warnings stay on stderr)."""
-    for name in ("pytorch_lightning", "lightning_fabric", "lightning.pytorch", "lightning.fabric"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
-    warnings.filterwarnings("ignore", message=".*`max_epochs` was not set.*")
 
 
 def build_model(spec: RunSpec, seed: int) -> VAE:

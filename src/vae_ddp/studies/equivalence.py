@@ -1,4 +1,4 @@
-"""Capstone 1: with every fix on, does Lightning DDP match one device to the last digits?
+"""Equivalence: with every fix on, does Lightning DDP match one device to the last digits?
 
 ``vae-ddp equivalence --world-sizes 2 4 --dtype float64 --out DIR`` trains ``single`` and
 ``ddp`` at each world size from the same seed, data and global batch size with every fix
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import torch
 
-from vae_ddp.configs import RunSpec
-from vae_ddp.launch import launch
-from vae_ddp.table import format_table
+from vae_ddp.studies.configs import RunSpec
+from vae_ddp.studies.launch import launch
+from vae_ddp.studies.table import format_table
 
 __all__ = ["equivalence", "BOUNDS", "max_abs_diff"]
 

@@ -11,10 +11,10 @@ import dataclasses
 import json
 from pathlib import Path
 
-from vae_ddp.configs import RunSpec
-from vae_ddp.launch import launch
-from vae_ddp.plots import plot_curves
-from vae_ddp.table import format_table
+from vae_ddp.studies.configs import RunSpec
+from vae_ddp.studies.launch import launch
+from vae_ddp.studies.plots import plot_curves
+from vae_ddp.studies.table import format_table
 
 __all__ = ["compare"]
 

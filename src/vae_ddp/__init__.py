@@ -1,0 +1,45 @@
+"""vae-ddp: why DDP on N devices with per-device batch B/N does not reproduce one device.
+
+The library: the lightning-bolts CIFAR-10 VAE ported to Lightning 2.x (:class:`VAE`), its
+data modules, the fixes of each factor (:mod:`vae_ddp.fixes`) and the probes that measure
+them (:mod:`vae_ddp.probes`). The studies and the ``vae-ddp`` command live in
+:mod:`vae_ddp.studies` and :mod:`vae_ddp.cli`.
+
+Importing the package has no side effects and is cheap: the names below are imported on
+first use (PEP 562 module ``__getattr__``), so ``import vae_ddp`` does not even import
+torch. (``import pytorch_lightning`` itself imports matplotlib through sympy; this package
+never selects a matplotlib backend, sets a warnings filter or seeds a generator at import.)
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+#: public name -> module that defines it
+_EXPORTS = {
+    "VAE": "vae_ddp.model", "vae_loss": "vae_ddp.model",
+    "CIFAR10DataModule": "vae_ddp.data", "DigitsDataModule": "vae_ddp.data",
+    "ImageFolderDataModule": "vae_ddp.data", "make_datamodule": "vae_ddp.data",
+    "GlobalBatchDistributedSampler": "vae_ddp.fixes", "GlobalBatchNoise": "vae_ddp.fixes",
+    "GlobalBatchNorm": "vae_ddp.fixes", "GlooSyncBatchNorm": "vae_ddp.fixes", "PerRankSeed": "vae_ddp.fixes",
+    "GradientProbe": "vae_ddp.probes", "NoiseProbe": "vae_ddp.probes",
+    "GlobalBatchRecorder": "vae_ddp.recording", "evaluate": "vae_ddp.recording",
+    "UserError": "vae_ddp.errors", "quiet": "vae_ddp.utils",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'vae_ddp' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
