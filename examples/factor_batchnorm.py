@@ -4,7 +4,7 @@ One optimizer step of the ResNet-18 VAE through Lightning DDP (2 gloo processes,
 with the noise and the sample order already made identical to one device's, so that
 BatchNorm is the only difference. It compares, with one process computing the same
 global batch on one device: the output of the encoder's first BatchNorm layer, and the
-all-reduced gradient that Adam receives. Then the same with :class:`GlooSyncBatchNorm`.
+all-reduced gradient that Adam receives. Then the same with [`GlooSyncBatchNorm`][vae_ddp.fixes.batchnorm.GlooSyncBatchNorm].
 
     python examples/factor_batchnorm.py --out out/batchnorm
 """

@@ -22,7 +22,7 @@ from vae_ddp.model import VAE
 
 
 def per_sample_losses(model: VAE, x: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
-    """``(B,)`` loss of each sample: the batch loss of :func:`vae_loss` at batch size 1."""
+    """``(B,)`` loss of each sample: the batch loss of [`vae_loss`][vae_ddp.model.vae_loss] at batch size 1."""
     return torch.stack([model.step(x[i:i + 1], eps[i:i + 1])[0] for i in range(len(x))])
 
 

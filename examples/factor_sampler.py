@@ -3,7 +3,7 @@
 Trains a few steps of ``single`` and of ``ddp`` (2 gloo processes) through Lightning with a
 dataset that returns each sample's index, and records the global batch of every step:
 first with Lightning's defaults (a shuffled ``RandomSampler`` on one device,
-``DistributedSampler`` under DDP), then with :class:`GlobalBatchDistributedSampler`.
+``DistributedSampler`` under DDP), then with [`GlobalBatchDistributedSampler`][vae_ddp.fixes.sampler.GlobalBatchDistributedSampler].
 Also counts the repeated samples ``DistributedSampler`` pads an epoch with.
 
     python examples/factor_sampler.py --out out/sampler

@@ -1,9 +1,9 @@
 """vae-ddp: why DDP on N devices with per-device batch B/N does not reproduce one device.
 
-The library: the lightning-bolts CIFAR-10 VAE ported to Lightning 2.x (:class:`VAE`), its
-data modules, the fixes of each factor (:mod:`vae_ddp.fixes`) and the probes that measure
-them (:mod:`vae_ddp.probes`). The studies and the ``vae-ddp`` command live in
-:mod:`vae_ddp.studies` and :mod:`vae_ddp.cli`.
+The library: the lightning-bolts CIFAR-10 VAE ported to Lightning 2.x ([`VAE`][vae_ddp.model.VAE]), its
+data modules, the fixes of each factor ([`vae_ddp.fixes`][vae_ddp.fixes]) and the probes that measure
+them ([`vae_ddp.probes`][vae_ddp.probes]). The studies and the ``vae-ddp`` command live in
+[`vae_ddp.studies`][vae_ddp.studies] and [`vae_ddp.cli`][vae_ddp.cli].
 
 Importing the package has no side effects and is cheap: the names below are imported on
 first use (PEP 562 module ``__getattr__``), so ``import vae_ddp`` does not even import

@@ -101,7 +101,7 @@ class _InMemoryDataModule(LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         """``batch_size`` is the per-device batch size. With ``sampler="global"`` the loader
-        uses :class:`GlobalBatchDistributedSampler` over the trainer's world size."""
+        uses [`GlobalBatchDistributedSampler`][vae_ddp.fixes.sampler.GlobalBatchDistributedSampler] over the trainer's world size."""
         if self.sampler == "global":
             world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
             sampler = GlobalBatchDistributedSampler(self.dataset_train, self.batch_size * world, num_replicas=world,
@@ -135,7 +135,7 @@ def _cache_dir() -> Path:
 
 def find_image_root(data_dir: str | os.PathLike) -> Path:
     """The ImageFolder root inside ``data_dir``: ``data_dir/train`` if present, else
-    ``data_dir``. Raises :class:`UserError` if the folder is missing or holds no images."""
+    ``data_dir``. Raises [`UserError`][vae_ddp.errors.UserError] if the folder is missing or holds no images."""
     root = Path(data_dir).expanduser()
     if root.exists() and not root.is_dir():
         raise UserError(f"--data-dir {root} is a file, not a folder: point it at an ImageFolder tree "

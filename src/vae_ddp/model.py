@@ -6,7 +6,7 @@ lightning-bolts 0.7.0 (``pl_bolts.models.autoencoders.components`` and
 into this port with the same parameter names. bolts cannot be imported beside
 Lightning 2.x (it pins ``pytorch-lightning<2.0``), hence the port.
 
-The loss is written once, in :func:`vae_loss`; every model variant and every
+The loss is written once, in [`vae_loss`][vae_ddp.model.vae_loss]; every model variant and every
 configuration (single, ddp, dp) calls it.
 """
 
@@ -212,7 +212,7 @@ def small_encoder() -> nn.Sequential:
 
 
 def small_decoder(latent_dim: int) -> nn.Sequential:
-    """Mirror of :func:`small_encoder`: ``z: (B, latent_dim)`` -> ``(B, 3, 32, 32)``."""
+    """Mirror of [`small_encoder`][vae_ddp.model.small_encoder]: ``z: (B, latent_dim)`` -> ``(B, 3, 32, 32)``."""
     return nn.Sequential(
         nn.Linear(latent_dim, 128 * 4 * 4), nn.Unflatten(1, (128, 4, 4)),
         nn.ConvTranspose2d(128, 64, 4, 2, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
@@ -278,7 +278,7 @@ class VAE(LightningModule):
         kl_coeff: weight of the KL term.
         latent_dim: dimension of ``z``.
         lr: Adam learning rate.
-        kl_estimator: see :func:`vae_loss`; ``"mc"`` is the report's.
+        kl_estimator: see [`vae_loss`][vae_ddp.model.vae_loss]; ``"mc"`` is the report's.
         optimizer: ``"adam"`` (the report's) or ``"sgd"``; see :data:`OPTIMIZERS`.
         sync_dist_logging: pass ``sync_dist=True`` to ``self.log_dict`` for the training
             metrics (off by default, as in bolts: then under DDP the logged step value
@@ -290,8 +290,8 @@ class VAE(LightningModule):
 
     Attributes:
         noise: callable ``mu -> eps`` with ``eps`` of ``mu``'s shape and dtype used by the
-            reparameterization trick during training. Default: :func:`standard_normal_noise`.
-            The fixes in :mod:`vae_ddp.fixes.noise` replace it.
+            reparameterization trick during training. Default: [`standard_normal_noise`][vae_ddp.model.standard_normal_noise].
+            The fixes in [`vae_ddp.fixes.noise`][vae_ddp.fixes.noise] replace it.
         last_logs: detached ``{"recon_loss", "kl", "loss"}`` of the last training step and
             ``"batch_size"``, for callbacks that record global-batch values.
     """
@@ -350,7 +350,7 @@ class VAE(LightningModule):
         return self._run_step(x, eps)[1]
 
     def step(self, x: Tensor, eps: Optional[Tensor] = None) -> tuple[Tensor, dict[str, Tensor]]:
-        """Loss of one batch ``x: (B, 3, H, W)``; see :func:`vae_loss`."""
+        """Loss of one batch ``x: (B, 3, H, W)``; see [`vae_loss`][vae_ddp.model.vae_loss]."""
         z, x_hat, p, q = self._run_step(x, eps)
         return vae_loss(x, x_hat, p, q, z, self.kl_coeff, self.kl_estimator)
 

@@ -19,7 +19,7 @@ class NoiseProbe(Callback):
     """Record the reparameterization noise ``eps`` each rank draws in each training step.
 
     Put it after any callback that replaces ``pl_module.noise`` (e.g.
-    :class:`~vae_ddp.fixes.noise.GlobalBatchNoise`): it wraps whatever is there at
+    [`GlobalBatchNoise`][vae_ddp.fixes.noise.GlobalBatchNoise]): it wraps whatever is there at
     ``on_train_batch_start``. At the end of training the draws are gathered from all ranks.
 
     Attributes:

@@ -1,6 +1,6 @@
 """Recording what a run does, the same way for every configuration.
 
-:class:`GlobalBatchRecorder` is a Lightning callback that records, per optimizer step,
+[`GlobalBatchRecorder`][vae_ddp.recording.GlobalBatchRecorder] is a Lightning callback that records, per optimizer step,
 the train ``recon_loss``, ``kl`` and ``loss`` **over the whole global batch** (under DDP
 the per-rank means are weighted by their batch sizes and summed across ranks with
 ``trainer.strategy.reduce(..., reduce_op="sum")``, not rank 0's half), next to what
@@ -50,7 +50,7 @@ class GlobalBatchRecorder(Callback):
     """Record global-batch train metrics each step and validation metrics every ``val_every``.
 
     The LightningModule must leave its last step's detached metrics and batch size in
-    ``pl_module.last_logs`` (as :class:`vae_ddp.model.VAE` does).
+    ``pl_module.last_logs`` (as [`VAE`][vae_ddp.model.VAE] does).
 
     Args:
         total_steps: the run's ``max_steps`` (for progress and the last validation).

@@ -1,8 +1,8 @@
 """The fixes, one module each, usable in any LightningModule and Trainer.
 
-- :mod:`vae_ddp.fixes.noise`: random streams per rank (:class:`PerRankSeed`, :class:`GlobalBatchNoise`).
-- :mod:`vae_ddp.fixes.batchnorm`: BatchNorm over the global batch on CPU/gloo (:class:`GlooSyncBatchNorm`).
-- :mod:`vae_ddp.fixes.sampler`: the single-device batch split across ranks (:class:`GlobalBatchDistributedSampler`).
+- [`vae_ddp.fixes.noise`][vae_ddp.fixes.noise]: random streams per rank ([`PerRankSeed`][vae_ddp.fixes.noise.PerRankSeed], [`GlobalBatchNoise`][vae_ddp.fixes.noise.GlobalBatchNoise]).
+- [`vae_ddp.fixes.batchnorm`][vae_ddp.fixes.batchnorm]: BatchNorm over the global batch on CPU/gloo ([`GlooSyncBatchNorm`][vae_ddp.fixes.batchnorm.GlooSyncBatchNorm]).
+- [`vae_ddp.fixes.sampler`][vae_ddp.fixes.sampler]: the single-device batch split across ranks ([`GlobalBatchDistributedSampler`][vae_ddp.fixes.sampler.GlobalBatchDistributedSampler]).
 """
 
 from vae_ddp.fixes.batchnorm import GlobalBatchNorm, GlooSyncBatchNorm

@@ -6,7 +6,7 @@ replica). On GPUs the fix is Lightning's own ``Trainer(sync_batchnorm=True)``, w
 converts the layers to ``torch.nn.SyncBatchNorm``. torch's SyncBatchNorm refuses CPU
 tensors (torch 2.x: its forward raises inside a process group and DDP's constructor
 raises "SyncBatchNorm layers only work with GPU modules"), so on CPU/gloo use
-:class:`GlooSyncBatchNorm`, a Lightning ``LayerSync`` plugin with the same role::
+[`GlooSyncBatchNorm`][vae_ddp.fixes.batchnorm.GlooSyncBatchNorm], a Lightning ``LayerSync`` plugin with the same role::
 
     Trainer(accelerator="cpu", devices=2, strategy="ddp", plugins=[GlooSyncBatchNorm()])
 """
@@ -86,7 +86,7 @@ class GlobalBatchNorm(_BatchNorm):
     @classmethod
     def convert(cls, module: nn.Module) -> nn.Module:
         """Return ``module`` with every ``_BatchNorm`` (not already global) replaced by a
-        :class:`GlobalBatchNorm` sharing its parameters and buffers (as
+        [`GlobalBatchNorm`][vae_ddp.fixes.batchnorm.GlobalBatchNorm] sharing its parameters and buffers (as
         ``torch.nn.SyncBatchNorm.convert_sync_batchnorm`` does)."""
         out = module
         if isinstance(module, _BatchNorm) and not isinstance(module, cls):
@@ -98,7 +98,7 @@ class GlobalBatchNorm(_BatchNorm):
 
     @staticmethod
     def revert(module: nn.Module) -> nn.Module:
-        """Inverse of :meth:`convert`: each :class:`GlobalBatchNorm` back to the class it
+        """Inverse of `convert`: each [`GlobalBatchNorm`][vae_ddp.fixes.batchnorm.GlobalBatchNorm] back to the class it
         replaced (``nn.BatchNorm2d`` if it was built directly), sharing parameters and buffers."""
         out = module
         if isinstance(module, GlobalBatchNorm):
@@ -125,7 +125,7 @@ class GlooSyncBatchNorm(LayerSync):
 
     Lightning's DDP strategy calls ``apply`` on the LightningModule before wrapping it in
     ``DistributedDataParallel`` (the same hook ``sync_batchnorm=True`` uses with
-    ``TorchSyncBatchNorm``), which converts every BatchNorm into :class:`GlobalBatchNorm`.
+    ``TorchSyncBatchNorm``), which converts every BatchNorm into [`GlobalBatchNorm`][vae_ddp.fixes.batchnorm.GlobalBatchNorm].
     On GPUs prefer ``Trainer(sync_batchnorm=True)``.
     """
 

@@ -5,10 +5,10 @@ inside ``training_step`` (the reparameterization noise ``eps`` of ``q.rsample()`
 masks, random augmentations) is the same on every rank, step after step: rank 1's half
 batch gets the same ``eps`` rows as rank 0's. Two fixes:
 
-- :class:`PerRankSeed`: reseed each rank's global generator with ``seed + global_rank``
+- [`PerRankSeed`][vae_ddp.fixes.noise.PerRankSeed]: reseed each rank's global generator with ``seed + global_rank``
   once the process group exists. Independent noise per rank, but the noise still depends
   on the world size, so DDP(N) is not DDP(M) nor single.
-- :class:`GlobalBatchNoise`: draw ``eps`` for the whole global batch from a generator
+- [`GlobalBatchNoise`][vae_ddp.fixes.noise.GlobalBatchNoise]: draw ``eps`` for the whole global batch from a generator
   that every rank seeds alike, and keep this rank's rows. The noise of sample i at step k
   is then the same for any world size, single device included.
 """
@@ -59,12 +59,12 @@ class GlobalBatchNoise(Callback):
     ``torch.Generator`` with ``seed * 1_000_003 + k``, draws ``eps`` of shape
     ``(world_size * b, *mu.shape[1:])`` and keeps rows ``[rank * b, (rank + 1) * b)``,
     where ``b = mu.shape[0]`` is the per-device batch size. With
-    :class:`~vae_ddp.fixes.sampler.GlobalBatchDistributedSampler` (rank r holds chunk r
+    [`GlobalBatchDistributedSampler`][vae_ddp.fixes.sampler.GlobalBatchDistributedSampler] (rank r holds chunk r
     of the global batch), sample i of global batch k gets the same ``eps`` for every
     world size. The global generator is not touched.
 
     The LightningModule must draw its noise through a ``noise`` attribute
-    (``eps = self.noise(mu)``) as :class:`vae_ddp.model.VAE` does; the callback sets it
+    (``eps = self.noise(mu)``) as [`VAE`][vae_ddp.model.VAE] does; the callback sets it
     for the duration of each training batch and restores it afterwards, so validation
     keeps the default stream. Assumes equal per-device batch sizes (true with the
     sampler above).

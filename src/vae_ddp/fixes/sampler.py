@@ -31,7 +31,7 @@ class GlobalBatchDistributedSampler(DistributedSampler):
     Use it with ``DataLoader(dataset, batch_size=global_batch_size // world_size,
     sampler=...)`` and ``Trainer(use_distributed_sampler=False)`` (Lightning would keep a
     ``DistributedSampler`` subclass anyway; the flag makes the intent explicit).
-    Lightning calls :meth:`set_epoch` at every epoch, which reshuffles.
+    Lightning calls `set_epoch` at every epoch, which reshuffles.
 
     Args:
         dataset: map-style dataset of length ``n``.

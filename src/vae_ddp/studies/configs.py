@@ -3,12 +3,12 @@
 - ``single``: 1 device, per-device batch size = global batch size.
 - ``ddp``: Lightning's ``strategy="ddp"`` with N processes (gloo on CPU, NCCL on GPUs),
   per-device batch size = global batch size / N.
-- ``dp``: Lightning 1.x DataParallel (see :mod:`vae_ddp.studies.dp`): 1 process, the global
+- ``dp``: Lightning 1.x DataParallel (see [`vae_ddp.studies.dp`][vae_ddp.studies.dp]): 1 process, the global
   batch scattered into N chunks.
 
 Every configuration starts from ``seed_everything(seed)``, the same initial weights and
 the same global batch size. The fixes are independent switches, all off by default
-(Lightning's defaults); :meth:`RunSpec.exact` turns all of them on.
+(Lightning's defaults); [`exact`][vae_ddp.studies.configs.RunSpec.exact] turns all of them on.
 """
 
 from __future__ import annotations
@@ -43,14 +43,14 @@ class RunSpec:
         steps: optimizer steps (``Trainer(max_steps=...)``).
         seeds: one run per seed (``seed_everything(seed)``), in one launch.
         model: ``resnet18`` or ``small``. latent_dim: ``None`` = 256 (resnet18) or 32 (small).
-        data, data_dir, max_samples: which images (see :func:`vae_ddp.data.make_datamodule`).
+        data, data_dir, max_samples: which images (see [`make_datamodule`][vae_ddp.data.make_datamodule]).
         dtype: ``float32`` or ``float64`` (Lightning ``precision="64-true"``).
-        noise: ``default`` (same stream on every rank), ``per_rank`` (:class:`PerRankSeed`)
-            or ``global`` (:class:`GlobalBatchNoise`).
+        noise: ``default`` (same stream on every rank), ``per_rank`` ([`PerRankSeed`][vae_ddp.fixes.noise.PerRankSeed])
+            or ``global`` ([`GlobalBatchNoise`][vae_ddp.fixes.noise.GlobalBatchNoise]).
         sync_bn: BatchNorm over the global batch (GPU: ``sync_batchnorm=True``; CPU:
-            :class:`GlooSyncBatchNorm`).
+            [`GlooSyncBatchNorm`][vae_ddp.fixes.batchnorm.GlooSyncBatchNorm]).
         sampler: ``default`` (RandomSampler / Lightning's DistributedSampler) or
-            ``global`` (:class:`GlobalBatchDistributedSampler`).
+            ``global`` ([`GlobalBatchDistributedSampler`][vae_ddp.fixes.sampler.GlobalBatchDistributedSampler]).
         sync_dist_logging: ``self.log(..., sync_dist=True)``.
         val_every: validation every this many steps (0: none).
         accelerator: ``cpu`` or ``gpu``.

@@ -7,7 +7,7 @@ ran ``training_step`` on its chunk; the returned losses were gathered to GPU 0 a
 averaged (``training_step_end`` default: mean of the replica outputs); one backward ran
 through the replicas, so the gradient is the mean of the chunk gradients.
 
-:class:`DataParallelVAE` reproduces that step in two ways:
+[`DataParallelVAE`][vae_ddp.studies.dp.DataParallelVAE] reproduces that step in two ways:
 
 - ``mode="real"`` (needs >= 2 CUDA devices): the real ``torch.nn.DataParallel`` over the
   first ``replicas`` GPUs.
@@ -70,14 +70,14 @@ class _Replica(nn.Module):
 
 
 class DataParallelVAE(VAE):
-    """:class:`~vae_ddp.model.VAE` whose training step is Lightning 1.x DP's.
+    """[`VAE`][vae_ddp.model.VAE] whose training step is Lightning 1.x DP's.
 
     Args:
         replicas: number of DataParallel replicas (GPUs) N; the batch is the global batch.
         dp_mode: ``"real"`` or ``"emulate"`` (see the module docstring); resolve
-            ``"auto"`` first with :func:`resolve_dp_mode`.
+            ``"auto"`` first with [`resolve_dp_mode`][vae_ddp.studies.dp.resolve_dp_mode].
         replica_seed: seed of each replica's noise generator in the emulation.
-        **kwargs: passed to :class:`~vae_ddp.model.VAE`.
+        **kwargs: passed to [`VAE`][vae_ddp.model.VAE].
     """
 
     def __init__(self, replicas: int = 2, dp_mode: str = "emulate", replica_seed: int = 0, **kwargs) -> None:

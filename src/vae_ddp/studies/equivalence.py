@@ -2,7 +2,7 @@
 
 ``vae-ddp equivalence --world-sizes 2 4 --dtype float64 --out DIR`` trains ``single`` and
 ``ddp`` at each world size from the same seed, data and global batch size with every fix
-on (:meth:`RunSpec.exact`), through Lightning's ``Trainer``, and compares the final
+on ([`exact`][vae_ddp.studies.configs.RunSpec.exact]), through Lightning's ``Trainer``, and compares the final
 parameters: ``max |theta_ddp - theta_single|`` over all parameters.
 """
 

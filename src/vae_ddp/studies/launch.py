@@ -4,7 +4,7 @@ Each run is ``python -m vae_ddp.studies.runner SPEC_JSON OUT_DIR``; Lightning's 
 starts the other ranks by re-running that command. If any rank fails, Lightning ends the
 whole group (rank 0 kills its children on an exception; ``_ChildProcessObserver``
 SIGKILLs everyone when a child exits non-zero), so the run returns a non-zero code
-instead of hanging; :func:`launch` then raises :class:`RunFailed` with the end of the
+instead of hanging; [`launch`][vae_ddp.studies.launch.launch] then raises [`RunFailed`][vae_ddp.studies.launch.RunFailed] with the end of the
 failing process's stderr.
 """
 

@@ -1,4 +1,4 @@
-"""Run one :class:`~vae_ddp.studies.configs.RunSpec` through Lightning's ``Trainer``.
+"""Run one [`RunSpec`][vae_ddp.studies.configs.RunSpec] through Lightning's ``Trainer``.
 
 Entry point for a child process: ``python -m vae_ddp.studies.runner SPEC_JSON OUT_DIR``. Under
 ``strategy="ddp"`` Lightning starts the other ranks by re-running this same command
