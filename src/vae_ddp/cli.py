@@ -1,6 +1,6 @@
 """``vae-ddp``: a thin command line over the library.
 
-Subcommands: ``compare`` (the main job), ``equivalence``, ``ablation``, ``seeds``.
+Subcommands: ``compare`` (the main job), ``equivalence``, ``ablation``, ``seeds``, ``long-horizon``.
 Bad input gets one line on stderr and exit code 2 before any training; a failed run
 (any rank) gets its error and exit code 1.
 """
@@ -69,6 +69,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="any of single, ddp, ddp+fixed, ddp+per_rank, dp")
     p.add_argument("--val-every", type=int, default=0, help="validate every N steps (0: only at the end)")
     p.add_argument("--dp", dest="dp_mode", default="auto", help=f"one of {', '.join(DP_MODES)}")
+    p.add_argument("--margin-sd", type=float, default=1.0,
+                   help="equivalence margin in standard deviations of single over seeds (default: 1)")
+    p.add_argument("--reanalyse", action="store_true",
+                   help="recompute the statistics from OUT/seeds.json (per-seed values) without training")
+
+    p = sub.add_parser("long-horizon", help="thousands of steps: does noise shared across ranks shift the KL?")
+    p.add_argument("--data", default="imagefolder", help=f"one of {', '.join(DATASETS)} (default: imagefolder)")
+    p.add_argument("--data-dir", default=None, help="ImageFolder root for --data imagefolder, CIFAR-10 root for cifar10")
+    p.add_argument("--max-samples", type=int, default=None, help="use a fixed random subset of this many images")
+    p.add_argument("--num-seeds", type=int, default=10, help="seeds per noise mode (default: 10)")
+    p.add_argument("--steps", type=int, default=2000, help="optimizer steps per run (default: 2000)")
+    p.add_argument("--global-batch-size", type=int, default=16, help="samples per optimizer step (default: 16)")
+    p.add_argument("--world-size", type=int, default=2, help="ranks whose shared noise is emulated (default: 2)")
+    p.add_argument("--lr", type=float, default=1e-4, help="Adam learning rate (default: 1e-4, the report's)")
+    p.add_argument("--margin-sd", type=float, default=1.0,
+                   help="equivalence margin in standard deviations of the independent runs (default: 1)")
+    p.add_argument("--jobs", type=int, default=2, help="runs trained at once, one process each (default: 2)")
+    p.add_argument("--window", type=int, default=20, help="curves kept as means over this many steps (default: 20)")
+    p.add_argument("--out", type=Path, default=Path("runs/long-horizon"), help="output folder")
     return parser
 
 
@@ -106,9 +125,19 @@ def main(argv: Optional[list[str]] = None) -> int:
 
             ablation(_spec(args), args.out)
         elif args.command == "seeds":
-            from vae_ddp.studies.seeds import seed_study
+            from vae_ddp.studies.seeds import reanalyse, seed_study
 
-            seed_study(_spec(args), args.configs, args.num_seeds, args.out)
+            if args.reanalyse:
+                reanalyse(args.out, args.margin_sd)
+            else:
+                seed_study(_spec(args), args.configs, args.num_seeds, args.out, args.margin_sd)
+        elif args.command == "long-horizon":
+            from vae_ddp.studies.long_horizon import long_horizon
+
+            long_horizon(args.out, num_seeds=args.num_seeds, steps=args.steps, global_batch_size=args.global_batch_size,
+                         world_size=args.world_size, data=args.data, data_dir=args.data_dir,
+                         max_samples=args.max_samples, lr=args.lr, margin_sd=args.margin_sd, jobs=args.jobs,
+                         window=args.window)
     except UserError as err:
         print(f"vae-ddp: error: {err}", file=sys.stderr)
         return 2
