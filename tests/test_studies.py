@@ -135,12 +135,13 @@ def test_power_and_holm_match_published_values():
     assert detectable_difference(10, 2.0, pair=True) == pytest.approx(2 * 0.996, abs=0.02)
     # Holm (1979) on p = 0.01, 0.04, 0.03, 0.005: sorted times (4, 3, 2, 1), running maximum
     a = {"q1": SLEEP_1, "q2": SLEEP_1}
-    b = {"q1": SLEEP_2, "q2": [x + 0.3 for x in SLEEP_1]}
+    b = {"q1": SLEEP_2, "q2": [x + e for x, e in zip(SLEEP_1, [0.1, -0.1] * 5)]}
     out = compare_metrics(a, b, {"q1": 3.0, "q2": 3.0}, pair=True)
     p = sorted(e["p"] for e in out.values())
     assert sorted(e["p_holm"] for e in out.values()) == pytest.approx([min(1, 2 * p[0]), min(1, max(2 * p[0], p[1]))])
-    assert out["q1"]["verdict"] == "different"  # paired sleep: p = 0.0028, Holm 0.0057
-    assert out["q2"]["verdict"] == "equivalent"  # a constant shift of 0.3 < 3: no spread, tiny CI
+    assert out["q1"]["verdict"] == "different"  # paired sleep: p = 0.0028, Holm 0.0057 ...
+    assert out["q1"]["within_margin"]  # ... and its 90% interval [-2.29, -0.87] lies inside ±3
+    assert out["q2"]["verdict"] == "equivalent"  # mean difference 0, spread 0.1: inside ±3, not different
 
 
 def test_committed_full_seed_study_is_what_the_study_renders():
