@@ -171,7 +171,7 @@ def _g(v: float) -> str:
 
 
 def render(result: dict) -> str:
-    """The study's tables and verdict lines (Markdown) from its ``seeds.json`` content."""
+    """The study's verdict lines, then its tables (Markdown), from its ``seeds.json`` content."""
     from vae_ddp.studies.long_horizon import comparison_table
     from vae_ddp.studies.table import format_table
 
@@ -187,8 +187,9 @@ def render(result: dict) -> str:
         parts.append(format_table(headers, rows, title=f"{c} vs single, paired by seed (shared: "
                                                          f"{result['shared_with_single'][c]})"))
     lines = "\n".join(f"- {v}" for v in result["verdict_lines"])
-    return "\n\n".join(parts) + (f"\n\nVerdict (Holm over the {len(QUANTITIES)} quantities at 5%; equivalence "
-                                  f"margin ±{result['margin_sd']:g} standard deviation of single over seeds):\n\n{lines}")
+    head = (f"Verdict against single ({n} seeds, paired by seed; Holm over the {len(QUANTITIES)} quantities at 5%; "
+            f"equivalence margin ±{result['margin_sd']:g} standard deviation of single over seeds):")
+    return f"{head}\n\n{lines}\n\n" + "\n\n".join(parts)
 
 
 def verdict_lines(summary: dict, margin_sd: float = MARGIN_SD) -> list[str]:
