@@ -62,7 +62,7 @@ def pages(site: Path) -> list[str]:
 def test_build_strict(site):
     """The strict build passes and holds the pages of the nav and the generated figures."""
     found = pages(site)
-    for page in ("/", "/reproduce/", "/dataparallel/", "/scaling/", "/api/"):
+    for page in ("/", "/reproduce/", "/notebook/", "/dataparallel/", "/scaling/", "/api/"):
         assert page in found, f"{page} missing from the built site: {found}"
     assert (site / "generated" / "demo" / "curves.png").stat().st_size > 0
     assert (site / "search" / "search_index.json").is_file()
@@ -79,6 +79,34 @@ def test_generated_output_included(site):
     number = re.findall(r"\d+\.\d+", first_row)[0]
     assert number in (site / "index.html").read_text()
     assert number not in (DOCS / "index.md").read_text()
+
+
+def test_study_tables_are_what_the_studies_printed(site):
+    """Every ``output: tables`` entry: the page includes the tables.md the study wrote, and that
+    Markdown is exactly what it printed (one block of its stdout), not a rewording of it."""
+    hook = _hook()
+    entries = [e for e in hook.load_registry(ROOT) if e["output"] == "tables"]
+    assert {"demo", "equivalence", "ablation", "seeds", "step_time"} <= {e["name"] for e in entries}
+    for e in entries:
+        out = DOCS / "generated" / e["name"]
+        tables = (out / "tables.md").read_text()
+        assert (out / "output.md").read_text() == tables, e["name"]
+        assert "\n|---" in tables or "|\n|-" in tables, f"{e['name']}: no Markdown table in tables.md"
+        assert tables.strip() in (out / "stdout.txt").read_text(), f"{e['name']}: tables.md is not what it printed"
+
+
+def test_notebook_page_is_executed_and_downloadable(site):
+    """docs/notebook.ipynb is run during the build (its outputs are not committed) and offered
+    for download from its page."""
+    import json
+
+    committed = json.loads((DOCS / "notebook.ipynb").read_text())
+    assert not any(c.get("outputs") for c in committed["cells"]), "commit the notebook without outputs"
+    html = (site / "notebook" / "index.html").read_text()
+    assert "jp-OutputArea-output" in html
+    assert re.search(r"single \(1, \d+, \d+, \d+\), DDP \(2, \d+, \d+, \d+\)", html), "no output of the run"
+    assert (site / "notebook" / "notebook.ipynb").is_file()
+    assert 'href="notebook.ipynb"' in html
 
 
 # --------------------------------------------------------------------------- the hook

@@ -38,7 +38,7 @@ log = logging.getLogger("mkdocs.hooks.generate")
 REGISTRY = "docs/examples.yml"
 GENERATED = "docs/generated"
 STAMP = ".stamp"
-OUTPUT_MODES = ("markdown", "tables", "text", "log")
+OUTPUT_MODES = ("markdown", "tables", "log")
 KEYS = {"name", "script", "command", "args", "full_args", "output", "drop", "timeout", "summary", "page"}
 #: With ``output: tables`` the entry writes the Markdown it shows into its output folder.
 TABLES = "tables.md"
@@ -180,9 +180,7 @@ def render_output(e: dict[str, Any], out: Path) -> str:
     stdout = (out / "stdout.txt").read_text()
     if e["output"] == "log":
         return "```text\n" + clean_log(e, stdout) + "\n```\n"
-    if e["output"] == "markdown":
-        return stdout.rstrip() + "\n"
-    return "```text\n" + stdout.rstrip() + "\n```\n"
+    return stdout.rstrip() + "\n"
 
 
 def run_entry(root: Path, e: dict[str, Any]) -> str:
