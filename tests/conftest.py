@@ -16,20 +16,6 @@ def cifar_dir() -> Path:
     return CIFAR_SUBSET
 
 
-@pytest.fixture(scope="session")
-def cifar_batch(cifar_dir):
-    """32 real CIFAR-10 subset images, (32, 3, 32, 32) float32 in [0, 1]."""
-    import torch
-
-    from vae_ddp.data import ImageFolderDataModule
-
-    dm = ImageFolderDataModule(str(cifar_dir), batch_size=32, max_samples=500)
-    dm.setup()
-    x, _ = next(iter(dm.val_dataloader()))
-    assert x.shape == (32, 3, 32, 32) and x.dtype == torch.float32
-    return x
-
-
 def run_cli(*args: str, timeout: float = 600):
     import subprocess
 
