@@ -36,8 +36,7 @@ def variants() -> dict[str, dict]:
     out = {"single": {"config": "single"}, "ddp": {"config": "ddp"}}
     for f in registry.switches():
         for value in f.choices:
-            kw = {f.field: value}
-            out[f"ddp + {f.label(dataclasses.replace(RunSpec(), **kw))}"] = {"config": "ddp", **kw}
+            out[f"ddp + {f.value_label(value)}"] = {"config": "ddp", f.field: value}
     out["ddp + all fixes"] = {"config": "ddp", **{f.field: f.fixed for f in registry.switches()}}
     return out
 

@@ -141,7 +141,7 @@ def _add(parser, name: str, hint: Any, default: Any, help: str) -> None:
     parser.add_argument(*names, **kwargs)
 
 
-def _subparser(name: str, cmd: Command):
+def _subparser(name: str, cmd: Command, spec_cls: type = RunSpec):
     from jsonargparse import ArgumentParser
 
     p = ArgumentParser(prog=f"vae-ddp {name}", description=cmd.help, exit_on_error=False)
@@ -150,8 +150,8 @@ def _subparser(name: str, cmd: Command):
     hints = typing.get_type_hints(cmd.function)
     helps = _help_of(cmd.function)
     if "base" in sig.parameters:
-        spec_hints, spec_help = typing.get_type_hints(RunSpec), _help_of(RunSpec)
-        for f in dataclasses.fields(RunSpec):
+        spec_hints, spec_help = typing.get_type_hints(spec_cls), _help_of(spec_cls)
+        for f in dataclasses.fields(spec_cls):
             if f.name in INTERNAL or f.name in cmd.hide:
                 continue
             default = cmd.defaults.get(f.name, f.default)
@@ -175,8 +175,9 @@ def _subparser(name: str, cmd: Command):
     return p
 
 
-def build_parser():
-    """The ``vae-ddp`` parser (jsonargparse), one subcommand per registered [`Command`][vae_ddp.cli.Command]."""
+def build_parser(spec_cls: type = RunSpec):
+    """The ``vae-ddp`` parser (jsonargparse), one subcommand per registered [`Command`][vae_ddp.cli.Command];
+    ``spec_cls``: RunSpec or a subclass with more fields (tests add a factor's switch this way)."""
     from jsonargparse import ArgumentParser
 
     parser = ArgumentParser(prog="vae-ddp", exit_on_error=False, description=(
@@ -184,7 +185,7 @@ def build_parser():
         "measured on the lightning-bolts CIFAR-10 VAE."))
     sub = parser.add_subcommands(dest="command")
     for name, cmd in commands().items():
-        sub.add_subcommand(name, _subparser(name, cmd), help=cmd.help)
+        sub.add_subcommand(name, _subparser(name, cmd, spec_cls), help=cmd.help)
     return parser
 
 

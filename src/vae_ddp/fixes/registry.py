@@ -86,7 +86,10 @@ class Factor:
 
     def label(self, spec: Any) -> str:
         """Short name of the fix as set in ``spec`` (``noise=global``, ``sync_bn``)."""
-        value = getattr(spec, self.field)
+        return self.value_label(getattr(spec, self.field))
+
+    def value_label(self, value: Any) -> str:
+        """Short name of the switch at ``value`` (``noise=global``; a bool switch: its field)."""
         return self.field if isinstance(value, bool) else f"{self.field}={value}"
 
 
