@@ -78,7 +78,8 @@ def summarise(runs: dict[str, list[float]], ref: str = "ddp", tolerance: float =
     return out
 
 
-def render(model: str, summary: dict, args: argparse.Namespace, load: tuple[float, float] = (0.0, 0.0)) -> str:
+def render(model: str, summary: dict, args: argparse.Namespace, load: tuple[float, float] = (0.0, 0.0),
+           cores: int = 0) -> str:
     """The table and the lines that say what it resolves; ``load``: the 1-minute load average
     before and after the runs (``os.getloadavg``), stated when it exceeds half the cores."""
     rows = []
@@ -93,7 +94,7 @@ def render(model: str, summary: dict, args: argparse.Namespace, load: tuple[floa
                           "vs default ddp"], rows, title=title)
     spreads = [s["ratio_max"] - s["ratio_min"] for n, s in summary.items() if s["verdict"] != "reference"]
     resolved = [n for n, s in summary.items() if s["verdict"] in ("faster", "slower")]
-    cores = os.cpu_count() or 1
+    cores = cores or os.cpu_count() or 1
     busy = max(load) > cores / 2
     lines = [f"- The ratios to default ddp vary by up to {max(spreads):.2f} between rounds: differences smaller "
              f"than that are not resolved by this run" + (
