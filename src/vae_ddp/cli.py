@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Optional
 
 from vae_ddp.errors import UserError
+from vae_ddp.fixes import registry
 from vae_ddp.studies.configs import CONFIGS, RunSpec, flag
 
 __all__ = ["main", "build_parser", "Command", "commands", "register"]
@@ -44,6 +45,8 @@ class Command:
         types: annotations that replace a parameter's own (e.g. ``Literal`` choices).
         hide: RunSpec fields this subcommand does not take.
         seed: add ``--seed`` (the run's seed, ``RunSpec.seeds = [seed]``).
+        switches: add the fix switches of the factor registry and ``--exact`` (False for studies
+            that set the fixes themselves).
     """
 
     function: Callable
@@ -53,6 +56,7 @@ class Command:
     types: dict = field(default_factory=dict)
     hide: frozenset = frozenset()
     seed: bool = True
+    switches: bool = True
 
 
 #: RunSpec fields that are set by the studies, not by the command line.
@@ -91,7 +95,7 @@ def _equivalence() -> Command:
 
     return Command(equivalence, "all fixes on: does ddp match single to the last digits?", out="runs/equivalence",
                    defaults={"steps": 100, "global_batch_size": 64, "world_sizes": [2, 4]},
-                   types={"world_sizes": list[PositiveInt]}, hide=frozenset({"devices", "dp_mode"}))
+                   types={"world_sizes": list[PositiveInt]}, hide=frozenset({"devices", "dp_mode"}), switches=False)
 
 
 @register("ablation")
@@ -99,7 +103,7 @@ def _ablation() -> Command:
     from vae_ddp.studies.ablation import ablation
 
     return Command(ablation, "from the exact configuration, undo one fix at a time", out="runs/ablation",
-                   defaults={"steps": 100, "global_batch_size": 64}, hide=frozenset({"dp_mode"}))
+                   defaults={"steps": 100, "global_batch_size": 64}, hide=frozenset({"dp_mode"}), switches=False)
 
 
 @register("seeds")
@@ -151,14 +155,15 @@ def _subparser(name: str, cmd: Command, spec_cls: type = RunSpec):
     helps = _help_of(cmd.function)
     if "base" in sig.parameters:
         spec_hints, spec_help = typing.get_type_hints(spec_cls), _help_of(spec_cls)
+        hide = cmd.hide | INTERNAL | (frozenset() if cmd.switches else {f.field for f in registry.switches()})
         for f in dataclasses.fields(spec_cls):
-            if f.name in INTERNAL or f.name in cmd.hide:
+            if f.name in hide:
                 continue
             default = cmd.defaults.get(f.name, f.default)
             _add(p, f.name, spec_hints[f.name], default, spec_help.get(f.name, ""))
         if cmd.seed:
             _add(p, "seed", int, cmd.defaults.get("seed", 0), "the run's seed (seed_everything)")
-        if "exact" not in sig.parameters:
+        if "exact" not in sig.parameters and cmd.switches:
             p.add_argument("--exact", action="store_true", help="turn every fix on (RunSpec.exact())")
     for pname, param in sig.parameters.items():
         if pname == "base":
