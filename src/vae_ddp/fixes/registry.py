@@ -1,8 +1,8 @@
 """The six factors, one object each: name, docs page, what the fix changes, and an exposure check.
 
 Every place that enumerates the fixes reads this registry instead of listing them:
-``RunSpec.exact()`` and ``RunSpec.fixes()`` ([`vae_ddp.studies.configs`][vae_ddp.studies.configs]), the
-``Trainer`` of a run ([`build_trainer`][vae_ddp.studies.runner.build_trainer]), the ablation's and the
+``RunSpec.exact()`` and ``RunSpec.fixes()`` ([`RunSpec`][vae_ddp.studies.configs.RunSpec]), the
+``Trainer`` of a run (``vae_ddp.studies.runner.build_trainer``), the ablation's and the
 step-time benchmark's variants, and the ``vae-ddp`` switches. Adding a factor is one fix
 module, one example, one page and one [`Factor`][vae_ddp.fixes.registry.Factor] passed to
 [`register`][vae_ddp.fixes.registry.register] (plus, if it has a ``RunSpec`` switch, that field
