@@ -45,6 +45,7 @@ from vae_ddp.errors import UserError
 from vae_ddp.model import standard_normal_noise
 from vae_ddp.studies.configs import RunSpec
 from vae_ddp.studies.stats import compare_metrics
+from vae_ddp.studies.table import write_tables
 
 __all__ = ["SharedNoise", "train_run", "long_horizon", "render", "NOISE"]
 
@@ -168,7 +169,7 @@ def _task(spec_json: str, seed: int, noise: str, world_size: int, window: int, t
             "final": _finals(recs, run["val_records"][-1])}
 
 
-def long_horizon(out: Path, num_seeds: int = 10, steps: int = 2000, global_batch_size: int = 64,
+def long_horizon(out_dir: Path, num_seeds: int = 10, steps: int = 2000, global_batch_size: int = 64,
                  world_size: int = 2, data: str = "imagefolder", data_dir: Optional[str] = None,
                  max_samples: Optional[int] = None, lr: float = 1e-4, margin_sd: float = 1.0, jobs: int = 2,
                  window: int = 20, resume: bool = True) -> dict:
@@ -176,7 +177,7 @@ def long_horizon(out: Path, num_seeds: int = 10, steps: int = 2000, global_batch
     into ``out``; return the JSON content.
 
     Args:
-        out: output folder; per-run results go to ``out/runs/<noise>-<seed>.json``.
+        out_dir: output folder; per-run results go to ``out_dir/runs/<noise>-<seed>.json``.
         num_seeds: seeds 0 .. num_seeds - 1 of each noise mode (at least 3).
         steps: optimizer steps per run (Adam, ``lr``).
         global_batch_size: samples per step (B), a multiple of ``world_size``.
@@ -187,7 +188,7 @@ def long_horizon(out: Path, num_seeds: int = 10, steps: int = 2000, global_batch
             ``independent`` runs' final value of each quantity.
         jobs: runs trained at once, one process each (threads per run: CPU count / jobs).
         window: the JSON keeps the train curves as means over this many steps.
-        resume: reuse ``out/runs/*.json`` written with the same settings instead of training again.
+        resume: reuse ``out_dir/runs/*.json`` written with the same settings instead of training again.
 
     Returns:
         ``{"settings", "num_seeds", "runs", "comparison", "verdict", "summary", "seconds"}``:
@@ -211,7 +212,7 @@ def long_horizon(out: Path, num_seeds: int = 10, steps: int = 2000, global_batch
         raise UserError(f"--jobs and --window must be at least 1, got {jobs} and {window}")
     spec = RunSpec(config="single", sampler="global", steps=steps, global_batch_size=global_batch_size, data=data,
                    data_dir=data_dir, max_samples=max_samples, lr=lr, val_every=steps, label="long-horizon").validate()
-    out = Path(out)
+    out = Path(out_dir)
     (out / "runs").mkdir(parents=True, exist_ok=True)
     settings = dataclasses.asdict(spec) | {"config": None, "seeds": list(range(num_seeds)),
                                            "world_size": world_size, "window": window}
@@ -247,7 +248,7 @@ def long_horizon(out: Path, num_seeds: int = 10, steps: int = 2000, global_batch
               "comparison": comparison, "train_seconds": sum(r["seconds"] for r in runs.values())}
     result["verdict"], result["summary"] = overall(comparison, world_size, steps)
     (out / "long-horizon.json").write_text(json.dumps(result, indent=1))
-    (out / "tables.md").write_text(render(result) + "\n")
+    write_tables(out, render(result))
     plot(result, out / "long-horizon.png")
     print(render(result))
     return result

@@ -69,15 +69,27 @@ def _finals(run: dict) -> dict[str, float]:
             "val_kl": val["kl"], "val_recon_loss": val["recon_loss"]}
 
 
-def seed_study(base: RunSpec, configs: list[str], num_seeds: int, out_dir: Path, margin_sd: float = MARGIN_SD) -> dict:
+def seed_study(base: RunSpec, configs: list[str], num_seeds: int, out_dir: Path, margin_sd: float = MARGIN_SD,
+               reanalyse_only: bool = False) -> dict:
     """Run the study; write ``seeds.json``, ``seeds.md`` and ``tables.md`` (both the printed
     tables and verdicts) and ``seeds.png`` into ``out_dir``; return the JSON content
     (see [`analyse`][vae_ddp.studies.seeds.analyse]).
+
+    Args:
+        base: settings shared by every configuration (steps, data, global batch size, ...).
+        configs: configurations to train, ``single`` included (any of :data:`STUDY_CONFIGS`).
+        num_seeds: seeds 0 .. num_seeds - 1 of each configuration.
+        out_dir: output folder.
+        margin_sd: equivalence margin in standard deviations of single over seeds.
+        reanalyse_only: train nothing; recompute the statistics from the per-seed values in
+            ``out_dir/seeds.json`` (see [`reanalyse`][vae_ddp.studies.seeds.reanalyse]).
 
     Raises:
         UserError: unknown configuration name, ``single`` missing, fewer than 3 seeds, or a
             margin that is not positive.
     """
+    if reanalyse_only:
+        return reanalyse(out_dir, margin_sd)
     for c in configs:
         if c not in STUDY_CONFIGS:
             raise UserError(f"unknown configuration {c!r}: use any of {', '.join(STUDY_CONFIGS)}")
@@ -160,10 +172,12 @@ def reanalyse(out_dir: Path, margin_sd: float = MARGIN_SD) -> dict:
 
 
 def _write(result: dict, out_dir: Path) -> None:
+    from vae_ddp.studies.table import write_tables
+
     (out_dir / "seeds.json").write_text(json.dumps(result, indent=1))
     markdown = render(result)
     (out_dir / "seeds.md").write_text(markdown + "\n")
-    (out_dir / "tables.md").write_text(markdown + "\n")
+    write_tables(out_dir, markdown)
 
 
 def _g(v: float) -> str:
