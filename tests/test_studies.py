@@ -1,7 +1,6 @@
-"""The three capstones, reduced for CI (few steps, few seeds); the full ones are marked slow."""
-
-"""The three capstones. The reduced runs are the docs registry's (``generated``: the same
-execution the site shows); the full-size ones are marked slow (``make test-full``)."""
+"""The studies (equivalence, ablation, seeds). The reduced runs are the docs registry's
+(``generated``: the same execution the site shows); the full-size ones are marked slow
+(``make test-full``)."""
 
 import json
 
