@@ -262,9 +262,9 @@ def overall(comparison: dict[str, dict], world_size: int, steps: int) -> tuple[s
     kl = comparison["train_kl"]
     what = f"noise shared by {world_size} ranks vs independent noise after {steps} steps"
     if "different" in verdicts.values():
-        diff = [q for q, v in verdicts.items() if v == "different"]
-        return "different", (f"{what}: a systematic difference in {', '.join(diff)} "
-                             f"(train KL {kl['diff']:+.3g}, {kl['diff'] / kl['mean_b']:+.1%})")
+        diff = [f"{q} ({e['diff'] / e['mean_b']:+.1%}" + (", within the margin" if e["within_margin"] else "") + ")"
+                for q, e in comparison.items() if e["verdict"] == "different"]
+        return "different", f"{what}: a systematic difference in {', '.join(diff)}"
     if all(v == "equivalent" for v in verdicts.values()):
         return "equivalent", (f"{what}: equivalent in every final quantity; train KL differs by {kl['diff']:+.3g} "
                               f"(95% CI {kl['ci_low']:.3g} to {kl['ci_high']:.3g}), within ±{kl['margin']:.3g}")
