@@ -322,3 +322,39 @@ def test_env_without_seed_everything(global_seed):
     with pytest.raises(ValueError, match="PL_GLOBAL_SEED='x' is not an integer"):
         GlobalBatchStream()
     os.environ.pop("PL_GLOBAL_SEED")
+
+
+# --------------------------------------------------------------------------- DDP runs (the examples)
+
+def test_dropout_model_reaches_the_float64_floor_with_global_batch_randomness(generated):
+    """Fault 4: a transformer-like model with dropout 0.1 (and random augmentation, 2 workers)
+    stayed far from one device in float64 with every fix on; with GlobalBatchRandomness and
+    SeededAugmentation it reaches the floor of the same model without any random draw."""
+    r = generated("dropout_ddp")
+    floor = r["floor"]["max_abs_param_diff"]
+    assert floor < 1e-10  # float64: DDP's rounding only
+    assert r["default"]["max_abs_param_diff"] > 1e-3
+    assert r["fixed"]["max_abs_param_diff"] < max(10 * floor, 1e-11)
+
+
+def test_token_mean_first_gradient_is_one_devices_with_the_all_reduced_count(generated):
+    """Fault 5: a mean over tokens (ignore_index=-100) under DDP with equal per-rank batches."""
+    r = generated("token_mean_ddp")
+    a, b = r["tokens_per_rank_step0"]
+    assert a != b  # equal batch sizes, unequal token counts
+    assert r["one_device_helper_vs_mean"] == 0.0  # without a process group the helper is the plain mean
+    assert r["per_rank_mean"]["grad_rel_diff"] > 1e-3
+    assert r["global_mean"]["grad_rel_diff"] < 1e-13  # float64 rounding
+    assert r["global_mean"]["logged_loss_abs_diff"] < 1e-14 < r["per_rank_mean"]["logged_loss_abs_diff"]
+
+
+def test_validation_counts_each_sample_once_and_matches_one_device_exactly(generated):
+    """Fault 6: 101 validation samples on 2 ranks counted 102 and the accuracy was off."""
+    r = generated("unpadded_validation")
+    n = r["samples"]
+    assert n == 101 and r["one_device"]["samples"] == n
+    assert r["one_device"]["accuracy"] == pytest.approx(r["correct"] / n, rel=1e-7)
+    assert r["default"]["samples"] == n + padded_duplicates(n, 2) == 102
+    assert r["default"]["abs_diff_vs_one_device"] > 1e-3
+    assert r["unrepeated"]["samples"] == n and r["unrepeated"]["abs_diff_vs_one_device"] > 1e-3  # mean of rank means
+    assert r["fixed"]["samples"] == n and r["fixed"]["accuracy"] == r["one_device"]["accuracy"]
