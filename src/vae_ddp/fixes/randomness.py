@@ -120,7 +120,8 @@ class GlobalBatchStream:
                 ``torch.randn``, ``torch.rand``, or a ``functools.partial`` of
                 ``torch.randint`` with its bounds.
             shape: the local shape, ``shape[batch_dim] = b`` (this rank's batch size).
-            dtype, device: of the result.
+            dtype: dtype of the result (``None``: torch's default dtype).
+            device: device of the result.
             batch_dim: the batch dimension of ``shape`` (1 for sequence-first layouts).
 
         Returns:
