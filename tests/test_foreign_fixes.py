@@ -358,3 +358,11 @@ def test_validation_counts_each_sample_once_and_matches_one_device_exactly(gener
     assert r["default"]["abs_diff_vs_one_device"] > 1e-3
     assert r["unrepeated"]["samples"] == n and r["unrepeated"]["abs_diff_vs_one_device"] > 1e-3  # mean of rank means
     assert r["fixed"]["samples"] == n and r["fixed"]["accuracy"] == r["one_device"]["accuracy"]
+
+
+def test_every_fix_is_exported_from_the_package():
+    import vae_ddp
+    import vae_ddp.fixes
+
+    assert set(vae_ddp.fixes.__all__) <= set(vae_ddp.__all__)
+    assert all(getattr(vae_ddp, name) is getattr(vae_ddp.fixes, name) for name in vae_ddp.fixes.__all__)
