@@ -142,7 +142,7 @@ def sci(v: float) -> str:
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description="dropout and augmentation of a small transformer-like model under DDP")
     p.add_argument("--out", type=Path, default=Path("out/dropout"))
-    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--steps", type=int, default=6)  # 4 steps per epoch: the second epoch reshuffles and re-augments
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     quiet()

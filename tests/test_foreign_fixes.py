@@ -366,3 +366,14 @@ def test_every_fix_is_exported_from_the_package():
 
     assert set(vae_ddp.fixes.__all__) <= set(vae_ddp.__all__)
     assert all(getattr(vae_ddp, name) is getattr(vae_ddp.fixes, name) for name in vae_ddp.fixes.__all__)
+
+
+def test_augmentation_epoch_reaches_datasets_inside_lightning_loaders():
+    from pytorch_lightning.utilities import CombinedLoader
+    from torch.utils.data import ConcatDataset, Subset
+
+    from vae_ddp.fixes.augmentation import set_augmentation_epoch
+
+    a, b = SeededAugmentation(_Ones(), _augment), SeededAugmentation(_Ones(), _augment)
+    loaders = CombinedLoader({"x": DataLoader(Subset(a, [0, 1])), "y": DataLoader(ConcatDataset([b, _Ones()]))})
+    assert set_augmentation_epoch(loaders, 3) == 2 and a.epoch == b.epoch == 3
