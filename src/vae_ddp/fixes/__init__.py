@@ -18,6 +18,7 @@ from vae_ddp.fixes.item_count import global_item_count, global_item_mean, global
 from vae_ddp.fixes.noise import GlobalBatchNoise, PerRankSeed
 from vae_ddp.fixes.randomness import GlobalBatchRandomness, GlobalBatchStream, global_batch_draw
 from vae_ddp.fixes.sampler import GlobalBatchDistributedSampler
+from vae_ddp.fixes.registry import Factor, exposures, factors, register  # noqa: F401  (the factor registry)
 
 __all__ = ["GlobalBatchNoise", "PerRankSeed", "GlobalBatchNorm", "GlooSyncBatchNorm", "GlobalBatchDistributedSampler",
            "GlobalBatchRandomness", "GlobalBatchStream", "global_batch_draw", "GlobalBatchDropout",
