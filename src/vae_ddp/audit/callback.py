@@ -58,16 +58,17 @@ class DDPAudit(Callback):
     Checks (each needs world size > 1; on one device the callback does nothing):
 
     - ``noise``: every rank's global torch generator yields the same next draws (a hash of
-      16 draws from a forked state, all-gathered), i.e. dropout masks, reparameterization
-      noise and augmentations repeat across ranks; skipped when a known noise fix
-      (``GlobalBatchNoise``, ``PerRankSeed``) is among the callbacks.
+      16 draws from a forked state, all-gathered) and the first training step draws from it
+      (its state moved between ``on_train_batch_start`` and ``on_train_batch_end``): dropout
+      masks and reparameterization noise repeat across ranks; skipped when a known noise
+      fix (``GlobalBatchNoise``, ``PerRankSeed``) is among the callbacks.
     - ``optimizer``: reported with ``noise``: shared noise raises the variance of the
       averaged gradient, which changes Adam's second moments and step sizes.
     - ``batchnorm``: BatchNorm layers that normalise with per-rank statistics (not
       ``torch.nn.SyncBatchNorm`` nor ``vae_ddp``'s ``GlobalBatchNorm``).
     - ``sampler``: a ``torch.utils.data.DistributedSampler`` (Lightning inserts one under
-      DDP): its ranks get interleaved rows of a permutation other than a one-device
-      ``RandomSampler``'s, and it pads the dataset with repeated samples up to a multiple
+      DDP) that shuffles: its ranks get interleaved rows of a permutation other than a
+      one-device ``RandomSampler``'s; and it pads the dataset with repeated samples up to a multiple
       of the world size (counted for the training and validation loaders).
     - ``reduction``: padding also changes the mean: repeated samples count twice.
     - ``logging``: metrics logged with ``self.log(..., sync_dist=False)`` (the default):
@@ -86,6 +87,8 @@ class DDPAudit(Callback):
         self.warn = warn
         self.findings: list[Finding] = []
         self._logging_checked = False
+        self._streams_shared = False
+        self._rng_before: Optional[list[torch.Tensor]] = None
 
     # ------------------------------------------------------------------ hooks
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -99,34 +102,48 @@ class DDPAudit(Callback):
         self._check_parameters(trainer, pl_module)
         self._report(trainer, self.findings)
 
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        if not self._logging_checked and self._streams_shared:
+            self._rng_before = _rng_states(pl_module)
+            self._device = pl_module
+
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         if self._logging_checked or trainer.world_size < 2:
             return
         self._logging_checked = True
         before = len(self.findings)
+        self._check_draws(trainer)
         self._check_logging(trainer)
         self._report(trainer, self.findings[before:])
 
     # ------------------------------------------------------------------ checks
     def _check_noise(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Same next draws on every rank? (the hash of 16 draws from a forked generator)"""
         names = {type(c).__name__ for c in trainer.callbacks}
+        self._streams_shared = False
         if names & set(_NOISE_FIXES):
             return
         devices = [pl_module.device] if pl_module.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
             draw = torch.rand(16, device=pl_module.device, dtype=torch.float64)
-        digest = _gather_digest(trainer, draw.cpu().numpy().tobytes())
-        if len(set(digest)) == 1:
-            self.findings.append(Finding(
-                "noise", f"all {trainer.world_size} ranks draw the same random numbers (same torch seed): "
-                "dropout masks, reparameterization noise and augmentations repeat across ranks",
-                "draw the randomness of the global batch and keep this rank's rows (a torch.Generator seeded "
-                "alike on every rank), or seed each rank differently (torch.manual_seed(seed + rank) in "
-                "setup); vae_ddp.fixes.GlobalBatchNoise / PerRankSeed", "factors/noise.md"))
-            self.findings.append(Finding(
-                "optimizer", "shared noise across ranks raises the variance of the averaged gradient, which "
-                "changes Adam's second moments and step sizes", "the noise fix above", "factors/optimizer.md"))
+        self._streams_shared = len(set(_gather_digest(trainer, draw.cpu().numpy().tobytes()))) == 1
+
+    def _check_draws(self, trainer: Trainer) -> None:
+        """Did the first training step draw from the shared global generator?"""
+        if not self._streams_shared or self._rng_before is None:
+            return
+        if all(torch.equal(a, b) for a, b in zip(self._rng_before, _rng_states(self._device))):
+            return  # the training step draws no random numbers from torch's global generator
+        self.findings.append(Finding(
+            "noise", f"the training step draws random numbers and all {trainer.world_size} ranks draw the same "
+            "ones (same torch seed): dropout masks and reparameterization noise repeat across ranks",
+            "draw the randomness of the global batch and keep this rank's rows (a torch.Generator seeded "
+            "alike on every rank), or seed each rank differently (torch.manual_seed(seed + rank) in "
+            "setup); vae_ddp.fixes.GlobalBatchNoise / PerRankSeed", "factors/noise.md"))
+        self.findings.append(Finding(
+            "optimizer", "shared noise across ranks raises the variance of the averaged gradient, which "
+            "changes Adam's second moments and step sizes", "the noise fix above", "factors/optimizer.md"))
 
     def _check_batchnorm(self, pl_module: LightningModule) -> None:
         local = [n for n, m in pl_module.named_modules()
@@ -143,9 +160,12 @@ class DDPAudit(Callback):
         for s in train:
             if not isinstance(s, DistributedSampler) or type(s).__name__ == "GlobalBatchDistributedSampler":
                 continue
+            if not s.shuffle:
+                continue  # dataset order interleaved: the union of step k's batches is the one-device batch k
             self.findings.append(Finding(
-                "sampler", f"{type(s).__name__} deals interleaved rows (indices[rank::{s.num_replicas}]) of its own "
-                "permutation: each step's global batch is not the one-device batch",
+                "sampler", f"{type(s).__name__}(shuffle=True) deals interleaved rows (indices[rank::{s.num_replicas}]) "
+                "of its own permutation, not the one-device order (Lightning 2.x shuffles the training "
+                "DistributedSampler even for DataLoader(shuffle=False))",
                 "deal each single-device global batch to the ranks in contiguous chunks with "
                 "Trainer(use_distributed_sampler=False) and a sampler of your own; "
                 "vae_ddp.fixes.GlobalBatchDistributedSampler", "factors/sampler.md"))
@@ -194,6 +214,14 @@ class DDPAudit(Callback):
     def state(self) -> list[dict]:
         """The findings as dicts (JSON-serialisable)."""
         return [asdict(f) for f in self.findings]
+
+
+def _rng_states(pl_module: LightningModule) -> list[torch.Tensor]:
+    """The global CPU generator's state, and the module's CUDA device's when on a GPU."""
+    states = [torch.get_rng_state()]
+    if pl_module.device.type == "cuda":
+        states.append(torch.cuda.get_rng_state(pl_module.device))
+    return states
 
 
 def _samplers(loaders: Optional[Any]) -> list:
