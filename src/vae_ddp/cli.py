@@ -86,6 +86,11 @@ def _spec(args: argparse.Namespace, **overrides) -> RunSpec:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["audit"]:  # its own jsonargparse parser (class paths and their init args)
+        from vae_ddp.audit.cli import main as audit_main
+
+        return audit_main(argv[1:])
     args = build_parser().parse_args(argv)
     from vae_ddp.studies.launch import RunFailed
 

@@ -6,7 +6,9 @@
 MODEL and DATA are ``package.module.Class`` or ``path/to/file.py:Class``. DATA's
 ``batch_size`` is the global batch size (one device's batch); each DDP rank gets
 ``batch_size / devices``. Exit codes: 0 the fixed run is within 2x the one-device floor,
-1 something is unexplained (or a run failed), 2 bad input (one line, before any training).
+1 it is not (something unexplained, or a factor the audit cannot fix by itself, such as a
+loss averaged over a variable number of items; or a run failed), 2 bad input (one line,
+before any training).
 """
 
 from __future__ import annotations
@@ -71,8 +73,45 @@ def _resolve_files(argv: list[str]) -> tuple[list[str], dict[str, Optional[str]]
     return out, files
 
 
-def check(run, data_cls: type, model_cls: type) -> None:
-    """Bad input before any training: one [`UserError`][vae_ddp.errors.UserError] line each."""
+def _check_class_paths(argv: list[str]) -> None:
+    """``--model X`` / ``--data X`` must name an importable LightningModule / LightningDataModule."""
+    from importlib import import_module
+
+    from pytorch_lightning import LightningDataModule, LightningModule
+
+    base = {"model": LightningModule, "data": LightningDataModule}
+    for i, a in enumerate(argv[:-1]):
+        key = a[2:] if a in ("--model", "--data") else None
+        if key is None or argv[i + 1].startswith(("{", "-")) or argv[i + 1].endswith((".yaml", ".yml", ".json")):
+            continue
+        path = argv[i + 1]
+        module, _, name = path.rpartition(".")
+        try:
+            cls = getattr(import_module(module), name) if module else None
+        except Exception as err:  # noqa: BLE001 - the user's module fails to import
+            raise UserError(f"--{key} {path} does not import ({type(err).__name__}: {err}): give "
+                            "package.module.Class or path/to/file.py:Class") from None
+        if not (isinstance(cls, type) and issubclass(cls, base[key])):
+            raise UserError(f"--{key} {path} is not a {base[key].__name__} subclass: give "
+                            "package.module.Class or path/to/file.py:Class")
+
+
+def _one_line(message: str) -> str:
+    """jsonargparse's multi-line error as one line: its first line and its innermost reason."""
+    lines = [ln.strip(" -") for ln in message.splitlines() if ln.strip(" -")]
+    if not lines:
+        return "invalid arguments: see vae-ddp audit --help"
+    detail = [ln for ln in lines[1:] if not ln.startswith(("Subtypes", "Errors", "Given value", "Expected a <class 'NoneType'>",
+                                                           "Does not validate against any"))]
+    return lines[0].rstrip(":") + (f": {detail[-1]}" if detail else "")
+
+
+def check(run, data_cls: type, model_cls: type) -> list[dict]:
+    """Bad input before any training: one [`UserError`][vae_ddp.errors.UserError] line each.
+
+    Returns the findings of the one-process checks ([`static_findings`][vae_ddp.audit.static.static_findings])."""
+    from vae_ddp.audit.static import static_findings
+
     import torch
     from pytorch_lightning import LightningModule
 
@@ -98,20 +137,22 @@ def check(run, data_cls: type, model_cls: type) -> None:
         batch = next(iter(dm.train_dataloader()))
     except StopIteration:
         raise UserError(f"{data_cls.__name__}.train_dataloader() yields no batch: give it data") from None
+    except Exception as err:  # noqa: BLE001 - the user's datamodule: its first line
+        first = str(err).splitlines()[0] if str(err) else ""
+        raise UserError(f"{data_cls.__name__} yields no batch ({type(err).__name__}: {first}): check its setup() "
+                        "and train_dataloader()") from None
     model = model_cls(**run.model.get("init_args", {}))
-    if not model.automatic_optimization:
-        return  # manual optimization needs the trainer's optimizers: not dry-run here
-    dtype = torch.float64 if run.dtype == "float64" else torch.float32
-    try:
-        model = model.to(dtype=dtype)
-        batch = _cast(batch, dtype)
-        with torch.random.fork_rng():
-            model.training_step(batch, 0)
-    except Exception as err:  # noqa: BLE001 - the user's code: report its first line
-        where = "on CPU" if run.accelerator == "cpu" else "on the CPU dry run"
-        raise UserError(f"{model_cls.__name__}.training_step fails {where} on one batch "
-                        f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}): fix the model "
-                        "so that it runs on CPU, or use --accelerator gpu") from None
+    if model.automatic_optimization:  # manual optimization needs the trainer's optimizers: no dry run
+        dtype = torch.float64 if run.dtype == "float64" else torch.float32
+        try:
+            with torch.random.fork_rng():
+                model.to(dtype=dtype).training_step(_cast(batch, dtype), 0)
+        except Exception as err:  # noqa: BLE001 - the user's code: report its first line
+            where = "on CPU" if run.accelerator == "cpu" else "on the CPU dry run"
+            raise UserError(f"{model_cls.__name__}.training_step fails {where} on one batch "
+                            f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}): fix the model "
+                            "so that it runs on CPU, or use --accelerator gpu") from None
+    return static_findings(model, dm, batch, run.devices)
 
 
 def _cast(batch, dtype):
@@ -134,11 +175,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         sys.path.insert(0, os.getcwd())
     try:
         argv, files = _resolve_files(argv)
+        _check_class_paths(argv)
         parser = _parser()
         try:
             cfg = parser.parse_args(argv)
-        except Exception as err:  # jsonargparse's ArgumentError: keep its first line
-            raise UserError(str(err).splitlines()[0]) from None
+        except Exception as err:  # jsonargparse's ArgumentError: one line of it
+            raise UserError(_one_line(str(err))) from None
         from vae_ddp.audit.spec import AuditRun, import_class
         from vae_ddp.audit.study import audit
 
@@ -153,7 +195,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         run = AuditRun(model=model, data=data, model_file=files["model"], data_file=files["data"],
                        devices=cfg.devices, global_batch_size=int(gbs or 0), steps=cfg.steps, dtype=cfg.dtype,
                        accelerator=cfg.accelerator, seed=cfg.seed)
-        check(run, data_cls, model_cls)
+        static = check(run, data_cls, model_cls)
         out = Path(cfg.out)
         try:
             out.mkdir(parents=True, exist_ok=True)
@@ -162,14 +204,14 @@ def main(argv: Optional[list[str]] = None) -> int:
             probe.unlink()
         except OSError as err:
             raise UserError(f"--out {out} is not writable ({err.strerror}): choose another folder") from None
-        result = audit(run, out)
+        result = audit(run, out, static=static)
     except UserError as err:
         print(f"vae-ddp audit: error: {err}", file=sys.stderr)
         return 2
     except RunFailed as err:
         print(f"vae-ddp audit: error: {err}", file=sys.stderr)
         return 1
-    return 1 if result["unexplained"] else 0
+    return 0 if result["within_floor"] else 1
 
 
 if __name__ == "__main__":
