@@ -29,6 +29,7 @@ from typing import Optional
 import torch
 
 from vae_ddp.audit.spec import FIXABLE, AuditRun
+from vae_ddp.fixes import registry
 from vae_ddp.studies.launch import launch
 from vae_ddp.studies.table import format_table
 
@@ -37,11 +38,17 @@ __all__ = ["audit", "FLOOR_RATIO"]
 #: The fixed run passes when its divergence is at most this multiple of the floor.
 FLOOR_RATIO = 2.0
 
-#: Factors in the order of the documentation; ``parameters`` is a check of the audit only.
-ORDER = ("noise", "batchnorm", "sampler", "reduction", "logging", "optimizer", "parameters")
-PAGES = {"noise": "factors/noise.md", "batchnorm": "factors/batchnorm.md", "sampler": "factors/sampler.md",
-         "reduction": "factors/reduction.md", "logging": "factors/logging.md",
-         "optimizer": "factors/optimizer.md", "parameters": "recipe.md"}
+#: The audit's own check beside the registered factors: parameters that differ across ranks.
+EXTRA_PAGES = {"parameters": "recipe.md"}
+
+
+def _factors() -> tuple[str, ...]:
+    """The factor keys of [`vae_ddp.fixes.registry`][vae_ddp.fixes.registry] in their order, then the audit's own."""
+    return tuple(f.key for f in registry.factors()) + tuple(EXTRA_PAGES)
+
+
+def _page(key: str) -> str:
+    return EXTRA_PAGES[key] if key in EXTRA_PAGES else registry.get(key).page
 
 
 def _diff(a: dict, b: dict) -> float:
@@ -106,17 +113,17 @@ def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, pr
     within = ratio <= FLOOR_RATIO
     unexplained = not within and not manual
     findings = []
-    for factor in ORDER:
+    for factor in _factors():
         f = found.get(factor)
         contribution = contributions.get(factor)
         if factor == "reduction" and "sampler" in contributions and factor not in manual:
             contribution = contributions["sampler"] if f else None  # the sampler fix drops the padding too
         bites = None if contribution is None else contribution > FLOOR_RATIO * max(floor, div_fixed)
         findings.append({"factor": factor, "exposed": f is not None,
-                         "evidence": f["evidence"] if f else _CLEAN[factor],
+                         "evidence": f["evidence"] if f else _CLEAN.get(factor, "not detected"),
                          "contribution": contribution, "bites": bites,
                          "automatic_fix": f is not None and factor not in manual,
-                         "fix": f["fix"] if f else "", "page": PAGES[factor]})
+                         "fix": f["fix"] if f else "", "page": _page(factor)})
     findings.sort(key=lambda r: (not r["exposed"], -(r["contribution"] or 0.0)))
     result = {"devices": n, "steps": base.steps, "dtype": base.dtype, "floor": floor,
               "divergence_default": div_default, "divergence_fixed": div_fixed, "ratio_to_floor": ratio,
