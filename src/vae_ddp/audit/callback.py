@@ -48,7 +48,7 @@ class Finding:
         return f"DDPAudit [{self.factor}]: {self.evidence}. Fix: {self.fix} (see {self.page})"
 
 
-_NOISE_FIXES = ("GlobalBatchNoise", "PerRankSeed")
+_NOISE_FIXES = ("GlobalBatchNoise", "GlobalBatchRandomness", "PerRankSeed")
 _SYNC_BN = ("SyncBatchNorm", "GlobalBatchNorm")
 
 
@@ -61,7 +61,7 @@ class DDPAudit(Callback):
       16 draws from a forked state, all-gathered) and the first training step draws from it
       (its state moved between ``on_train_batch_start`` and ``on_train_batch_end``): dropout
       masks and reparameterization noise repeat across ranks; skipped when a known noise
-      fix (``GlobalBatchNoise``, ``PerRankSeed``) is among the callbacks.
+      fix (``GlobalBatchRandomness``, ``GlobalBatchNoise``, ``PerRankSeed``) is among the callbacks.
     - ``optimizer``: reported with ``noise``: shared noise raises the variance of the
       averaged gradient, which changes Adam's second moments and step sizes.
     - ``batchnorm``: BatchNorm layers that normalise with per-rank statistics (not
@@ -140,7 +140,7 @@ class DDPAudit(Callback):
             "ones (same torch seed): dropout masks and reparameterization noise repeat across ranks",
             "draw the randomness of the global batch and keep this rank's rows (a torch.Generator seeded "
             "alike on every rank), or seed each rank differently (torch.manual_seed(seed + rank) in "
-            "setup); vae_ddp.fixes.GlobalBatchNoise / PerRankSeed", "factors/noise.md"))
+            "setup); vae_ddp.fixes.GlobalBatchRandomness (dropout and noise) / PerRankSeed", "factors/noise.md"))
         self.findings.append(Finding(
             "optimizer", "shared noise across ranks raises the variance of the averaged gradient, which "
             "changes Adam's second moments and step sizes", "the noise fix above", "factors/optimizer.md"))

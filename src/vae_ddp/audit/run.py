@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 from vae_ddp.audit.callback import DDPAudit
 from vae_ddp.audit.spec import AuditRun, import_class
 from vae_ddp.fixes.batchnorm import GlooSyncBatchNorm
-from vae_ddp.fixes.noise import GlobalBatchNoise
+from vae_ddp.fixes.randomness import GlobalBatchRandomness, current_stream
 from vae_ddp.fixes.sampler import GlobalBatchDistributedSampler
 from vae_ddp.utils import quiet
 
@@ -34,31 +34,40 @@ class PermuteWithinBatch(Callback):
     """Permute the samples inside each training batch (the same loss, another summation order).
 
     Every tensor of the batch whose first dimension is the batch size is permuted in place
-    with a permutation drawn from a private generator (seed, step); a module that draws its
-    noise through ``self.noise(mu)`` gets the noise rows permuted alike, so each sample keeps
-    its noise. The global generator is not touched.
+    with a permutation drawn from a private generator (seed, step). The random draws of the
+    step made through the running [`GlobalBatchStream`][vae_ddp.fixes.randomness.GlobalBatchStream]
+    (noise, dropout masks of [`GlobalBatchRandomness`][vae_ddp.fixes.randomness.GlobalBatchRandomness],
+    which must come before this callback) are permuted alike, so each sample keeps its random
+    numbers. The global generator is not touched.
     """
 
     def __init__(self, seed: int) -> None:
         self.seed = seed
-        self._inner = None
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         tensors = _tensors(batch)
         b = tensors[0].shape[0]
         g = torch.Generator().manual_seed(self.seed * 7919 + trainer.global_step)
-        perm = torch.randperm(b, generator=g).to(tensors[0].device)
+        perm = torch.randperm(b, generator=g)
         for t in tensors:
             if t.dim() > 0 and t.shape[0] == b:
-                t.copy_(t[perm])
-        if callable(getattr(pl_module, "noise", None)):
-            inner = self._inner = pl_module.noise
-            pl_module.noise = lambda mu: inner(mu)[perm]
+                t.copy_(t[perm.to(t.device)])
+        stream = current_stream()
+        if stream is not None:
+            draw = type(stream).draw.__get__(stream)
+
+            def permuted(fn, shape, dtype=None, device="cpu", batch_dim=0):
+                out = draw(fn, shape, dtype=dtype, device=device, batch_dim=batch_dim)
+                return out.index_select(batch_dim, perm.to(out.device)) if out.shape[batch_dim] == b else out
+
+            stream.draw = permuted
+        self._stream = stream
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        if self._inner is not None:
-            pl_module.noise, self._inner = self._inner, None
+        if getattr(self, "_stream", None) is not None:
+            self._stream.__dict__.pop("draw", None)
+            self._stream = None
 
 
 def _tensors(batch: Any) -> list[torch.Tensor]:
@@ -80,8 +89,8 @@ def build(run: AuditRun) -> tuple[LightningModule, pl.LightningDataModule, Train
     dm = data_cls(**data_args)
     callbacks: list[Callback] = []
     extra: dict[str, Any] = {}
-    if "noise" in run.fixes and callable(getattr(model, "noise", None)):
-        callbacks.append(GlobalBatchNoise(run.seed))
+    if "noise" in run.fixes:  # dropout layers and a `noise` attribute, drawn for the global batch
+        callbacks.append(GlobalBatchRandomness(run.seed))
     if run.permute:
         callbacks.append(PermuteWithinBatch(run.seed))
     if "batchnorm" in run.fixes and run.devices > 1:
