@@ -1,4 +1,4 @@
-"""`vae-ddp audit` on small LightningModules that are not this project's VAE (tests/audit/models.py).
+"""`vae-ddp audit` on small LightningModules that are not this project's VAE (examples/audit_models.py).
 
 Each audit trains the module on one device and with 2-rank DDP (gloo) for a few steps in
 float64 and must give the expected diagnosis: which factor is exposed, which bites, and
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-M = "tests.audit.models"
+M = "examples.audit_models"
 
 
 def audit(tmp_path: Path, model: str, *args: str, data: str = f"{M}.Regression") -> tuple[int, dict, str]:
@@ -99,7 +99,7 @@ def test_augmentation_with_workers(tmp_path):
     (["--model", f"{M}.Plain", "--data", f"{M}.Empty"], "yields no batch"),
     (["--model", f"{M}.Plain", "--data.init_args.batch_size", "15"], "not divisible by 2"),
     (["--model", f"{M}.OnlyCuda"], "fails on CPU"),
-    (["--model", "tests/audit/missing.py:Net"], "does not exist"),
+    (["--model", "examples/missing.py:Net"], "does not exist"),
 ])
 def test_bad_input(tmp_path, args, message):
     argv = list(args)

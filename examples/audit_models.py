@@ -1,6 +1,10 @@
-"""Small LightningModules that are not this project's VAE, one per factor, for `vae-ddp audit` tests.
+"""Small LightningModules that are not this project's VAE, one per factor, for `vae-ddp audit`.
 
-Every module trains on `Regression` (synthetic, fixed data): `x: (n, 8)` float, `y: (n,)`.
+Every module trains on `Regression` (synthetic, fixed data: `x: (n, 8)` float32,
+`y: (n,)`), whose `batch_size` is the global batch size the audit splits across the ranks.
+The "Audit your own model" page runs the audit on two of them; the tests run all of them:
+
+    vae-ddp audit --model examples/audit_models.py:WithBatchNorm --data examples/audit_models.py:Regression
 """
 
 from __future__ import annotations
