@@ -63,13 +63,12 @@ def takeaway(r: dict) -> str:
 
 def plot(eps: dict, path: Path) -> None:
     """rank 1's eps against rank 0's, one panel per noise mode (first 2,000 values)."""
-    fig = Figure(figsize=(9, 3.2), layout="constrained")
+    fig = Figure(figsize=(9, 3.4), layout="constrained")
     for ax, mode in zip(fig.subplots(1, len(MODES), sharex=True, sharey=True), MODES):
         r0, r1 = eps[mode][0].flatten()[:2000], eps[mode][1].flatten()[:2000]
         ax.scatter(r0, r1, s=2, alpha=0.4, color="C0")
         ax.set_title(LABELS[mode], fontsize=9)
         ax.set_xlabel("eps drawn on rank 0")
-        ax.set_aspect("equal")
         ax.grid(alpha=0.3)
     fig.axes[0].set_ylabel("eps drawn on rank 1 (same row)")
     fig.savefig(path, dpi=110)
