@@ -26,6 +26,14 @@ def test_batchnorm_per_rank_changes_gradients_and_sync_restores_them(generated):
     assert r["sync_bn"]["grad_rel_diff_all"] < 1e-10  # float64: rounding only
 
 
+def test_batchnorm_at_the_reports_per_device_batch(generated):
+    """2 x 128: per-rank statistics still change the gradient; synchronised BatchNorm restores it."""
+    r = generated("factor_batchnorm_256", "factor_batchnorm.json")
+    assert r["global_batch_size"] == 256 and r["world_size"] == 2
+    assert r["default"]["grad_rel_diff_all"] > 1e-6
+    assert r["sync_bn"]["grad_rel_diff_all"] < 1e-10
+
+
 def test_default_samplers_see_different_samples_and_global_sampler_the_same(generated):
     r = generated("factor_sampler")
     c, steps = r["comparisons"], r["steps"]
