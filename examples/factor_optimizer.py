@@ -111,16 +111,16 @@ def takeaway(r: dict) -> str:
     n = len(gaps["ddp (default)"])
     if abs(d - g) < ds + gs:
         noise_only = (f"{g:.2e} ± {gs:.2e} with only the noise fixed: at {r['steps']} steps the two cannot be told "
-                      "apart, because BatchNorm per rank and a different sample order still move the trajectory "
-                      "as much as the noise does")
+                      "apart: what the noise fix leaves different (BatchNorm per rank, another sample order) moves "
+                      "the trajectory as much")
     else:
         closer = "closer" if g < d else "further"
         noise_only = (f"{g:.2e} ± {gs:.2e} with only the noise fixed ({closer}; BatchNorm per rank and a "
                       "different sample order still differ)")
     return (f"**Result.** Shared noise multiplies the variance of the `fc_mu`/`fc_var` gradient by "
             f"{gv['shared'][head] / gv['independent'][head]:.3g}, and Adam's `exp_avg_sq` for those heads is "
-            f"×{adam('ddp (default)'):.3g} single's after {r['steps']} steps (×{adam('ddp + global noise'):.3g} with "
-            f"`GlobalBatchNoise`). The final KL term differs from single's by {d:.2e} ± {ds:.2e} (mean ± sd of "
+            f"{adam('ddp (default)'):.3g} times single's after {r['steps']} steps ({adam('ddp + global noise'):.3g} "
+            f"times with `GlobalBatchNoise`). The final KL term differs from single's by {d:.2e} ± {ds:.2e} (mean ± sd of "
             f"|difference| over {n} seeds) with DDP's defaults, {noise_only}; with every fix by {e:.2e}.")
 
 
