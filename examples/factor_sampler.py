@@ -53,7 +53,7 @@ def takeaway(r: dict) -> str:
     """The result in one sentence, worded from the numbers."""
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     d, o, g = (r["comparisons"][k] for k in ("default", "one_replica", "global"))
-    union = "is exactly" if min(o["same_samples"]) == 1.0 else f"shares {100 * mean(o['same_samples']):.3g}% with"
+    union = "are exactly" if min(o["same_samples"]) == 1.0 else f"share {100 * mean(o['same_samples']):.3g}% with"
     fixed = ("the same samples in the same rows" if min(g["same_position"]) == 1.0
              else f"{100 * mean(g['same_position']):.3g}% of the rows alike")
     return (f"**Result.** With Lightning's defaults, DDP step k shares only {100 * mean(d['same_samples']):.3g}% of "
@@ -101,7 +101,9 @@ def main(argv=None) -> dict:
     dm.setup()
     # --8<-- [start:one-replica]
     # One device with a one-replica DistributedSampler seeded like Lightning's (PL_GLOBAL_SEED = seed):
-    one = list(DistributedSampler(dm.dataset_train, num_replicas=1, rank=0, shuffle=True, seed=seed))
+    positions = DistributedSampler(dm.dataset_train, num_replicas=1, rank=0, shuffle=True, seed=seed)
+    one = [dm.dataset_train.indices[i] for i in positions]  # dataset_train is a random_split Subset: its
+    #                                                          samples report their index in the full set
     one_replica = [one[k * gb:(k + 1) * gb] for k in range(args.steps)]
     # --8<-- [end:one-replica]
     result["comparisons"]["default"] = compare(runs["single", "default"], runs["ddp", "default"])
