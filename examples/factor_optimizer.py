@@ -111,7 +111,7 @@ def takeaway(r: dict) -> str:
     n = len(gaps["ddp (default)"])
     if abs(d - g) < ds + gs:
         noise_only = (f"{g:.2e} ± {gs:.2e} with only the noise fixed: at {r['steps']} steps the two cannot be told "
-                      "apart: what the noise fix leaves different (BatchNorm per rank, another sample order) moves "
+                      "apart, since what the noise fix leaves different (BatchNorm per rank, another sample order) moves "
                       "the trajectory as much")
     else:
         closer = "closer" if g < d else "further"
