@@ -187,7 +187,8 @@ def build_parser(spec_cls: type = RunSpec):
 
     parser = ArgumentParser(prog="vae-ddp", exit_on_error=False, description=(
         "Why DDP on N devices with per-device batch B/N does not reproduce one device with batch B, "
-        "measured on the lightning-bolts CIFAR-10 VAE."))
+        "measured on the lightning-bolts CIFAR-10 VAE."),
+        epilog="vae-ddp audit --model MODEL --data DATA ...: audit your own LightningModule (vae-ddp audit --help)")
     sub = parser.add_subcommands(dest="command")
     for name, cmd in commands().items():
         sub.add_subcommand(name, _subparser(name, cmd, spec_cls), help=cmd.help)
@@ -279,6 +280,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     from vae_ddp.studies.launch import RunFailed
 
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["audit"]:  # its own parser: the user's class paths and their init args
+        from vae_ddp.audit.cli import main as audit_main
+
+        return audit_main(argv[1:])
     try:
         parser = build_parser()
         cfg = parser.parse_args(argv)
