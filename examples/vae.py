@@ -40,7 +40,7 @@ class ReportCLI(LightningCLI):
     def add_arguments_to_parser(self, parser):
         parser.set_defaults({
             "data": {"class_path": "vae_ddp.data.ImageFolderDataModule",
-                     "init_args": {"data_dir": "../shared/data/cifar10-jpg-subset", "batch_size": 256}},
+                     "init_args": {"batch_size": 256}},  # data_dir: --data.data_dir or $VAE_DDP_CIFAR_SUBSET
         })
 
 
