@@ -1,6 +1,6 @@
 """``vae-ddp``: a thin command line over the library, built with jsonargparse.
 
-A subcommand is a typed function registered once in [`commands`][vae_ddp.cli.commands]: each
+A subcommand is a typed function registered once in `vae_ddp.cli.commands()`: each
 parameter becomes a flag (``--name-with-dashes``, typed and checked by its annotation;
 ``Literal`` types give the choices), a parameter ``base: RunSpec`` becomes the flags of the
 [`RunSpec`][vae_ddp.studies.configs.RunSpec] fields (so every fix of the factor registry is a switch:

@@ -76,7 +76,7 @@ class AuditRun:
             DataModule gets ``batch_size = B // devices``.
         steps: optimizer steps. dtype: ``float64`` or ``float32``. accelerator: ``cpu``/``gpu``.
         seed: ``seed_everything(seed)`` before the model is built (same initial weights).
-        fixes: names of [`FIXABLE`][vae_ddp.audit.spec.FIXABLE] factors whose fix is on.
+        fixes: names of `FIXABLE` factors whose fix is on.
         permute: permute the samples inside each batch (and the noise rows with them): the
             one-device reordering floor.
         label: the run's name in the report.
