@@ -357,7 +357,7 @@ def _page_text(html: str) -> str:
 #: commands of the registry's studies (``--data-dir ../shared/...``), the defaults of
 #: ``vae_ddp.data`` and ``examples/vae.py``. Remove a pair when it is fixed (the test fails
 #: on a pair that no longer occurs, so that this list only shrinks).
-KNOWN_INTERNAL = {("/is-it-a-bug/", "../shared")}
+KNOWN_INTERNAL: set = set()
 
 
 def test_no_internal_wording(site):
