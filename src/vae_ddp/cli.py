@@ -1,6 +1,6 @@
 """``vae-ddp``: a thin command line over the library.
 
-Subcommands: ``compare`` (the main job), ``equivalence``, ``ablation``, ``seeds``.
+Subcommands: ``compare`` (the main job), ``equivalence``, ``ablation``, ``seeds``, ``report-scale``.
 Bad input gets one line on stderr and exit code 2 before any training; a failed run
 (any rank) gets its error and exit code 1.
 """
@@ -69,6 +69,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="any of single, ddp, ddp+fixed, ddp+per_rank, dp")
     p.add_argument("--val-every", type=int, default=0, help="validate every N steps (0: only at the end)")
     p.add_argument("--dp", dest="dp_mode", default="auto", help=f"one of {', '.join(DP_MODES)}")
+    p = sub.add_parser("report-scale", help="the report's scale (ResNet-18, 2 x 128): each factor's one-step "
+                       "gradient difference over batch-to-batch noise, and the logged-KL spread")
+    p.add_argument("--data", default="imagefolder", help=f"one of {', '.join(DATASETS)} (default: imagefolder)")
+    p.add_argument("--data-dir", default="../shared/data/cifar10-jpg-subset",
+                   help="ImageFolder root (e.g. the CIFAR-10 subset) or CIFAR-10 folder for --data cifar10")
+    p.add_argument("--max-samples", type=int, default=None, help="use a fixed random subset of this many images")
+    p.add_argument("--model", default="resnet18", help=f"one of {', '.join(MODELS)} (default: resnet18, the report's)")
+    p.add_argument("--global-batch-size", type=int, default=256, help="samples per optimizer step (default: 256)")
+    p.add_argument("--devices", type=int, default=2, help="ddp world size and dp replicas (default: 2)")
+    p.add_argument("--grad-steps", type=int, default=3, help="global batches per run, at frozen weights (default: 3)")
+    p.add_argument("--spread-batches", type=int, default=6,
+                   help="extra forward passes for the logged-KL spread (default: 6; 0: skip)")
+    p.add_argument("--variants", nargs="+", default=None, help="subset of the variants (default: all)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--accelerator", default="cpu", choices=["cpu", "gpu"], help="cpu (gloo) or gpu (NCCL)")
+    p.add_argument("--out", type=Path, default=Path("runs/report-scale"), help="output folder")
     return parser
 
 
@@ -109,6 +125,13 @@ def main(argv: Optional[list[str]] = None) -> int:
             from vae_ddp.studies.seeds import seed_study
 
             seed_study(_spec(args), args.configs, args.num_seeds, args.out)
+        elif args.command == "report-scale":
+            from vae_ddp.studies.report_scale import report_scale
+
+            report_scale(out=args.out, data=args.data, data_dir=args.data_dir, model=args.model,
+                         global_batch_size=args.global_batch_size, devices=args.devices, grad_steps=args.grad_steps,
+                         spread_batches=args.spread_batches, variants=args.variants, max_samples=args.max_samples,
+                         seed=args.seed, accelerator=args.accelerator)
     except UserError as err:
         print(f"vae-ddp: error: {err}", file=sys.stderr)
         return 2

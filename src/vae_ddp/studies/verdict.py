@@ -1,0 +1,167 @@
+"""The answer to the report, stated from the committed studies.
+
+[`verdict_box`][vae_ddp.studies.verdict.verdict_box] writes the Home page's first screen (a
+Material admonition) and [`dp_table`][vae_ddp.studies.verdict.dp_table] the table of which
+configuration has which factor, from:
+
+- ``docs/results/seeds-full/seeds.json`` (the seed study): its ``"verdict"`` object
+  (``{"ddp": {"train_kl": "equivalent" | "different" | "inconclusive", ...}}``) and
+  ``"verdict_lines"`` when present, else its Welch p-values (``summary``);
+- ``docs/results/long-horizon/long_horizon.json`` when present (``"verdict"``, ``"summary"``);
+- ``docs/results/report-scale/report_scale.json`` (the report's scale, one step): the
+  order of the reasons and their sizes.
+
+Every number and every word that depends on a result is taken from those files.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+__all__ = ["load", "decide", "verdict_box", "dp_table", "UPSTREAM"]
+
+UPSTREAM = "https://github.com/Lightning-AI/pytorch-lightning/issues/6789"
+
+#: What each factor does in the report's setting, and its page.
+REASONS = {
+    "random streams per rank": ("both ranks draw the same reparameterization noise, so the KL term's Monte Carlo "
+                                "noise is not averaged over the global batch", "factors/noise.md"),
+    "logging": ("the plotted value is rank 0's mean over its 128 samples, not the global batch's",
+                "factors/logging.md"),
+    "sampler and order": ("`DistributedSampler` deals the samples to the ranks interleaved, so batches and "
+                          "noise rows pair up differently than on one device", "factors/sampler.md"),
+    "BatchNorm statistics": ("each rank normalises with the statistics of its own 128 samples",
+                             "factors/batchnorm.md"),
+}
+
+
+def _read(path: Path) -> Optional[dict]:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def load(root: Path) -> dict[str, Optional[dict]]:
+    """The committed results under ``root/docs/results`` (None where a file is absent)."""
+    res = Path(root) / "docs" / "results"
+    return {"seeds": _read(res / "seeds-full" / "seeds.json"),
+            "long_horizon": _read(res / "long-horizon" / "long_horizon.json"),
+            "report_scale": _read(res / "report-scale" / "report_scale.json")}
+
+
+def _g(v: float) -> str:
+    return f"{v:.2g}" if abs(v) < 10 else f"{v:.0f}"
+
+
+def decide(seeds: dict, long_horizon: Optional[dict] = None) -> dict[str, Any]:
+    """Bug or expected behaviour, from the seed study (and the long-horizon check).
+
+    Returns ``{"kind": "equivalent" | "different" | "inconclusive", "title", "lines"}``.
+    With the seed study's ``"verdict"`` object, ``ddp``'s training KL decides; without it,
+    its Welch p-values do (p >= 0.05 everywhere: "inconclusive", since not detecting a
+    difference does not show equivalence). A long-horizon "different" overrides.
+    """
+    s = seeds["settings"]
+    scope = f"{seeds['num_seeds']} seeds x {s['steps']} steps, {s['model']} VAE, global batch {s['global_batch_size']}"
+    if "verdict" in seeds:
+        kind = seeds["verdict"].get("ddp", {}).get("train_kl", "inconclusive")
+        lines = list(seeds.get("verdict_lines", []))
+    else:
+        ps = {q: e["vs_single"]["p"] for q, e in seeds["summary"]["ddp"].items()}
+        worst = min(ps, key=ps.get)
+        kind = "different" if ps[worst] < 0.05 else "inconclusive"
+        lines = [f"ddp vs single, final values over {scope}: smallest Welch p = {ps[worst]:.2f} ({worst})"]
+    if long_horizon:
+        lines.append(long_horizon["summary"])
+        if long_horizon["verdict"] == "different":
+            kind = "different"
+    title = {"equivalent": "Expected behaviour, not a bug: DDP trains the VAE as well as one device",
+             "inconclusive": "Expected behaviour as far as measured: no difference in training detected",
+             "different": "Not a bug in DDP's arithmetic, but Lightning's defaults change what is trained"}[kind]
+    return {"kind": kind, "title": title, "lines": lines, "scope": scope}
+
+
+def _reasons(rs: dict) -> list[str]:
+    s = rs["settings"]
+    out = []
+    for row in rs["ranking"]:
+        what, page = REASONS.get(row["factor"], (row["factor"], None))
+        name = f"[{row['factor'].capitalize()}]({page})" if page else row["factor"].capitalize()
+        if row["kind"] == "gradient":
+            size = f"one step's gradient moves {_g(row['ratio'])}x as far as changing the batch does"
+        else:
+            sp = rs.get("spread") or {}
+            size = (f"the logged KL is off the global-batch KL by {_g(row['ratio'])}x the change between two "
+                    f"batches")
+            if sp.get("kl_spread_ratio"):
+                size += f" and fluctuates {_g(sp['kl_spread_ratio'])}x as much"
+        out.append(f"{name}: {what}; {size}.")
+    red = rs["reduction"]
+    if not red["unequal_steps_per_epoch"]:
+        out.append(f"[Mean reduction](factors/reduction.md): no effect here ({s['global_batch_size'] // s['world_size']} "
+                   f"samples on every rank at every step).")
+    return out
+
+
+FIX = """```python
+def on_fit_start(self):  # your LightningModule: its own reparameterization noise per rank
+    self.g = torch.Generator(device=self.device).manual_seed(1234 + self.global_rank)
+# training_step: z = mu + std * torch.randn(mu.shape, generator=self.g, device=mu.device)
+self.log_dict(logs, on_step=True, sync_dist=True, batch_size=len(x))  # plot the global batch
+trainer = Trainer(strategy="ddp", sync_batchnorm=True)  # GPUs: BatchNorm over the global batch
+```"""
+
+
+def verdict_box(results: dict[str, Optional[dict]]) -> str:
+    """The Home page's verdict admonition (Markdown, Material ``!!!`` syntax)."""
+    d = decide(results["seeds"], results["long_horizon"])
+    rs = results["report_scale"]
+    kind = {"equivalent": "success", "inconclusive": "success", "different": "warning"}[d["kind"]]
+    body = ["**Measured:** " + "; ".join(d["lines"]) + f" ([seed study](is-it-a-bug.md))."]
+    if rs:
+        s = rs["settings"]
+        body.append("")
+        body.append(f"**Why the DDP curves looked different**, largest measured effect first (the report's scale: "
+                    f"{s['model']} VAE, {s['world_size']} ranks x {s['global_batch_size'] // s['world_size']}, "
+                    f"[one step at the same weights](#the-reports-scale)):")
+        body.append("")
+        body += [f"{i}. {r}" for i, r in enumerate(_reasons(rs), 1)]
+    body += ["", "**The change** for your own LightningModule ([recipe](recipe.md)):", "", *FIX.splitlines(), "",
+             f"Upstream report: [Lightning issue #6789]({UPSTREAM})."]
+    return f'!!! {kind} "{d["title"]}"\n\n' + "\n".join(("    " + ln) if ln else "" for ln in body) + "\n"
+
+
+def dp_table(results: dict[str, Optional[dict]]) -> str:
+    """Which configuration has which factor (single, Lightning 1.x DP, DDP), each cell with its source."""
+    rs = results["report_scale"] or {}
+    v = rs.get("variants", {})
+
+    def ratio(name: str) -> str:
+        e = v.get(name)
+        return f" (one step: {_g(e['ratio_to_batch_noise']['all'])}x batch noise, [report scale](#the-reports-scale))" if e else ""
+
+    dp_note = "inferred: [DP emulation](dataparallel.md), not observed on GPUs here"
+    rows = [
+        ("Random streams", "one stream for the whole batch",
+         f"every replica draws the same noise ({dp_note}: torch seeds every CUDA device alike)",
+         "every rank draws the same noise (measured: [noise](factors/noise.md))" + ratio("ddp, noise back to default")),
+        ("BatchNorm statistics", "the whole batch",
+         f"each replica's chunk ({dp_note}: `nn.DataParallel` runs each replica's BatchNorm on its chunk)",
+         "each rank's 128 (measured: [BatchNorm](factors/batchnorm.md))" + ratio("ddp, BatchNorm back to per-rank")),
+        ("Sampler and order", "`RandomSampler`",
+         "the same `RandomSampler` as one device: the same batches in the same order (by construction: one process, "
+         "one DataLoader; measured: [report-style curves](#what-the-report-plotted))",
+         "`DistributedSampler`: other batches, interleaved (measured: [sampler](factors/sampler.md))"
+         + ratio("ddp, sampler back to DistributedSampler")),
+        ("Mean reduction", "mean over the batch",
+         "mean of the replica means (equal chunks but for an uneven last batch; inferred from `training_step_end`)",
+         "mean of rank means, equal at this scale (measured: [reduction](factors/reduction.md))"),
+        ("Logging (`on_step`, no `sync_dist`)", "the whole batch",
+         "one replica's chunk (inferred from Lightning 1.2.6 and 1.9.5 source, see [DP](dataparallel.md))",
+         "rank 0's half (measured: [logging](factors/logging.md))"),
+        ("Optimizer (Adam)", "one Adam on the batch gradient", "the same, on the mean of the replica gradients",
+         "the same, on the all-reduced gradient (measured: [optimizer](factors/optimizer.md))"),
+    ]
+    out = ["| factor | one device | DP (Lightning 1.x) | DDP (Lightning defaults) |", "|---|---|---|---|"]
+    out += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
+    return "\n".join(out) + "\n"
