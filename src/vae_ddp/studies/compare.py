@@ -131,7 +131,8 @@ def compare(base: RunSpec, configs: list[str], out_dir: Path, exact: bool = Fals
         series.append((spec.label, run["records"], run["val_records"]))
         last, lastval = run["records"][-1], (run["val_records"] or [{}])[-1]
         rows.append([spec.label, spec.world_size, spec.per_device_batch_size, last["loss"], last["kl"],
-                     last["recon_loss"], lastval.get("kl"), lastval.get("recon_loss")])
+                     last["recon_loss"], lastval.get("kl"), lastval.get("recon_loss"),
+                     lastval.get("recon_loss_batch_stats")])
     settings = dataclasses.asdict(base)  # devices: ddp's world size and dp's replicas
     settings.pop("config"), settings.pop("label")
     labels = [s.label for s in specs]
@@ -162,7 +163,8 @@ def render(result: dict, rows: list[list]) -> str:
     """The Markdown tables of a comparison (``rows``: the last step of each configuration)."""
     steps = result["settings"]["steps"]
     out = [format_table(["config", "processes", "per-device batch", "train loss", "train kl", "train recon",
-                         "val kl", "val recon"], rows, title=f"after {steps} steps")]
+                         "val kl", "val recon", "val recon, BatchNorm batch statistics"], rows,
+                        title=f"after {steps} steps")]
     spread = result["spread_ratio"]
     out.append(format_table(
         ["config", "KL: logged spread / global-batch spread", "reconstruction: logged / global-batch"],

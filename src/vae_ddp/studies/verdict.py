@@ -26,14 +26,11 @@ UPSTREAM = "https://github.com/Lightning-AI/pytorch-lightning/issues/6789"
 
 #: What each factor does in the report's setting, and its page.
 REASONS = {
-    "random streams per rank": ("both ranks draw the same reparameterization noise, so the KL term's Monte Carlo "
-                                "noise is not averaged over the global batch", "factors/noise.md"),
-    "logging": ("the plotted value is rank 0's mean over its 128 samples, not the global batch's",
-                "factors/logging.md"),
-    "sampler and order": ("`DistributedSampler` deals the samples to the ranks interleaved, so batches and "
-                          "noise rows pair up differently than on one device", "factors/sampler.md"),
-    "BatchNorm statistics": ("each rank normalises with the statistics of its own 128 samples",
-                             "factors/batchnorm.md"),
+    "random streams per rank": ("both ranks draw the same reparameterization noise", "factors/noise.md"),
+    "logging": ("the curve shows rank 0's mean of {b} samples, not the global batch's", "factors/logging.md"),
+    "sampler and order": ("`DistributedSampler` deals interleaved samples to the ranks, paired with other noise rows",
+                          "factors/sampler.md"),
+    "BatchNorm statistics": ("each rank normalises with its own {b} samples", "factors/batchnorm.md"),
 }
 
 
@@ -83,23 +80,24 @@ def decide(seeds: dict, long_horizon: Optional[dict] = None) -> dict[str, Any]:
 
 def _reasons(rs: dict) -> list[str]:
     s = rs["settings"]
+    b = s["global_batch_size"] // s["world_size"]
     out = []
     for row in rs["ranking"]:
         what, page = REASONS.get(row["factor"], (row["factor"], None))
-        name = f"[{row['factor'].capitalize()}]({page})" if page else row["factor"].capitalize()
+        what = what.format(b=b)
+        label = row["factor"][0].upper() + row["factor"][1:]
+        name = f"[{label}]({page})" if page else label
         if row["kind"] == "gradient":
-            size = f"one step's gradient moves {_g(row['ratio'])}x as far as changing the batch does"
+            size = f"gradient off by {_g(row['ratio'])}x the batch-to-batch noise"
         else:
             sp = rs.get("spread") or {}
-            size = (f"the logged KL is off the global-batch KL by {_g(row['ratio'])}x the change between two "
-                    f"batches")
+            size = f"logged KL off by {_g(row['ratio'])}x the batch-to-batch change"
             if sp.get("kl_spread_ratio"):
-                size += f" and fluctuates {_g(sp['kl_spread_ratio'])}x as much"
+                size += f", {_g(sp['kl_spread_ratio'])}x its spread"
         out.append(f"{name}: {what}; {size}.")
     red = rs["reduction"]
     if not red["unequal_steps_per_epoch"]:
-        out.append(f"[Mean reduction](factors/reduction.md): no effect here ({s['global_batch_size'] // s['world_size']} "
-                   f"samples on every rank at every step).")
+        out.append(f"[Mean reduction](factors/reduction.md): none ({b} samples on every rank at every step).")
     return out
 
 
@@ -117,17 +115,21 @@ def verdict_box(results: dict[str, Optional[dict]]) -> str:
     d = decide(results["seeds"], results["long_horizon"])
     rs = results["report_scale"]
     kind = {"equivalent": "success", "inconclusive": "success", "different": "warning"}[d["kind"]]
-    body = ["**Measured:** " + "; ".join(d["lines"]) + f" ([seed study](is-it-a-bug.md))."]
+    body = [f"[Lightning issue #6789]({UPSTREAM}), measured ([seed study](is-it-a-bug.md)): " + "; ".join(d["lines"])
+            + "."]
     if rs:
         s = rs["settings"]
         body.append("")
-        body.append(f"**Why the DDP curves looked different**, largest measured effect first (the report's scale: "
-                    f"{s['model']} VAE, {s['world_size']} ranks x {s['global_batch_size'] // s['world_size']}, "
+        b = s["global_batch_size"] // s["world_size"]
+        report = s["model"] == "resnet18" and s["global_batch_size"] == 256 and s["world_size"] == 2
+        where = "the report's scale: " if report else "measured with the report's batch, not its model: " if (
+            s["global_batch_size"] == 256 and s["world_size"] == 2) else "measured at "
+        body.append(f"**Why the DDP curves looked different**, largest measured effect first ({where}"
+                    f"{s['model']} VAE, {s['world_size']} ranks x {b}, "
                     f"[one step at the same weights](#the-reports-scale)):")
         body.append("")
         body += [f"{i}. {r}" for i, r in enumerate(_reasons(rs), 1)]
-    body += ["", "**The change** for your own LightningModule ([recipe](recipe.md)):", "", *FIX.splitlines(), "",
-             f"Upstream report: [Lightning issue #6789]({UPSTREAM})."]
+    body += ["", "**The change** for your own LightningModule ([recipe](recipe.md)):", "", *FIX.splitlines()]
     return f'!!! {kind} "{d["title"]}"\n\n' + "\n".join(("    " + ln) if ln else "" for ln in body) + "\n"
 
 
@@ -157,7 +159,7 @@ def dp_table(results: dict[str, Optional[dict]]) -> str:
          "mean of the replica means (equal chunks but for an uneven last batch; inferred from `training_step_end`)",
          "mean of rank means, equal at this scale (measured: [reduction](factors/reduction.md))"),
         ("Logging (`on_step`, no `sync_dist`)", "the whole batch",
-         "one replica's chunk (inferred from Lightning 1.2.6 and 1.9.5 source, see [DP](dataparallel.md))",
+         "one replica's chunk (inferred from Lightning 1.2.6 and 1.9.5 source, see [`vae_ddp.studies.dp`][vae_ddp.studies.dp])",
          "rank 0's half (measured: [logging](factors/logging.md))"),
         ("Optimizer (Adam)", "one Adam on the batch gradient", "the same, on the mean of the replica gradients",
          "the same, on the all-reduced gradient (measured: [optimizer](factors/optimizer.md))"),
