@@ -7,7 +7,6 @@ import math
 import random
 
 import pytest
-
 from conftest import ROOT
 
 REPORT_SCALE = ROOT / "docs" / "results" / "report-scale"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from pytorch_lightning import Callback, LightningModule, Trainer
@@ -88,7 +88,7 @@ class GlobalBatchRecorder(Callback):
         self.record_indices = record_indices
         self.records: list[dict[str, Any]] = []
         self.val_records: list[dict[str, float]] = []
-        self._val_loader: Optional[DataLoader] = None
+        self._val_loader: DataLoader | None = None
         self._t0 = 0.0
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:

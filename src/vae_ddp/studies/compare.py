@@ -27,7 +27,7 @@ from vae_ddp.studies.launch import launch
 from vae_ddp.studies.plots import plot_curves, plot_report_style
 from vae_ddp.studies.table import format_table
 
-__all__ = ["compare", "spread_ratio", "per_sample_relative_variance"]
+__all__ = ["compare", "per_sample_relative_variance", "spread_ratio"]
 
 
 def _diff_std(values: list[float]) -> float:
@@ -74,7 +74,6 @@ def per_sample_relative_variance(spec: RunSpec, state_dict: dict, seed: int) -> 
     one-sample Monte Carlo estimate ``log q(z|x) - log p(z)``) and of the per-sample
     reconstruction error, at the weights ``state_dict`` (training mode, default noise)."""
     import pytorch_lightning as pl
-    import torch
 
     from vae_ddp.data import make_datamodule
     from vae_ddp.studies.report_scale import per_sample_terms
@@ -90,7 +89,7 @@ def per_sample_relative_variance(spec: RunSpec, state_dict: dict, seed: int) -> 
     x = next(iter(dm.train_dataloader()))[0].to(model.dtype)
     model.train()
     kl, rec = per_sample_terms(model, x)
-    rv = lambda t: float(t.var(unbiased=False) / t.mean() ** 2)  # noqa: E731
+    rv = lambda t: float(t.var(unbiased=False) / t.mean() ** 2)
     return {"samples": len(x), "kl": rv(kl), "recon_loss": rv(rec), "kl_mean": float(kl.mean()),
             "recon_mean": float(rec.mean())}
 

@@ -39,8 +39,8 @@ the mean over replicas (``training_step_end``'s default reduction).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator, Optional
 
 import torch
 from torch import Tensor, nn
@@ -48,7 +48,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from vae_ddp.model import VAE
 
-__all__ = ["DataParallelVAE", "DP_MODES", "resolve_dp_mode"]
+__all__ = ["DP_MODES", "DataParallelVAE", "resolve_dp_mode"]
 
 DP_MODES = ("auto", "real", "emulate")
 
@@ -97,7 +97,7 @@ class DataParallelVAE(VAE):
     """
 
     def __init__(self, replicas: int = 2, dp_mode: str = "emulate", replica_seed: int = 0,
-                 logged_replica: Optional[int] = -1, **kwargs) -> None:
+                 logged_replica: int | None = -1, **kwargs) -> None:
         super().__init__(**kwargs)
         self.replicas, self.dp_mode, self.replica_seed = replicas, dp_mode, replica_seed
         self.logged_replica = logged_replica

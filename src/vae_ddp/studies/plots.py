@@ -5,8 +5,8 @@ importing this module or calling it changes nothing in the caller's matplotlib s
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from matplotlib.figure import Figure
 

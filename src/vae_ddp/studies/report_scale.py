@@ -43,17 +43,16 @@ import dataclasses
 import itertools
 import json
 import math
-import os
 import statistics
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
 from vae_ddp.studies.configs import RunSpec
 
-__all__ = ["report_scale", "render", "plot", "command_md", "VARIANTS", "ranking"]
+__all__ = ["VARIANTS", "command_md", "plot", "ranking", "render", "report_scale"]
 
 #: name -> (configuration, fields changed from the exact spec, factor it isolates).
 VARIANTS: dict[str, tuple[str, dict, str]] = {
@@ -95,7 +94,7 @@ class _FrozenGradients:
         return FrozenGradients()
 
 
-def per_sample_terms(module, x: torch.Tensor, eps: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+def per_sample_terms(module, x: torch.Tensor, eps: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-sample ``(kl, recon)``, each ``(B,)``, of one training-mode forward of ``x: (B, 3, H, W)``.
 
     The forward runs once on the whole batch (BatchNorm sees the batch, as in training);
@@ -175,7 +174,7 @@ def _worker(spec_json: str, out_dir: str) -> int:
 
 
 # --------------------------------------------------------------------------- the study
-def _norms(a: dict[str, torch.Tensor], b: Optional[dict[str, torch.Tensor]] = None) -> dict[str, float]:
+def _norms(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor] | None = None) -> dict[str, float]:
     """L2 norm of ``a - b`` (or of ``a``) per parameter group and over all parameters."""
     sq = dict.fromkeys(GROUPS, 0.0)
     for n, t in a.items():
@@ -215,14 +214,14 @@ def ranking(result: dict) -> list[dict]:
 def report_scale(
     out: Path = Path("runs/report-scale"),
     data: str = "imagefolder",
-    data_dir: Optional[str] = "../shared/data/cifar10-jpg-subset",
+    data_dir: str | None = "../shared/data/cifar10-jpg-subset",
     model: str = "resnet18",
     global_batch_size: int = 256,
     devices: int = 2,
     grad_steps: int = 3,
     spread_batches: int = 6,
-    variants: Optional[list[str]] = None,
-    max_samples: Optional[int] = None,
+    variants: list[str] | None = None,
+    max_samples: int | None = None,
     seed: int = 0,
     accelerator: str = "cpu",
 ) -> dict:
@@ -348,7 +347,7 @@ def _train_size(spec: RunSpec) -> int:
     return len(dm.dataset_train)
 
 
-def _logging(info: dict) -> tuple[dict, Optional[dict]]:
+def _logging(info: dict) -> tuple[dict, dict | None]:
     """Logging's per-step effect (training steps and spread passes of the default ddp run)."""
     recs, sp = info["records"], info.get("spread")
     logged = [r["logged_kl"] for r in recs] + (sp["rank0_kl"] if sp else [])
@@ -389,7 +388,7 @@ def _reduction(n_train: int, global_batch: int, world: int) -> dict:
 
 
 # --------------------------------------------------------------------------- rendering
-def _f(v: Optional[float]) -> str:
+def _f(v: float | None) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
     if v == 0:

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
-__all__ = ["load", "decide", "verdict_box", "dp_table", "UPSTREAM"]
+__all__ = ["UPSTREAM", "decide", "dp_table", "load", "verdict_box"]
 
 UPSTREAM = "https://github.com/Lightning-AI/pytorch-lightning/issues/6789"
 
@@ -34,11 +34,11 @@ REASONS = {
 }
 
 
-def _read(path: Path) -> Optional[dict]:
+def _read(path: Path) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def load(root: Path) -> dict[str, Optional[dict]]:
+def load(root: Path) -> dict[str, dict | None]:
     """The committed results under ``root/docs/results`` (None where a file is absent)."""
     res = Path(root) / "docs" / "results"
     return {"seeds": _read(res / "seeds-full" / "seeds.json"),
@@ -50,7 +50,7 @@ def _g(v: float) -> str:
     return f"{v:.2g}" if abs(v) < 10 else f"{v:.0f}"
 
 
-def decide(seeds: dict, long_horizon: Optional[dict] = None) -> dict[str, Any]:
+def decide(seeds: dict, long_horizon: dict | None = None) -> dict[str, Any]:
     """Bug or expected behaviour, from the seed study (and the long-horizon check).
 
     Returns ``{"kind": "equivalent" | "different" | "inconclusive", "title", "lines"}``.
@@ -110,7 +110,7 @@ trainer = Trainer(strategy="ddp", sync_batchnorm=True)  # GPUs: BatchNorm over t
 ```"""
 
 
-def verdict_box(results: dict[str, Optional[dict]]) -> str:
+def verdict_box(results: dict[str, dict | None]) -> str:
     """The Home page's verdict admonition (Markdown, Material ``!!!`` syntax)."""
     d = decide(results["seeds"], results["long_horizon"])
     rs = results["report_scale"]
@@ -133,7 +133,7 @@ def verdict_box(results: dict[str, Optional[dict]]) -> str:
     return f'!!! {kind} "{d["title"]}"\n\n' + "\n".join(("    " + ln) if ln else "" for ln in body) + "\n"
 
 
-def dp_table(results: dict[str, Optional[dict]]) -> str:
+def dp_table(results: dict[str, dict | None]) -> str:
     """Which configuration has which factor (single, Lightning 1.x DP, DDP), each cell with its source."""
     rs = results["report_scale"] or {}
     v = rs.get("variants", {})
