@@ -20,7 +20,7 @@ from pathlib import Path
 
 from vae_ddp.studies.configs import RunSpec
 from vae_ddp.studies.launch import launch
-from vae_ddp.studies.table import format_table
+from vae_ddp.studies.table import format_table, write_tables
 
 VARIANTS = {
     "single": dict(config="single"),
@@ -49,9 +49,10 @@ def main(argv=None) -> dict:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--global-batch-size", type=int, default=32)
     p.add_argument("--data-dir", default=str(Path(__file__).resolve().parents[2] / "shared/data/cifar10-jpg-subset"))
-    p.add_argument("--out", type=Path, default=None, help="also write the results as JSON here")
+    p.add_argument("--out", type=Path, default=None, help="also write the results (step_time.json, tables.md) here")
     args = p.parse_args(argv)
     results: dict = {}
+    tables = []
     with tempfile.TemporaryDirectory() as tmp:
         for model in args.models:
             base = RunSpec(model=model, steps=args.steps, global_batch_size=args.global_batch_size, devices=2,
@@ -62,13 +63,14 @@ def main(argv=None) -> dict:
                 res[name] = median_step_time(spec, Path(tmp) / model / name.replace(" ", "_"), args.warmup)
             results[model] = res
             rows = [[name, t * 1000, t / res["single"], t / res["ddp"]] for name, t in res.items()]
-            print(format_table(["variant", "median step (ms)", "/ single", "/ default ddp"], rows,
-                               title=f"{model} VAE, global batch {args.global_batch_size}, CPU (gloo), "
-                                     f"median of {args.steps - args.warmup - 1} steps"))
-            print()
+            tables.append(format_table(["variant", "median step (ms)", "/ single", "/ default ddp"], rows,
+                                       title=f"{model} VAE, global batch {args.global_batch_size}, CPU (gloo), "
+                                             f"median of {args.steps - args.warmup - 1} steps"))
+            print(tables[-1] + "\n")
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "step_time.json").write_text(json.dumps(results, indent=1))
+        write_tables(args.out, "\n\n".join(tables))
     return results
 
 

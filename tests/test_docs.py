@@ -142,16 +142,37 @@ def test_hook_registry_errors(tmp_path):
         hook.generate(root)
 
 
-def test_extract_tables():
-    hook = _hook()
-    text = "[single] step 1\n== ddp: 2 process(es)\nafter 3 steps\n\n| a | b |\n|---|---|\n| 1 | 2 |\nwrote x\n"
-    assert hook.extract_tables(text) == "**after 3 steps**\n\n| a | b |\n|---|---|\n| 1 | 2 |"
+TABLES = """
+import argparse, pathlib, sys
+sys.path.insert(0, {src!r})
+from vae_ddp.studies.table import format_table, write_tables
+p = argparse.ArgumentParser(); p.add_argument("--out", type=pathlib.Path); a = p.parse_args()
+md = format_table(["n", "max |a - b|"], [[2, 0.5]], title="after 3 steps")
+print("progress line, not for the page")
+print(md)
+write_tables(a.out, md)
+"""
 
 
-def test_tables_escape_pipes_inside_cells():
+def test_hook_output_tables_is_the_file_the_entry_wrote(tmp_path):
+    """``output: tables``: output.md is the entry's tables.md, not its stdout; a pipe inside a
+    cell stays content (escaped), so the table keeps its two columns."""
     hook = _hook()
-    text = "| n | max |a - b| |\n|---|-------------|\n| 2 | 1.0         |\n"
-    assert hook.extract_tables(text).splitlines()[0] == "| n | max \\|a - b\\| |"
+    root = _project(tmp_path, {"study.py": TABLES.format(src=str(ROOT / "src"))},
+                    "examples:\n  - script: examples/study.py\n    output: tables\n")
+    assert hook.generate(root) == {"study": "ran"}
+    out = root / "docs" / "generated" / "study"
+    assert (out / "output.md").read_text() == (
+        "after 3 steps\n\n| n | max \\|a - b\\| |\n|---|---------------|\n| 2 | 0.5000        |\n")
+    assert "progress line" in (out / "stdout.txt").read_text()
+
+
+def test_hook_output_tables_missing_file_fails(tmp_path):
+    hook = _hook()
+    root = _project(tmp_path, {"quiet.py": "print('| a |\\n|---|\\n| 1 |')\n"},
+                    "examples:\n  - script: examples/quiet.py\n    output: tables\n")
+    with pytest.raises(hook.PluginError, match=r"`output: tables` but wrote no tables.md"):
+        hook.generate(root)
 
 
 def test_sphinx_roles_render_as_code():

@@ -2,7 +2,8 @@
 
 Registered in ``mkdocs.yml`` (``hooks: [docs/hooks/generate.py]``). Before each build
 (``on_pre_build``) it runs every entry of ``docs/examples.yml`` whose inputs changed and
-writes ``docs/generated/<name>/``: ``output.md`` (what the entry printed), ``command.md``
+writes ``docs/generated/<name>/``: ``output.md`` (what the entry printed, or with ``output:
+tables`` the ``tables.md`` it wrote: a study's titles, tables and verdicts), ``command.md``
 (how it was run) and the files it wrote with ``--out`` (PNG, JSON). A failing entry fails
 the build with the end of its stderr. ``VAE_DDP_FULL=1`` runs the full settings
 (``full_args``) instead of the reduced ones (``args``).
@@ -43,8 +44,10 @@ REGISTRY = "docs/examples.yml"
 GENERATED = "docs/generated"
 STAMP = ".stamp"
 OUTPUT_MODES = ("markdown", "tables", "text", "log")
-KEYS = {"name", "script", "command", "args", "full_args", "output", "keep", "drop", "timeout", "requires", "summary",
+KEYS = {"name", "script", "command", "args", "full_args", "output", "drop", "timeout", "requires", "summary",
         "page"}
+#: With ``output: tables`` the entry writes the Markdown it shows into its output folder.
+TABLES = "tables.md"
 #: Python warnings (``path.py:LINE: Category: message`` and the source line after it) are not output.
 WARNING_LINE = re.compile(r"^\S+\.py:\d+: ")
 
@@ -91,10 +94,9 @@ def load_registry(root: Path) -> list[dict[str, Any]]:
         e["full_args"] = [str(a) for a in e["full_args"]] if "full_args" in e else e["args"]
         e["timeout"] = float(e.get("timeout", 600))
         try:
-            e["keep"] = [re.compile(k) for k in e.get("keep") or []]
             e["drop"] = [re.compile(k) for k in e.get("drop") or []]
         except re.error as err:
-            raise PluginError(f"{where}: bad `keep` pattern: {err}") from None
+            raise PluginError(f"{where}: bad `drop` pattern: {err}") from None
         entries.append(e)
     return entries
 
@@ -148,7 +150,7 @@ def wrapped_command(argv: list[str], width: int = 88) -> str:
 def digest(root: Path, e: dict[str, Any], argv: list[str]) -> str:
     h = hashlib.sha256()
     # How the output is rendered is not part of the key: output.md is re-rendered from
-    # stdout.txt on every build. Only whether stderr is merged into it is.
+    # stdout.txt (or tables.md) on every build. Only whether stderr is merged into it is.
     h.update(json.dumps({"argv": display_command(argv), "merged": e["output"] == "log", "full": full_mode()}).encode())
     files = sorted((root / "src" / "vae_ddp").rglob("*.py"))
     if "script" in e:
@@ -156,42 +158,6 @@ def digest(root: Path, e: dict[str, Any], argv: list[str]) -> str:
     for f in files:
         h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes() + b"\0")
     return h.hexdigest()
-
-
-def escape_cell_pipes(table: list[str]) -> list[str]:
-    """Escape ``|`` inside cells of a padded pipe table (``vae_ddp.studies.table.format_table``'s):
-    the separator row gives the column boundaries, any other ``|`` is content."""
-    sep = next((ln for ln in table if re.fullmatch(r"\|(-+\|)+", ln.rstrip())), None)
-    if sep is None:
-        return table
-    bounds = {i for i, c in enumerate(sep.rstrip()) if c == "|"}
-    out = []
-    for ln in table:
-        ln = ln.rstrip()
-        if ln is sep or len(ln) != len(sep.rstrip()) or any(ln[i] != "|" for i in bounds):
-            out.append(ln)  # not aligned with the separator: leave it as it is
-        else:
-            out.append("".join("\\|" if c == "|" and i not in bounds else c for i, c in enumerate(ln)))
-    return out
-
-
-def extract_tables(stdout: str) -> str:
-    """The Markdown tables of ``stdout``, each with its title (the non-blank line before it)."""
-    lines, blocks, i = stdout.splitlines(), [], 0
-    while i < len(lines):
-        if lines[i].startswith("|"):
-            j = i
-            while j < len(lines) and lines[j].startswith("|"):
-                j += 1
-            k = i - 1
-            while k >= 0 and not lines[k].strip():
-                k -= 1
-            title = lines[k] if k >= 0 and not lines[k].startswith(("|", "[", "==")) else ""
-            blocks.append(((f"**{title.strip()}**\n\n") if title else "") + "\n".join(escape_cell_pipes(lines[i:j])))
-            i = j
-        else:
-            i += 1
-    return "\n\n".join(blocks)
 
 
 def clean_log(e: dict[str, Any], text: str) -> str:
@@ -209,18 +175,20 @@ def clean_log(e: dict[str, Any], text: str) -> str:
     return "\n".join(out).strip("\n")
 
 
-def render_output(e: dict[str, Any], stdout: str) -> str:
+def render_output(e: dict[str, Any], out: Path) -> str:
+    """The entry's ``output.md``: from ``stdout.txt``, or ``tables.md`` with ``output: tables``."""
+    if e["output"] == "tables":
+        tables = out / TABLES
+        if not tables.is_file():
+            raise PluginError(f"example {e['name']!r} has `output: tables` but wrote no {TABLES} into its output "
+                              f"folder ({out}); a study writes it with vae_ddp.studies.table.write_tables")
+        return tables.read_text().rstrip() + "\n"
+    stdout = (out / "stdout.txt").read_text()
     if e["output"] == "log":
         return "```text\n" + clean_log(e, stdout) + "\n```\n"
     if e["output"] == "markdown":
         return stdout.rstrip() + "\n"
-    if e["output"] == "text":
-        return "```text\n" + stdout.rstrip() + "\n```\n"
-    tables = extract_tables(stdout)
-    if not tables:
-        raise PluginError(f"example {e['name']!r}: `output: tables` but it printed no Markdown table:\n{stdout[-2000:]}")
-    kept = [ln for ln in stdout.splitlines() if any(k.search(ln) for k in e["keep"])]
-    return "".join(f"{ln}  \n" for ln in kept) + ("\n" if kept else "") + tables + "\n"
+    return "```text\n" + stdout.rstrip() + "\n```\n"
 
 
 def run_entry(root: Path, e: dict[str, Any]) -> str:
@@ -231,7 +199,7 @@ def run_entry(root: Path, e: dict[str, Any]) -> str:
     key = digest(root, e, argv)
     stamp = out / STAMP
     if stamp.is_file() and stamp.read_text() == key and (out / "stdout.txt").is_file():
-        write_if_changed(out / "output.md", render_output(e, (out / "stdout.txt").read_text()))
+        write_if_changed(out / "output.md", render_output(e, out))
         write_if_changed(out / "command.md", f"```bash\n{wrapped_command(argv)}\n```\n")
         return "cached"
     if e.get("requires") and importlib.util.find_spec(e["requires"]) is None:
@@ -265,7 +233,7 @@ def run_entry(root: Path, e: dict[str, Any]) -> str:
         tail = "\n".join((proc.stdout if merged else proc.stderr).rstrip().splitlines()[-40:])
         raise PluginError(f"example {e['name']!r} failed (exit code {proc.returncode}): "
                           f"{display_command(argv)}\n--- stderr (end) ---\n{tail}")
-    (out / "output.md").write_text(render_output(e, proc.stdout))
+    (out / "output.md").write_text(render_output(e, out))
     (out / "command.md").write_text(f"```bash\n{wrapped_command(argv)}\n```\n")
     stamp.write_text(key)
     log.info("generate: %s ran in %.0f s", e["name"], time.monotonic() - t0)

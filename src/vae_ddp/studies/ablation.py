@@ -20,7 +20,7 @@ import torch
 from vae_ddp.studies.configs import RunSpec
 from vae_ddp.studies.equivalence import max_abs_diff
 from vae_ddp.studies.launch import launch
-from vae_ddp.studies.table import format_table
+from vae_ddp.studies.table import format_table, write_tables
 
 __all__ = ["ablation", "VARIANTS"]
 
@@ -70,8 +70,10 @@ def ablation(base: RunSpec, out_dir: Path) -> dict:
                      entry["logged_kl_diff"], entry["logged_recon_diff"]])
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "ablation.json").write_text(json.dumps(result, indent=1))
-    print(format_table(["ddp variant", "max abs param diff vs single", "val KL diff", "val recon diff",
-                        "logged KL diff", "logged recon diff"], rows,
-                       title=f"{base.model} VAE, {base.data}, {base.devices} ranks, global batch "
-                             f"{base.global_batch_size}, {base.steps} steps, {base.dtype}; differences to single"))
+    table = format_table(["ddp variant", "max abs param diff vs single", "val KL diff", "val recon diff",
+                          "logged KL diff", "logged recon diff"], rows,
+                         title=f"{base.model} VAE, {base.data}, {base.devices} ranks, global batch "
+                               f"{base.global_batch_size}, {base.steps} steps, {base.dtype}; differences to single")
+    print(table)
+    write_tables(out_dir, table)
     return result

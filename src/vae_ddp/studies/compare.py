@@ -25,7 +25,7 @@ from pathlib import Path
 from vae_ddp.studies.configs import RunSpec
 from vae_ddp.studies.launch import launch
 from vae_ddp.studies.plots import plot_curves, plot_report_style
-from vae_ddp.studies.table import format_table
+from vae_ddp.studies.table import format_table, write_tables
 
 __all__ = ["compare", "per_sample_relative_variance", "spread_ratio"]
 
@@ -110,10 +110,12 @@ def compare(base: RunSpec, configs: list[str], out_dir: Path, exact: bool = Fals
         spec = dataclasses.replace(base, config=c, seeds=base.seeds[:1], label="", save_params=c == "single")
         # the fixes are for ddp and single; the dp emulation keeps Lightning 1.x DP's behaviour
         specs.append((spec.exact() if exact and c != "dp" else spec).validate())
+    notes = []  # shown above the table on the page too
     for spec in specs:
         if spec.config == "dp":
             how = "real torch.nn.DataParallel" if spec.dp_mode == "real" else "single-process emulation of Lightning 1.x DP"
-            print(f"dp: {how} over {spec.devices} replicas", flush=True)
+            notes.append(f"dp: {how} over {spec.devices} replicas")
+            print(notes[-1], flush=True)
     records, series, rows, params = [], [], [], None
     for spec in specs:
         print(f"== {spec.label}: {spec.world_size} process(es), per-device batch {spec.per_device_batch_size}, "
@@ -151,10 +153,11 @@ def compare(base: RunSpec, configs: list[str], out_dir: Path, exact: bool = Fals
     title = f"{base.model} VAE on {base.data}, global batch {base.global_batch_size}, {base.steps} steps"
     plot_curves(series, out_dir / "curves.png", title)
     plot_report_style(records, labels, out_dir / "report_style.png", title)
-    tables = render(result, rows)
-    (out_dir / "tables.md").write_text(tables + "\n")
+    tables = "\n\n".join([*notes, render(result, rows)])
+    write_tables(out_dir, tables)
     print(tables)
-    print(f"wrote {out_dir / 'results.json'}, {out_dir / 'curves.png'} and {out_dir / 'report_style.png'}")
+    print(f"wrote {out_dir / 'results.json'}, {out_dir / 'curves.png'}, {out_dir / 'report_style.png'} and "
+          f"{out_dir / 'tables.md'}")
     return result
 
 

@@ -312,8 +312,10 @@ def report_scale(
     result["ranking"] = ranking(result)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report_scale.json").write_text(json.dumps(result, indent=1))
+    from vae_ddp.studies.table import write_tables
+
     tables = render(result)
-    (out / "tables.md").write_text(tables + "\n")
+    write_tables(out, tables)
     (out / "command.md").write_text(command_md(result, out))
     plot(result, out / "report_scale.png")
     print(tables)
