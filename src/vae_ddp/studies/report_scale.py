@@ -453,8 +453,8 @@ def plot(result: dict, path: Path) -> Path:
     ax.text(1.0, y[0] + 0.45, " = another batch", fontsize=8, va="bottom")
     ax.set_xlabel("difference to one device on the same batch / difference between two batches of one device")
     s = result["settings"]
-    ax.set_title(f"One step at the report's scale: {s['model']} VAE, global batch {s['global_batch_size']}, "
-                 f"{s['world_size']} ranks", fontsize=10)
+    ax.set_title(f"One step from the same weights: {s['model']} VAE, global batch {s['global_batch_size']} "
+                 f"({s['world_size']} ranks x {s['global_batch_size'] // s['world_size']}), {s['data']}", fontsize=10)
     ax.grid(axis="x", alpha=0.3)
     fig.savefig(path, dpi=110)
     return path
