@@ -176,7 +176,7 @@ def test_verdict_box_orders_reasons_by_the_report_scale_measurement():
     box = verdict_box({"seeds": _seeds(), "long_horizon": None, "report_scale": rs})
     assert box.startswith('!!! success "Expected behaviour')
     i, j, k = box.index("1. [Random streams"), box.index("2. [Logging"), box.index("3. [BatchNorm")
-    assert i < j < k and "1.2x" in box and "1.4x" in box and UPSTREAM in box
+    assert i < j < k and "1.20x" in box and "x1.40" in box and UPSTREAM in box
     code = box[box.index("```python"):box.index("```", box.index("```python") + 3)].splitlines()[1:]
     assert len(code) <= 6 and any("sync_dist=True" in ln for ln in code)
 

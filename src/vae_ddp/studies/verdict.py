@@ -47,7 +47,8 @@ def load(root: Path) -> dict[str, dict | None]:
 
 
 def _g(v: float) -> str:
-    return f"{v:.2g}" if abs(v) < 10 else f"{v:.0f}"
+    """3 significant digits (``0.109``, ``1.03``, ``12.5``)."""
+    return f"{v:#.3g}".rstrip(".")
 
 
 def decide(seeds: dict, long_horizon: dict | None = None) -> dict[str, Any]:
@@ -88,12 +89,12 @@ def _reasons(rs: dict) -> list[str]:
         label = row["factor"][0].upper() + row["factor"][1:]
         name = f"[{label}]({page})" if page else label
         if row["kind"] == "gradient":
-            size = f"gradient off by {_g(row['ratio'])}x the batch-to-batch noise"
+            size = f"one step's gradient off by {_g(row['ratio'])}x the batch-to-batch noise"
         else:
             sp = rs.get("spread") or {}
-            size = f"logged KL off by {_g(row['ratio'])}x the batch-to-batch change"
+            size = f"logged KL off the global-batch KL by {_g(row['ratio'])}x the batch-to-batch change"
             if sp.get("kl_spread_ratio"):
-                size += f", {_g(sp['kl_spread_ratio'])}x its spread"
+                size += f", spread x{_g(sp['kl_spread_ratio'])}"
         out.append(f"{name}: {what}; {size}.")
     red = rs["reduction"]
     if not red["unequal_steps_per_epoch"]:
