@@ -165,6 +165,12 @@ def dp_table(results: dict[str, dict | None]) -> str:
         ("Optimizer (Adam)", "one Adam on the batch gradient", "the same, on the mean of the replica gradients",
          "the same, on the all-reduced gradient (measured: [optimizer](factors/optimizer.md))"),
     ]
+    both = v.get("dp (emulation of Lightning 1.x DP)"), v.get("ddp, Lightning defaults")
+    if all(both):
+        rows.append(("All together: one step's gradient vs one device's on the same batch", "-",
+                     f"{_g(both[0]['ratio_to_batch_noise']['all'])}x batch noise (DP emulation, "
+                     "[report scale](#the-reports-scale))",
+                     f"{_g(both[1]['ratio_to_batch_noise']['all'])}x batch noise ([report scale](#the-reports-scale))"))
     out = ["| factor | one device | DP (Lightning 1.x) | DDP (Lightning defaults) |", "|---|---|---|---|"]
     out += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
     return "\n".join(out) + "\n"
