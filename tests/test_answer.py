@@ -104,6 +104,19 @@ def test_spread_ratio_and_co_movement():
     assert spread_ratio(recs[:2]) is None
 
 
+def test_relative_spread_tells_a_noisy_small_term_from_a_smooth_large_one():
+    from vae_ddp.studies.compare import relative_spread
+
+    rng = random.Random(1)
+    # a KL-like term: small level, per-step noise half its level; an MSE-like one: large, 1% noise
+    kl = [{"logged_kl": 0.012 + rng.gauss(0, 0.006)} for _ in range(500)]
+    mse = [{"logged_kl": 0.5 + rng.gauss(0, 0.005)} for _ in range(500)]
+    # changes between consecutive independent steps: sqrt(2) x the per-step noise
+    assert relative_spread(kl) == pytest.approx(math.sqrt(2) * 0.5, rel=0.1)
+    assert relative_spread(mse) == pytest.approx(math.sqrt(2) * 0.01, rel=0.1)
+    assert relative_spread(kl[:2]) is None
+
+
 def test_dp_logs_one_replica_as_lightning_1x_did():
     """Lightning 1.x DP showed one replica's chunk for on_step values (see vae_ddp.studies.dp);
     the emulation logs the last replica's, while it optimises the mean over replicas."""

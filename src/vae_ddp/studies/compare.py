@@ -27,7 +27,7 @@ from vae_ddp.studies.launch import launch
 from vae_ddp.studies.plots import plot_curves, plot_report_style
 from vae_ddp.studies.table import format_table, write_tables
 
-__all__ = ["compare", "per_sample_relative_variance", "spread_ratio"]
+__all__ = ["co_movement", "compare", "per_sample_relative_variance", "relative_spread", "spread_ratio"]
 
 
 def _diff_std(values: list[float]) -> float:
@@ -50,6 +50,17 @@ def spread_ratio(records: list[dict], metric: str = "kl") -> float | None:
         return None
     g = _diff_std(glob)
     return _diff_std(logged) / g if g > 0 else None
+
+
+def relative_spread(records: list[dict], metric: str = "logged_kl") -> float | None:
+    """Step-to-step spread of a curve relative to its level: the standard deviation of the
+    changes between consecutive steps over the mean value (how wiggly it looks on a plot
+    of its own scale). None with fewer than 3 steps or nothing logged."""
+    vals = [r.get(metric) for r in records]
+    if len(vals) < 3 or any(v is None for v in vals):
+        return None
+    m = sum(vals) / len(vals)
+    return _diff_std(vals) / abs(m) if m else None
 
 
 def co_movement(records: list[dict], label: str, reference: str = "single", metric: str = "logged_kl") -> float | None:
@@ -139,6 +150,9 @@ def compare(base: RunSpec, configs: list[str], out_dir: Path, exact: bool = Fals
     labels = [s.label for s in specs]
     spread = {lab: {m: spread_ratio([r for r in records if r["label"] == lab], m) for m in ("kl", "recon_loss")}
               for lab in labels}
+    for lab in labels:
+        own = [r for r in records if r["label"] == lab]
+        spread[lab].update({f"relative_{m}": relative_spread(own, f"logged_{m}") for m in ("kl", "recon_loss")})
     co = {lab: {m: co_movement(records, lab, metric=m) for m in ("logged_kl", "logged_recon_loss")}
           for lab in labels if lab != "single"} if "single" in labels else {}
     relvar = None
@@ -169,9 +183,12 @@ def render(result: dict, rows: list[list]) -> str:
                         title=f"after {steps} steps")]
     spread = result["spread_ratio"]
     out.append(format_table(
-        ["config", "KL: logged spread / global-batch spread", "reconstruction: logged / global-batch"],
-        [[lab, spread[lab]["kl"], spread[lab]["recon_loss"]] for lab in result["configs"]],
-        title="Step-to-step spread of the logged training curve over that of the whole global batch"))
+        ["config", "KL: logged spread / global-batch spread", "reconstruction: logged / global-batch",
+         "KL: logged spread / mean", "reconstruction: logged spread / mean"],
+        [[lab, spread[lab]["kl"], spread[lab]["recon_loss"], spread[lab].get("relative_kl"),
+          spread[lab].get("relative_recon_loss")] for lab in result["configs"]],
+        title="Step-to-step spread of the logged training curve: over that of the whole global batch, "
+              "and relative to its own level"))
     co = result.get("co_movement") or {}
     if co:
         out.append(format_table(
