@@ -11,17 +11,12 @@ the build with the end of its stderr. ``VAE_DDP_FULL=1`` runs the full settings
 It also writes ``docs/generated/summary/output.md``, the Home page's factor table, from
 the ``"summary"`` objects of the entries marked ``summary: true``.
 
-``on_config`` drops from the nav the pages listed in ``extra.planned_pages`` that do not
-exist yet (pages other engineers are writing); every other nav entry stays checked.
-``on_page_content`` shows the Sphinx roles left in docstrings (``:class:`X```) as code.
-
 Run it alone with ``python docs/hooks/generate.py`` (generates without building).
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import logging
 import os
@@ -43,9 +38,8 @@ log = logging.getLogger("mkdocs.hooks.generate")
 REGISTRY = "docs/examples.yml"
 GENERATED = "docs/generated"
 STAMP = ".stamp"
-OUTPUT_MODES = ("markdown", "tables", "text", "log")
-KEYS = {"name", "script", "command", "args", "full_args", "output", "drop", "timeout", "requires", "summary",
-        "page"}
+OUTPUT_MODES = ("markdown", "tables", "log")
+KEYS = {"name", "script", "command", "args", "full_args", "output", "drop", "timeout", "summary", "page"}
 #: With ``output: tables`` the entry writes the Markdown it shows into its output folder.
 TABLES = "tables.md"
 #: Python warnings (``path.py:LINE: Category: message`` and the source line after it) are not output.
@@ -154,7 +148,7 @@ def digest(root: Path, e: dict[str, Any], argv: list[str]) -> str:
     h.update(json.dumps({"argv": display_command(argv), "merged": e["output"] == "log", "full": full_mode()}).encode())
     files = sorted((root / "src" / "vae_ddp").rglob("*.py"))
     if "script" in e:
-        files += [root / e["script"], *sorted((root / "examples").glob("_*.py"))]
+        files.append(root / e["script"])
     for f in files:
         h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes() + b"\0")
     return h.hexdigest()
@@ -186,13 +180,11 @@ def render_output(e: dict[str, Any], out: Path) -> str:
     stdout = (out / "stdout.txt").read_text()
     if e["output"] == "log":
         return "```text\n" + clean_log(e, stdout) + "\n```\n"
-    if e["output"] == "markdown":
-        return stdout.rstrip() + "\n"
-    return "```text\n" + stdout.rstrip() + "\n```\n"
+    return stdout.rstrip() + "\n"
 
 
 def run_entry(root: Path, e: dict[str, Any]) -> str:
-    """Run one entry unless its stamp matches; return 'cached', 'ran' or 'skipped'."""
+    """Run one entry unless its stamp matches; return 'cached' or 'ran'."""
     out_rel = f"{GENERATED}/{e['name']}"
     out = root / out_rel
     argv = command_of(e, out_rel)
@@ -202,15 +194,6 @@ def run_entry(root: Path, e: dict[str, Any]) -> str:
         write_if_changed(out / "output.md", render_output(e, out))
         write_if_changed(out / "command.md", f"```bash\n{wrapped_command(argv)}\n```\n")
         return "cached"
-    if e.get("requires") and importlib.util.find_spec(e["requires"]) is None:
-        if stamp.exists():  # outputs of an earlier real run
-            shutil.rmtree(out)
-        out.mkdir(parents=True, exist_ok=True)
-        write_if_changed(out / "output.md",
-                         f'!!! note "Not generated yet"\n    `{display_command(argv)}` needs `{e["requires"]}`, '
-                         "which is not implemented yet; this output appears once it is.\n")
-        write_if_changed(out / "command.md", f"```bash\n{wrapped_command(argv)}\n```\n")
-        return "skipped"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1", MPLBACKEND="Agg", PYTHONHASHSEED="0")
@@ -263,18 +246,16 @@ def write_summary(root: Path, entries: list[dict[str, Any]]) -> None:
             first = next(iter(row)) if row else "factor"
             row[first] = f"[{row.get(first, e['name'])}]({e['page']})"
         rows.append(row)
+    if not rows:
+        return
+    cols: list[str] = []
+    for r in rows:
+        cols += [c for c in r if c not in cols]
+    cell = lambda v: "-" if v is None else str(v).replace("|", "\\|").replace("\n", " ")  # noqa: E731
+    text = "| " + " | ".join(cols) + " |\n|" + "|".join("---" for _ in cols) + "|\n"
+    text += "".join("| " + " | ".join(cell(r.get(c)) for c in cols) + " |\n" for r in rows)
     out = root / GENERATED / "summary"
     out.mkdir(parents=True, exist_ok=True)
-    if not rows:
-        text = ('!!! note "The factor table appears here"\n    It is generated from the factor examples '
-                "(`summary: true` in `docs/examples.yml`) once they are registered.\n")
-    else:
-        cols: list[str] = []
-        for r in rows:
-            cols += [c for c in r if c not in cols]
-        cell = lambda v: "-" if v is None else str(v).replace("|", "\\|").replace("\n", " ")  # noqa: E731
-        text = "| " + " | ".join(cols) + " |\n|" + "|".join("---" for _ in cols) + "|\n"
-        text += "".join("| " + " | ".join(cell(r.get(c)) for c in cols) + " |\n" for r in rows)
     write_if_changed(out / "output.md", text)
 
 
@@ -297,20 +278,16 @@ def generate(root: Path, only: Optional[list[str]] = None) -> dict[str, str]:
     else:
         todo = entries
     done: dict[str, str] = {}
-    if jobs() == 1:
-        for e in todo:
-            done[e["name"]] = run_entry(root, e)
-    else:
-        with ThreadPoolExecutor(max_workers=jobs()) as pool:  # run_entry waits on subprocesses
-            futures = {e["name"]: pool.submit(run_entry, root, e) for e in todo}
-            errors = []
-            for name, f in futures.items():
-                try:
-                    done[name] = f.result()
-                except PluginError as err:
-                    errors.append(str(err))
-            if errors:
-                raise PluginError("\n\n".join(errors))
+    errors: list[str] = []
+    with ThreadPoolExecutor(max_workers=jobs()) as pool:  # threads: run_entry waits on a subprocess
+        futures = {e["name"]: pool.submit(run_entry, root, e) for e in todo}
+        for name, f in futures.items():
+            try:
+                done[name] = f.result()
+            except PluginError as err:
+                errors.append(str(err))
+    if errors:
+        raise PluginError("\n\n".join(errors))
     if not only:
         write_summary(root, entries)
     return done
@@ -318,51 +295,9 @@ def generate(root: Path, only: Optional[list[str]] = None) -> dict[str, str]:
 
 # --------------------------------------------------------------------------- MkDocs events
 
-def _root(config) -> Path:
-    return Path(config.config_file_path).resolve().parent
-
-
-def _prune(nav: list, docs_dir: Path, planned: set[str]) -> list:
-    kept = []
-    for item in nav:
-        if isinstance(item, dict):
-            (title, value), = item.items()
-            if isinstance(value, list):
-                value = _prune(value, docs_dir, planned)
-                if value:
-                    kept.append({title: value})
-                continue
-            if value in planned and not (docs_dir / value).is_file():
-                log.info("nav: %s is not written yet; left out of the nav", value)
-                continue
-            kept.append(item)
-        elif isinstance(item, str) and item in planned and not (docs_dir / item).is_file():
-            log.info("nav: %s is not written yet; left out of the nav", item)
-        else:
-            kept.append(item)
-    return kept
-
-
-def on_config(config, **kwargs):
-    planned = set((config.extra or {}).get("planned_pages") or [])
-    if config.nav and planned:
-        config.nav = _prune(config.nav, Path(config.docs_dir), planned)
-    return config
-
-
-#: Sphinx roles left in the docstrings (``:class:`~a.b.C```) render as ":class:<code>~a.b.C</code>".
-SPHINX_ROLE = re.compile(r":(?:class|func|meth|mod|attr|data|exc|obj):<code>(~?)([^<]+)</code>")
-
-
-def on_page_content(html, **kwargs):
-    """Show Sphinx roles of the API docstrings as code (``~`` keeps the last name only)."""
-    return SPHINX_ROLE.sub(lambda m: f"<code>{m.group(2).rsplit('.', 1)[-1] if m.group(1) else m.group(2)}</code>", html)
-
-
 def on_pre_build(config, **kwargs):
-    root = _root(config)
     t0 = time.monotonic()
-    done = generate(root)
+    done = generate(Path(config.config_file_path).resolve().parent)
     log.info("generate: %s (%.0f s%s)", ", ".join(f"{k} {v}" for k, v in done.items()),
              time.monotonic() - t0, ", VAE_DDP_FULL" if full_mode() else "")
 

@@ -212,7 +212,7 @@ def ranking(result: dict) -> list[dict]:
 
 
 def report_scale(
-    out: Path = Path("runs/report-scale"),
+    out_dir: Path = Path("runs/report-scale"),
     data: str = "imagefolder",
     data_dir: str | None = "../shared/data/cifar10-jpg-subset",
     model: str = "resnet18",
@@ -228,7 +228,7 @@ def report_scale(
     """Measure each factor's per-step gradient difference at the report's scale.
 
     Args:
-        out: output folder: ``report_scale.json``, ``tables.md`` (the Markdown tables it
+        out_dir: output folder (``--out``): ``report_scale.json``, ``tables.md`` (the Markdown tables it
             prints), ``report_scale.png``; each run's files under ``runs/``.
         data: ``imagefolder`` (e.g. the CIFAR-10 subset built by
             ``.github/scripts/cifar10-subset.sh``), ``cifar10`` (full CIFAR-10 via
@@ -266,7 +266,7 @@ def report_scale(
         raise UserError(f"--grad-steps must be at least 2 (batch-to-batch noise needs two batches), got {grad_steps}")
     if spread_batches < 0:
         raise UserError(f"--spread-batches must be 0 or more, got {spread_batches}")
-    out = Path(out)
+    out = Path(out_dir)
     base = RunSpec(data=data, data_dir=data_dir, model=model, global_batch_size=global_batch_size, devices=devices,
                    steps=grad_steps, seeds=[seed], max_samples=max_samples, accelerator=accelerator).exact()
     ref_spec = dataclasses.replace(base, config="single", label="single").validate()
