@@ -329,8 +329,11 @@ def command_md(result: dict, out: Path) -> str:
 
     s = result["settings"]
     words = ["vae-ddp", "report-scale", "--data", s["data"]]
-    if s.get("data_dir"):
-        words += ["--data-dir", s["data_dir"]]
+    note = ""
+    if s.get("data_dir"):  # the folder as a reader names it, not this machine's path
+        words += ["--data-dir", "DIR"]
+        note = ("# DIR: the CIFAR-10 subset that .github/scripts/cifar10-subset.sh builds (ImageFolder tree)\n"
+                if s["data"] == "imagefolder" else "# DIR: where torchvision keeps CIFAR-10\n")
     words += ["--model", s["model"], "--global-batch-size", str(s["global_batch_size"]), "--devices",
               str(s["world_size"]), "--grad-steps", str(s["grad_steps"]), "--spread-batches", str(s["spread_batches"])]
     if s.get("max_samples"):
@@ -338,7 +341,7 @@ def command_md(result: dict, out: Path) -> str:
     if s["variants"] != list(VARIANTS):
         words += ["--variants", *s["variants"]]
     words += ["--seed", str(s["seeds"][0]), "--out", str(out)]
-    return "```bash\n" + shlex.join(words) + "\n```\n"
+    return "```bash\n" + note + shlex.join(words) + "\n```\n"
 
 
 def _train_size(spec: RunSpec) -> int:
