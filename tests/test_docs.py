@@ -307,6 +307,20 @@ def test_pages_in_browser(site, server, browser):
     assert not problems, "\n".join(problems)
 
 
+def test_verdict_box_on_the_first_screen(server, browser):
+    """Home's first screen (1280 x 800, no scrolling) carries the whole verdict box, with the
+    link to the upstream report."""
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    page.goto(server + "/", wait_until="networkidle")
+    box = page.locator("article .admonition").first
+    assert box.is_visible()
+    bb = box.bounding_box()
+    assert bb is not None and 0 <= bb["y"] and bb["y"] + bb["height"] <= 800, f"verdict box at {bb}"
+    text = box.inner_text()
+    assert "#6789" in text and "sync_dist=True" in text
+    page.close()
+
+
 def test_search_finds_syncbatchnorm(server, browser):
     """Material's search box finds SyncBatchNorm (the search index and its worker work)."""
     page = browser.new_page()

@@ -125,6 +125,18 @@ def _long_horizon() -> Command:
                    out="runs/long-horizon", seed=False)
 
 
+@register("report-scale")
+def _report_scale() -> Command:
+    from vae_ddp.data import DATASETS
+    from vae_ddp.model import MODELS
+    from vae_ddp.studies.report_scale import VARIANTS, report_scale
+
+    return Command(report_scale, "the report's scale (ResNet-18, 2 x 128): each factor's one-step gradient "
+                   "difference over batch-to-batch noise, and the logged KL", out="runs/report-scale", seed=False,
+                   types={"variants": list[Literal[tuple(VARIANTS)]], "data": Literal[DATASETS],
+                          "model": Literal[MODELS], "accelerator": Literal["cpu", "gpu"]})
+
+
 # --- parser ----------------------------------------------------------------------------------------
 
 def _help_of(obj: Any) -> dict[str, str]:

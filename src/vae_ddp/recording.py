@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from pytorch_lightning import Callback, LightningModule, Trainer
@@ -24,13 +24,23 @@ METRICS = ("recon_loss", "kl", "loss")
 
 
 @torch.no_grad()
-def evaluate(module: LightningModule, loader: DataLoader, seed: int = 1234) -> dict[str, float]:
+def evaluate(module: LightningModule, loader: DataLoader, seed: int = 1234, batch_stats: bool = False) -> dict[str, float]:
     """Mean ``recon_loss``, ``kl`` and ``loss`` of ``module`` over all of ``loader``, in eval
     mode (BatchNorm running statistics), with reparameterization noise from a private
     generator seeded with ``seed`` (the same noise for every configuration), weighted by
-    batch size. Restores the module's training mode."""
+    batch size. Restores the module's training mode.
+
+    With ``batch_stats`` BatchNorm normalises with each validation batch's own statistics,
+    as in training, and its running statistics are restored afterwards: the difference to
+    the default isolates what the running statistics do to the validation values."""
     was_training = module.training
     module.eval()
+    saved = None
+    if batch_stats:
+        bns = [m for m in module.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+        saved = [(m, {k: v.clone() for k, v in m.named_buffers(recurse=False)}) for m in bns]
+        for m in bns:
+            m.train()
     g = torch.Generator(device=module.device)
     g.manual_seed(seed)
     totals, n = torch.zeros(3, dtype=torch.float64), 0
@@ -43,6 +53,9 @@ def evaluate(module: LightningModule, loader: DataLoader, seed: int = 1234) -> d
         totals += torch.tensor([float(logs[k]) for k in METRICS], dtype=torch.float64) * len(x)
         n += len(x)
     module.train(was_training)
+    for m, bufs in saved or []:
+        for k, v in bufs.items():
+            getattr(m, k).copy_(v)
     return {k: float(v) / n for k, v in zip(METRICS, totals)}
 
 
@@ -65,7 +78,8 @@ class GlobalBatchRecorder(Callback):
             ``logged_<metric>``: what ``self.log`` put in ``callback_metrics`` on rank 0;
             with ``record_indices``, ``indices``: the dataset indices of the step's global
             batch (rank 0's, then rank 1's, ...), which needs a dataset returning them.
-        val_records: ``{"step", "recon_loss", "kl", "loss"}`` per validation.
+        val_records: ``{"step", "recon_loss", "kl", "loss"}`` per validation, and the same
+            with ``_batch_stats`` appended: BatchNorm with each validation batch's statistics.
     """
 
     def __init__(self, total_steps: int, val_every: int = 0, label: str = "", progress: bool = True,
@@ -74,7 +88,7 @@ class GlobalBatchRecorder(Callback):
         self.record_indices = record_indices
         self.records: list[dict[str, Any]] = []
         self.val_records: list[dict[str, float]] = []
-        self._val_loader: Optional[DataLoader] = None
+        self._val_loader: DataLoader | None = None
         self._t0 = 0.0
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -106,7 +120,12 @@ class GlobalBatchRecorder(Callback):
         self.records.append(rec)
         if self._val_loader is not None and (step % self.val_every == 0 or step == self.total_steps):
             t = time.perf_counter()
-            self.val_records.append({"step": step, **evaluate(pl_module, self._val_loader)})
+            rec_val = {"step": step, **evaluate(pl_module, self._val_loader)}
+            # synchronised BatchNorm would wait for the other ranks in training mode: skip it there
+            if not any(type(m).__name__ == "GlobalBatchNorm" for m in pl_module.modules()):
+                bs = evaluate(pl_module, self._val_loader, batch_stats=True)
+                rec_val.update({f"{k}_batch_stats": v for k, v in bs.items()})
+            self.val_records.append(rec_val)
             self._t0 += time.perf_counter() - t  # keep time_s a training-only clock
         every = max(1, self.total_steps // 10)
         if self.progress and (step % every == 0 or step == self.total_steps):

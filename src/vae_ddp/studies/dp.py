@@ -22,12 +22,25 @@ through the replicas, so the gradient is the mean of the chunk gradients.
   and non-determinism, the inter-GPU copies, timing, and any per-device state other
   than the noise generator and BatchNorm buffers. That replica noise coincides across
   devices is inferred from how torch seeds CUDA generators, not observed on GPUs here.
+
+What Lightning 1.x DP *logged* (``self.log(..., on_step=True)``, no ``sync_dist``, as
+bolts' VAE does) was one replica's value, not the mean over replicas, read from the
+source: every replica is a shallow copy of the LightningModule (torch's
+``Module._replicate_for_data_parallel`` copies ``__dict__``), so all replicas log into the
+same result object and each call overwrites the last one (Lightning 1.2.6:
+``training_loop.training_step`` sets ``model._results = Result()`` before the DP forward and
+``Result.log`` stores with ``__setitem__``; Lightning 1.9.5: ``_ResultMetric.update`` sets
+``_forward_cache`` for ``on_step`` values, and with ``sync_dist=True`` DP's
+``DataParallelStrategy.reduce`` only takes the mean of that one scalar). Which replica
+writes last depends on thread scheduling; the emulation logs the last replica's value
+(``logged_replica``), a half batch, as DDP's rank 0 does. The *loss* that is optimised is
+the mean over replicas (``training_step_end``'s default reduction).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 from torch import Tensor, nn
@@ -35,7 +48,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from vae_ddp.model import VAE
 
-__all__ = ["DataParallelVAE", "DP_MODES", "resolve_dp_mode"]
+__all__ = ["DP_MODES", "DataParallelVAE", "resolve_dp_mode"]
 
 DP_MODES = ("auto", "real", "emulate")
 
@@ -77,12 +90,17 @@ class DataParallelVAE(VAE):
         dp_mode: ``"real"`` or ``"emulate"`` (see the module docstring); resolve
             ``"auto"`` first with [`resolve_dp_mode`][vae_ddp.studies.dp.resolve_dp_mode].
         replica_seed: seed of each replica's noise generator in the emulation.
+        logged_replica: whose values ``self.log`` shows (see the module docstring): the
+            index of a replica (default -1: the last), or ``None`` for the mean over
+            replicas (the global-batch value, which Lightning 1.x DP did not log).
         **kwargs: passed to [`VAE`][vae_ddp.model.VAE].
     """
 
-    def __init__(self, replicas: int = 2, dp_mode: str = "emulate", replica_seed: int = 0, **kwargs) -> None:
+    def __init__(self, replicas: int = 2, dp_mode: str = "emulate", replica_seed: int = 0,
+                 logged_replica: int | None = -1, **kwargs) -> None:
         super().__init__(**kwargs)
         self.replicas, self.dp_mode, self.replica_seed = replicas, dp_mode, replica_seed
+        self.logged_replica = logged_replica
         self._gens: list[torch.Generator] = []
 
     def on_fit_start(self) -> None:
@@ -115,17 +133,19 @@ class DataParallelVAE(VAE):
         x = batch[0]
         if self.dp_mode == "real":
             dp = nn.DataParallel(_Replica(self), device_ids=list(range(self.replicas)))
-            out = dp(x).mean(0)  # mean of the replica outputs, as Lightning 1.x DP reduced them
+            per_replica = dp(x)  # (replicas, 3)
         else:
             outs = []
             for i, chunk in enumerate(x.chunk(self.replicas)):
                 with self._replica(i):
                     _, logs = self.step(chunk)
                 outs.append(torch.stack([logs["loss"], logs["recon_loss"], logs["kl"]]))
-            out = torch.stack(outs).mean(0)
+            per_replica = torch.stack(outs)
+        out = per_replica.mean(0)  # mean of the replica outputs, as Lightning 1.x DP reduced the loss
         loss, recon, kl = out[0], out[1], out[2]
         self.last_logs = {"loss": loss.detach(), "recon_loss": recon.detach(), "kl": kl.detach(),
                           "batch_size": torch.tensor(float(len(x)), dtype=loss.dtype, device=loss.device)}
-        self.log_dict({"train_loss": loss, "train_recon_loss": recon, "train_kl": kl}, on_step=True,
-                      on_epoch=False, batch_size=len(x))
+        shown = out if self.logged_replica is None else per_replica[self.logged_replica]
+        self.log_dict({"train_loss": shown[0], "train_recon_loss": shown[1], "train_kl": shown[2]}, on_step=True,
+                      on_epoch=False, batch_size=len(x) // (1 if self.logged_replica is None else self.replicas))
         return loss

@@ -5,8 +5,8 @@ importing this module or calling it changes nothing in the caller's matplotlib s
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from matplotlib.figure import Figure
 
@@ -31,6 +31,59 @@ def plot_curves(series: Iterable[tuple[str, list[dict], list[dict]]], path: Path
         ax.set_xlabel("optimizer step")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def rolling(values: list[float], window: int) -> tuple[list[float], list[float]]:
+    """Centred rolling mean and standard deviation (windows shrink at the ends)."""
+    import statistics
+
+    h = window // 2
+    means, stds = [], []
+    for i in range(len(values)):
+        w = values[max(0, i - h):i + h + 1]
+        means.append(statistics.fmean(w))
+        stds.append(statistics.pstdev(w) if len(w) > 1 else 0.0)
+    return means, stds
+
+
+def plot_report_style(records: list[dict], configs: list[str], path: Path, title: str = "") -> Path:
+    """The report's view beside the global-batch view.
+
+    Top row: the training KL term and reconstruction as Lightning logged them with the
+    report's logging (``self.log(..., on_step=True)``, no ``sync_dist``: under DDP rank 0's
+    share of the batch); bottom row: the same terms over the whole global batch. Each
+    configuration is drawn as its rolling mean (line) and rolling standard deviation
+    (band), over a window of about a tenth of the steps.
+    """
+    fig = Figure(figsize=(12, 7), layout="constrained")
+    axes = fig.subplots(2, 2, sharex=True)
+    steps_max = max(r["step"] for r in records)
+    window = max(3, steps_max // 10)
+    for i, label in enumerate(configs):
+        recs = [r for r in records if r["label"] == label]
+        x = [r["step"] for r in recs]
+        for col, m in enumerate(("kl", "recon_loss")):
+            for row, key in enumerate((f"logged_{m}", m)):
+                vals = [r[key] for r in recs]
+                if any(v is None for v in vals):
+                    continue
+                mean, std = rolling(vals, window)
+                ax = axes[row][col]
+                ax.plot(x, mean, color=f"C{i}", lw=1.5, label=label)
+                ax.fill_between(x, [a - b for a, b in zip(mean, std)], [a + b for a, b in zip(mean, std)],
+                                color=f"C{i}", alpha=0.2, lw=0)
+    for col, m in enumerate(("kl", "recon_loss")):
+        axes[0][col].set_title(f"{TITLES[m]}: as logged (report's logging)")
+        axes[1][col].set_title(f"{TITLES[m]}: whole global batch")
+        for row in range(2):
+            axes[row][col].set_ylabel(TITLES[m])
+            axes[row][col].grid(alpha=0.3)
+        axes[1][col].set_xlabel("optimizer step")
+    axes[0][0].legend(fontsize=8, title=f"rolling mean and std over {window} steps", title_fontsize=8)
     if title:
         fig.suptitle(title)
     fig.savefig(path, dpi=110)

@@ -1,0 +1,36 @@
+"""The answer on Home: the verdict box and the table of which configuration has which factor.
+
+Both are written from the committed studies (``docs/results/``: the seed study, the
+long-horizon check when present, and the report-scale measurement) by
+[`vae_ddp.studies.verdict`][vae_ddp.studies.verdict]: nothing in them is typed by hand.
+
+    python examples/home_verdict.py --out out/home_verdict
+
+Prints the verdict box (Markdown) and writes ``dp_table.md`` and ``home_verdict.json``.
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+from vae_ddp.studies.verdict import decide, dp_table, load, verdict_box
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description="the verdict box and the DP/DDP table of Home")
+    p.add_argument("--out", type=Path, default=Path("out/home_verdict"))
+    args = p.parse_args(argv)
+    results = load(ROOT)
+    box, table = verdict_box(results), dp_table(results)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "dp_table.md").write_text(table)
+    decision = decide(results["seeds"], results["long_horizon"])
+    (args.out / "home_verdict.json").write_text(json.dumps({"decision": decision, "box": box, "table": table}, indent=1))
+    print(box)
+    return decision
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,467 @@
+"""The report's scale: how large is each factor's effect on one step, next to batch noise?
+
+At the report's scale (ResNet-18 VAE, global batch 256, DDP on 2 ranks x 128) a long run
+is out of reach on a CPU, but what one optimizer step does is not. This study trains
+nothing: every run keeps its weights frozen at the initial ones (the all-reduced gradient
+is recorded in ``on_before_optimizer_step`` and then zeroed, so Adam's step is exactly
+0), and Lightning runs ``grad_steps`` steps on consecutive global batches. For each
+variant it measures, at step k,
+
+- ``||g_variant,k - g_single,k||``: how far its gradient is from one device's on the
+  same global batch k (the reference ``single`` run draws its batches with a one-replica
+  [`GlobalBatchDistributedSampler`][vae_ddp.fixes.sampler.GlobalBatchDistributedSampler],
+  whose batch k is the union of the ranks' batches k under Lightning's
+  ``DistributedSampler`` with the same seed, and its noise with
+  [`GlobalBatchNoise`][vae_ddp.fixes.noise.GlobalBatchNoise]);
+
+and divides it by the batch-to-batch gradient noise of ``single``: the mean of
+``||g_single,k - g_single,k'||`` over pairs of different batches of 256. A ratio of 1 means
+"as different as another batch would be".
+
+Variants (each factor alone, by turning every fix on except that one, as the ablation
+does): ``ddp`` with Lightning's defaults; ``ddp`` with every fix (the rounding floor);
+noise back to the default (the same stream on both ranks); BatchNorm back to per-rank;
+sampler back to Lightning's ``DistributedSampler``; and the emulation of Lightning 1.x
+DP (see [`vae_ddp.studies.dp`][vae_ddp.studies.dp]).
+
+Logging changes no gradient. Its effect on what the report plotted is measured on the
+default ``ddp`` run, with the same yardstick: ``|logged KL - global-batch KL|`` per step
+(Lightning logs rank 0's mean of 128 samples) over the mean difference between the
+global-batch KL of two different batches; plus the spread ratio
+``std(logged KL) / std(global-batch KL)`` over batches at the frozen weights, and the
+per-sample relative variance ``var / mean^2`` of the one-sample Monte Carlo KL estimate
+and of the reconstruction (MSE) term, from ``spread_batches`` extra forward passes.
+
+``python -m vae_ddp.studies.report_scale SPEC_JSON OUT_DIR`` is the child-process entry
+of one run (started by [`launch`][vae_ddp.studies.launch.launch]); the study itself is
+[`report_scale`][vae_ddp.studies.report_scale.report_scale].
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vae_ddp.studies.configs import RunSpec
+
+__all__ = ["VARIANTS", "command_md", "plot", "ranking", "render", "report_scale"]
+
+#: name -> (configuration, fields changed from the exact spec, factor it isolates).
+VARIANTS: dict[str, tuple[str, dict, str]] = {
+    "ddp, Lightning defaults": ("ddp", {"noise": "default", "sync_bn": False, "sampler": "default",
+                                        "sync_dist_logging": False}, "all factors together"),
+    "ddp, noise back to default": ("ddp", {"noise": "default"}, "random streams per rank"),
+    "ddp, BatchNorm back to per-rank": ("ddp", {"sync_bn": False}, "BatchNorm statistics"),
+    "ddp, sampler back to DistributedSampler": ("ddp", {"sampler": "default"}, "sampler and order"),
+    "dp (emulation of Lightning 1.x DP)": ("dp", {"noise": "default", "sync_bn": False, "sampler": "global",
+                                                  "sync_dist_logging": False}, "DP's chunks"),
+    "ddp, every fix": ("ddp", {}, "none (rounding floor)"),
+}
+DEFAULT_VARIANT = "ddp, Lightning defaults"
+GROUPS = ("all", "encoder", "fc_mu/fc_var", "decoder")
+
+
+def _group(name: str) -> str:
+    return "fc_mu/fc_var" if name.startswith(("fc_mu", "fc_var")) else name.split(".")[0]
+
+
+# --------------------------------------------------------------------------- the child process
+class _FrozenGradients:
+    """Lightning callback (built lazily to keep this module light): keep the gradient Adam
+    receives at every step (after DDP's all-reduce), then zero it, so the weights never move."""
+
+    def __new__(cls):
+        from pytorch_lightning import Callback
+
+        class FrozenGradients(Callback):
+            def __init__(self) -> None:
+                self.grads: list[dict[str, torch.Tensor]] = []
+
+            def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+                named = sorted((n, p) for n, p in pl_module.named_parameters() if p.grad is not None)
+                self.grads.append({n: p.grad.detach().float().cpu().clone() for n, p in named})
+                for _, p in named:
+                    p.grad.zero_()  # Adam: m = v = 0, update lr * 0 / (0 + eps) = 0
+
+        return FrozenGradients()
+
+
+def per_sample_terms(module, x: torch.Tensor, eps: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-sample ``(kl, recon)``, each ``(B,)``, of one training-mode forward of ``x: (B, 3, H, W)``.
+
+    The forward runs once on the whole batch (BatchNorm sees the batch, as in training);
+    each sample's terms are then [`vae_loss`][vae_ddp.model.vae_loss] of that row alone, so
+    their mean is the batch's ``kl`` and ``recon_loss`` (equal numbers of elements per row).
+    """
+    from vae_ddp.model import vae_loss
+
+    with torch.no_grad():
+        h = module.encoder(x)
+        mu, log_var = module.fc_mu(h), module.fc_var(h)
+        p, q, z = module.sample(mu, log_var, eps)
+        x_hat = module.decoder(z)
+        kl, rec = [], []
+        for i in range(len(x)):
+            pi = torch.distributions.Normal(p.loc[i:i + 1], p.scale[i:i + 1])
+            qi = torch.distributions.Normal(q.loc[i:i + 1], q.scale[i:i + 1])
+            _, logs = vae_loss(x[i:i + 1], x_hat[i:i + 1], pi, qi, z[i:i + 1], module.kl_coeff, module.kl_estimator)
+            kl.append(logs["kl"])
+            rec.append(logs["recon_loss"])
+    return torch.stack(kl).double(), torch.stack(rec).double()
+
+
+def _spread(trainer, module, skip: int, batches: int) -> dict:
+    """``batches`` further training-mode forward passes at the frozen weights on this rank's
+    batches (after the first ``skip``): rank 0's mean, the global mean and every sample's terms."""
+    loader = trainer.train_dataloader
+    module.train()
+    out: dict[str, list] = {"rank0_kl": [], "global_kl": [], "rank0_recon": [], "global_recon": [],
+                            "sample_kl": [], "sample_recon": []}
+    for i, batch in enumerate(loader):
+        if i < skip:
+            continue
+        if i >= skip + batches:
+            break
+        x = batch[0].to(module.device, module.dtype)
+        kl, rec = per_sample_terms(module, x)
+        stats = torch.stack([kl.sum(), rec.sum(), torch.tensor(float(len(x)), dtype=torch.float64)])
+        tot = trainer.strategy.reduce(stats.clone(), reduce_op="sum")
+        every_kl = trainer.strategy.all_gather(kl).reshape(-1)
+        every_rec = trainer.strategy.all_gather(rec).reshape(-1)
+        out["rank0_kl"].append(float(kl.mean()))  # what self.log(on_step=True) shows under DDP
+        out["rank0_recon"].append(float(rec.mean()))
+        out["global_kl"].append(float(tot[0] / tot[2]))
+        out["global_recon"].append(float(tot[1] / tot[2]))
+        out["sample_kl"].append(every_kl.tolist())
+        out["sample_recon"].append(every_rec.tolist())
+    return out
+
+
+def _worker(spec_json: str, out_dir: str) -> int:
+    """One frozen-weights run: writes ``grads.pt`` and ``run.json`` (rank 0)."""
+    import pytorch_lightning as pl
+
+    from vae_ddp.data import make_datamodule
+    from vae_ddp.recording import GlobalBatchRecorder
+    from vae_ddp.studies.runner import build_model, build_trainer
+    from vae_ddp.utils import quiet
+
+    spec, out = RunSpec.from_json(spec_json), Path(out_dir)
+    opts = json.loads((out / "worker.json").read_text())
+    quiet()
+    seed = spec.seeds[0]
+    pl.seed_everything(seed, verbose=False)
+    dm = make_datamodule(spec.data, spec.data_dir, batch_size=spec.per_device_batch_size,
+                         max_samples=spec.max_samples, sampler=spec.sampler, sampler_seed=seed)
+    model = build_model(spec, seed)
+    recorder = GlobalBatchRecorder(spec.steps, 0, spec.label, progress=True)
+    frozen = _FrozenGradients()
+    trainer = build_trainer(spec, seed, [recorder, frozen])
+    trainer.fit(model, datamodule=dm)
+    spread = _spread(trainer, model, spec.steps, opts["spread_batches"]) if opts["spread_batches"] else None
+    if trainer.is_global_zero:
+        torch.save(frozen.grads, out / "grads.pt")
+        (out / "run.json").write_text(json.dumps({"records": recorder.records, "spread": spread}))
+    return 0
+
+
+# --------------------------------------------------------------------------- the study
+def _norms(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor] | None = None) -> dict[str, float]:
+    """L2 norm of ``a - b`` (or of ``a``) per parameter group and over all parameters."""
+    sq = dict.fromkeys(GROUPS, 0.0)
+    for n, t in a.items():
+        d = t if b is None else t - b[n]
+        s = float(d.double().pow(2).sum())
+        sq[_group(n)] = sq.get(_group(n), 0.0) + s
+        sq["all"] += s
+    return {g: math.sqrt(sq[g]) for g in GROUPS}
+
+
+def _mean_dicts(ds: list[dict[str, float]]) -> dict[str, float]:
+    return {g: statistics.fmean(d[g] for d in ds) for g in GROUPS}
+
+
+def _std(v: list[float]) -> float:
+    return statistics.stdev(v) if len(v) > 1 else float("nan")
+
+
+def _relvar(values: list[float]) -> float:
+    m = statistics.fmean(values)
+    return statistics.pvariance(values) / (m * m)
+
+
+def ranking(result: dict) -> list[dict]:
+    """The factors by their measured effect on one step of what the report plotted, largest
+    first: each training factor's gradient ratio and logging's logged-KL ratio (both: the
+    difference the factor causes over the difference another batch causes)."""
+    rows = [{"factor": v["factor"], "variant": name, "ratio": v["ratio_to_batch_noise"]["all"], "kind": "gradient"}
+            for name, v in result["variants"].items()
+            if v["config"] == "ddp" and name not in (DEFAULT_VARIANT, "ddp, every fix")]
+    if result.get("logging"):
+        rows.append({"factor": "logging", "variant": DEFAULT_VARIANT, "ratio": result["logging"]["kl_ratio"],
+                     "kind": "logged KL"})
+    return sorted(rows, key=lambda r: -r["ratio"])
+
+
+def report_scale(
+    out_dir: Path = Path("runs/report-scale"),
+    data: str = "imagefolder",
+    data_dir: str | None = "../shared/data/cifar10-jpg-subset",
+    model: str = "resnet18",
+    global_batch_size: int = 256,
+    devices: int = 2,
+    grad_steps: int = 3,
+    spread_batches: int = 6,
+    variants: list[str] | None = None,
+    max_samples: int | None = None,
+    seed: int = 0,
+    accelerator: str = "cpu",
+) -> dict:
+    """Measure each factor's per-step gradient difference at the report's scale.
+
+    Args:
+        out_dir: output folder (``--out``): ``report_scale.json``, ``tables.md`` (the Markdown tables it
+            prints), ``report_scale.png``; each run's files under ``runs/``.
+        data: ``imagefolder`` (e.g. the CIFAR-10 subset built by
+            ``.github/scripts/cifar10-subset.sh``), ``cifar10`` (full CIFAR-10 via
+            torchvision, downloaded into ``data_dir``) or ``digits``.
+        data_dir: ImageFolder root or CIFAR-10 folder.
+        model: ``resnet18`` (the report's, 20,057,088 parameters) or ``small``.
+        global_batch_size: samples per optimizer step (the report's: 256).
+        devices: DDP world size and DP replicas (the report's: 2).
+        grad_steps: optimizer steps, i.e. consecutive global batches, per run (>= 2: the
+            batch-to-batch noise needs two batches).
+        spread_batches: further forward passes of the default ``ddp`` run for the
+            logged-KL spread and the per-sample variances (0: skip).
+        variants: names from [`VARIANTS`][vae_ddp.studies.report_scale.VARIANTS] (default: all).
+        max_samples: use a fixed random subset of this many images (None: all).
+        seed: ``seed_everything`` seed of every run (the same initial weights for all).
+        accelerator: ``cpu`` (gloo) or ``gpu``.
+
+    Returns:
+        The content of ``report_scale.json``: ``settings``, ``batch_noise`` (per parameter
+        group), ``grad_norm``, ``variants`` (per variant: ``diff`` and
+        ``ratio_to_batch_noise`` per group, per step too), ``logging``, ``spread``,
+        ``reduction`` and ``ranking``.
+
+    Raises:
+        UserError: bad settings (before any run starts).
+    """
+    from vae_ddp.errors import UserError
+    from vae_ddp.studies.launch import launch
+
+    names = list(VARIANTS) if variants is None else list(variants)
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        raise UserError(f"unknown variant {unknown[0]!r}: use any of {', '.join(repr(v) for v in VARIANTS)}")
+    if grad_steps < 2:
+        raise UserError(f"--grad-steps must be at least 2 (batch-to-batch noise needs two batches), got {grad_steps}")
+    if spread_batches < 0:
+        raise UserError(f"--spread-batches must be 0 or more, got {spread_batches}")
+    out = Path(out_dir)
+    base = RunSpec(data=data, data_dir=data_dir, model=model, global_batch_size=global_batch_size, devices=devices,
+                   steps=grad_steps, seeds=[seed], max_samples=max_samples, accelerator=accelerator).exact()
+    ref_spec = dataclasses.replace(base, config="single", label="single").validate()
+    specs = {n: dataclasses.replace(base, config=VARIANTS[n][0], label=n, **VARIANTS[n][1]).validate() for n in names}
+    n_train = _train_size(ref_spec)
+    if n_train < (grad_steps + 1) * global_batch_size:
+        raise UserError(f"{n_train} training images are too few for {grad_steps} steps of {global_batch_size}: "
+                        "lower --grad-steps or use more data")
+
+    def run(spec: RunSpec, folder: str, spread: int) -> tuple[list, dict]:
+        d = out / "runs" / folder
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "worker.json").write_text(json.dumps({"spread_batches": spread}))
+        print(f"== {spec.label}: {spec.world_size} process(es) x per-device batch {spec.per_device_batch_size}",
+              flush=True)
+        info = launch(spec, d, entry=[sys.executable, "-m", "vae_ddp.studies.report_scale"])
+        grads = torch.load(d / "grads.pt")
+        (d / "grads.pt").unlink()  # ~80 MB per step for ResNet-18: keep only the numbers
+        return grads, info
+
+    ref, _ = run(ref_spec, "single", 0)
+    pairs = list(itertools.combinations(range(len(ref)), 2))
+    noise = _mean_dicts([_norms(ref[i], ref[j]) for i, j in pairs])
+    result: dict[str, Any] = {
+        "settings": {**dataclasses.asdict(ref_spec), "grad_steps": grad_steps, "spread_batches": spread_batches,
+                     "train_samples": n_train, "world_size": devices, "variants": names},
+        "grad_norm": _mean_dicts([_norms(g) for g in ref]),
+        "batch_noise": noise, "variants": {}, "logging": None, "spread": None,
+    }
+    for i, name in enumerate(names):
+        spec = specs[name]
+        grads, info = run(spec, f"variant{i}", spread_batches if name == DEFAULT_VARIANT else 0)
+        per_step = [_norms(g, r) for g, r in zip(grads, ref)]
+        diff = _mean_dicts(per_step)
+        result["variants"][name] = {
+            "config": spec.config, "factor": VARIANTS[name][2], "fixes": spec.fixes(), "diff": diff,
+            "ratio_to_batch_noise": {g: diff[g] / noise[g] for g in GROUPS},
+            "ratio_per_step": [d["all"] / noise["all"] for d in per_step],
+        }
+        if name == DEFAULT_VARIANT:
+            result["logging"], result["spread"] = _logging(info)
+    result["reduction"] = _reduction(n_train, global_batch_size, devices)
+    result["ranking"] = ranking(result)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report_scale.json").write_text(json.dumps(result, indent=1))
+    from vae_ddp.studies.table import write_tables
+
+    tables = render(result)
+    write_tables(out, tables)
+    (out / "command.md").write_text(command_md(result, out))
+    plot(result, out / "report_scale.png")
+    print(tables)
+    print(f"wrote {out / 'report_scale.json'}, {out / 'tables.md'}, {out / 'command.md'} and {out / 'report_scale.png'}")
+    return result
+
+
+def command_md(result: dict, out: Path) -> str:
+    """The ``vae-ddp report-scale`` command that reproduces ``result`` (a Markdown code block)."""
+    import shlex
+
+    s = result["settings"]
+    words = ["vae-ddp", "report-scale", "--data", s["data"]]
+    note = ""
+    if s.get("data_dir"):  # the folder as a reader names it, not this machine's path
+        words += ["--data-dir", "DIR"]
+        note = ("# DIR: the CIFAR-10 subset that .github/scripts/cifar10-subset.sh builds (ImageFolder tree)\n"
+                if s["data"] == "imagefolder" else "# DIR: where torchvision keeps CIFAR-10\n")
+    words += ["--model", s["model"], "--global-batch-size", str(s["global_batch_size"]), "--devices",
+              str(s["world_size"]), "--grad-steps", str(s["grad_steps"]), "--spread-batches", str(s["spread_batches"])]
+    if s.get("max_samples"):
+        words += ["--max-samples", str(s["max_samples"])]
+    if s["variants"] != list(VARIANTS):
+        words += ["--variants", *s["variants"]]
+    words += ["--seed", str(s["seeds"][0]), "--out", str(out)]
+    return "```bash\n" + note + shlex.join(words) + "\n```\n"
+
+
+def _train_size(spec: RunSpec) -> int:
+    from vae_ddp.data import make_datamodule
+
+    dm = make_datamodule(spec.data, spec.data_dir, batch_size=spec.per_device_batch_size, max_samples=spec.max_samples)
+    dm.setup()
+    return len(dm.dataset_train)
+
+
+def _logging(info: dict) -> tuple[dict, dict | None]:
+    """Logging's per-step effect (training steps and spread passes of the default ddp run)."""
+    recs, sp = info["records"], info.get("spread")
+    logged = [r["logged_kl"] for r in recs] + (sp["rank0_kl"] if sp else [])
+    glob = [r["kl"] for r in recs] + (sp["global_kl"] if sp else [])
+    logged_r = [r["logged_recon_loss"] for r in recs] + (sp["rank0_recon"] if sp else [])
+    glob_r = [r["recon_loss"] for r in recs] + (sp["global_recon"] if sp else [])
+
+    def ratio(a: list[float], b: list[float]) -> float:
+        dev = statistics.fmean(abs(x - y) for x, y in zip(a, b))
+        between = statistics.fmean(abs(b[i] - b[j]) for i, j in itertools.combinations(range(len(b)), 2))
+        return dev / between
+
+    logging = {"batches": len(logged), "kl_ratio": ratio(logged, glob), "recon_ratio": ratio(logged_r, glob_r),
+               "logged_kl": logged, "global_kl": glob, "logged_recon": logged_r, "global_recon": glob_r}
+    spread = None
+    if len(logged) > 2:
+        spread = {"batches": len(logged),
+                  "kl_std_logged": _std(logged), "kl_std_global": _std(glob),
+                  "kl_spread_ratio": _std(logged) / _std(glob),
+                  "recon_std_logged": _std(logged_r), "recon_std_global": _std(glob_r),
+                  "recon_spread_ratio": _std(logged_r) / _std(glob_r)}
+        if sp:
+            kl = [v for b in sp["sample_kl"] for v in b]
+            rec = [v for b in sp["sample_recon"] for v in b]
+            spread.update({"samples": len(kl), "relvar_kl": _relvar(kl), "relvar_recon": _relvar(rec)})
+    return logging, spread
+
+
+def _reduction(n_train: int, global_batch: int, world: int) -> dict:
+    """Mean reduction at this scale: with ``DistributedSampler`` every rank gets
+    ``ceil(n / N)`` samples (padded by repetition), so per-rank batches are equal at
+    every step, the epoch's last included; only padded repeats weigh unequally."""
+    per_rank = math.ceil(n_train / world)
+    last = per_rank % (global_batch // world) or global_batch // world
+    return {"train_samples": n_train, "padded_samples": per_rank * world - n_train,
+            "per_rank_last_batch": last, "single_last_batch": n_train % global_batch or global_batch,
+            "unequal_steps_per_epoch": 1 if per_rank * world != n_train else 0}
+
+
+# --------------------------------------------------------------------------- rendering
+def _f(v: float | None) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if v == 0:
+        return "0"
+    return f"{v:.3g}" if 1e-3 <= abs(v) < 1e4 else f"{v:.2e}"
+
+
+def render(result: dict) -> str:
+    """The Markdown tables of ``result`` (what the study prints and writes to ``tables.md``)."""
+    s = result["settings"]
+    head = (f"{s['model']} VAE, {s['data']}, global batch {s['global_batch_size']} "
+            f"({s['world_size']} ranks x {s['global_batch_size'] // s['world_size']} for ddp), {s['dtype']}, "
+            f"frozen initial weights, {s['grad_steps']} global batches")
+    lines = [f"Gradient difference to one device on the same global batch, over the batch-to-batch noise of one "
+             f"device ({head})", "",
+             "| variant | factor | ratio to batch noise | encoder | fc_mu/fc_var | decoder | per step |",
+             "|---|---|---|---|---|---|---|"]
+    for name, v in result["variants"].items():
+        r = v["ratio_to_batch_noise"]
+        steps = ", ".join(_f(x) for x in v["ratio_per_step"])
+        lines.append(f"| {name} | {v['factor']} | {_f(r['all'])} | {_f(r['encoder'])} | {_f(r['fc_mu/fc_var'])} | "
+                     f"{_f(r['decoder'])} | {steps} |")
+    n, g = result["batch_noise"], result["grad_norm"]
+    lines += ["", f"Batch-to-batch noise of one device: mean ||g(batch k) - g(batch k')|| = {_f(n['all'])}, "
+              f"mean gradient norm ||g|| = {_f(g['all'])} (ratio {_f(n['all'] / g['all'])})"]
+    lg, sp = result.get("logging"), result.get("spread")
+    if lg:
+        lines += ["", f"What Lightning logs under DDP (rank 0's mean of {s['global_batch_size'] // s['world_size']}) "
+                      f"against the global-batch value, over {lg['batches']} batches at the frozen weights", "",
+                  "| term | mean abs(logged - global) over mean abs(global k - global k') | "
+                  "spread of logged / spread of global | per-sample variance / mean^2 |",
+                  "|---|---|---|---|"]
+        lines.append(f"| KL | {_f(lg['kl_ratio'])} | {_f(sp['kl_spread_ratio']) if sp else '-'} | "
+                     f"{_f(sp.get('relvar_kl')) if sp else '-'} |")
+        lines.append(f"| reconstruction (MSE) | {_f(lg['recon_ratio'])} | {_f(sp['recon_spread_ratio']) if sp else '-'} "
+                     f"| {_f(sp.get('relvar_recon')) if sp else '-'} |")
+    red = result["reduction"]
+    lines += ["", f"Mean reduction: {red['train_samples']} training images, {red['padded_samples']} padded by "
+                  f"DistributedSampler; per-rank batches are equal at every step (last: {red['per_rank_last_batch']} "
+                  f"per rank), so the mean of rank means is the global mean on "
+                  f"{'every step' if not red['unequal_steps_per_epoch'] else 'every step but one per epoch'}."]
+    return "\n".join(lines)
+
+
+def plot(result: dict, path: Path) -> Path:
+    """Horizontal bars: each variant's gradient ratio to batch noise and logging's KL ratio (log x)."""
+    from matplotlib.figure import Figure
+
+    rows = [(f"{name}\n({v['factor']})", v["ratio_to_batch_noise"]["all"], "C0")
+            for name, v in result["variants"].items()]
+    if result.get("logging"):
+        rows.append(("logging: rank 0's KL vs global-batch KL", result["logging"]["kl_ratio"], "C1"))
+    fig = Figure(figsize=(9, 0.6 * len(rows) + 1.6), layout="constrained")
+    ax = fig.subplots()
+    y = list(range(len(rows)))[::-1]
+    ax.barh(y, [r[1] for r in rows], color=[r[2] for r in rows])
+    ax.set_yticks(y, [r[0] for r in rows], fontsize=8)
+    ax.set_xscale("log")
+    ax.axvline(1.0, color="k", ls="--", lw=1)
+    ax.text(1.0, y[0] + 0.45, " = another batch", fontsize=8, va="bottom")
+    ax.set_xlabel("difference to one device on the same batch / difference between two batches of one device")
+    s = result["settings"]
+    ax.set_title(f"One step from the same weights: {s['model']} VAE, global batch {s['global_batch_size']} "
+                 f"({s['world_size']} ranks x {s['global_batch_size'] // s['world_size']}), {s['data']}", fontsize=10)
+    ax.grid(axis="x", alpha=0.3)
+    fig.savefig(path, dpi=110)
+    return path
+
+
+if __name__ == "__main__":
+    sys.exit(_worker(sys.argv[1], sys.argv[2]))
