@@ -174,7 +174,15 @@ def test_verdict_reads_the_statistics_contract_and_falls_back_to_p_values():
     assert decide(_seeds(0.01))["kind"] == "different"
     contract = {**_seeds(0.01), "verdict": {"ddp": {"train_kl": "equivalent"}}, "verdict_lines": ["ddp: equivalent"]}
     d = decide(contract)
-    assert d["kind"] == "equivalent" and d["lines"] == ["ddp: equivalent"] and "not a bug" in d["title"]
+    assert d["kind"] == "equivalent" and "not a bug" in d["title"]
+    assert d["lines"][0].startswith("**ddp** (10 seeds x 150 steps") and "equivalent to one device in training KL" in d["lines"][0]
+    # a quantity that differs is named in the title with its size, from the data
+    worse = {**contract, "verdict": {"ddp": {"train_kl": "equivalent", "val_kl": "different"},
+                                     "ddp+fixed": {"train_kl": "equivalent", "val_kl": "equivalent"}},
+             "summary": {"ddp": {"val_kl": {"vs_single": {"p": 0.001, "diff": 0.03, "mean_b": 1.0}}}}}
+    d = decide(worse)
+    assert "validation KL ends 3% higher (equivalent with the fixes)" in d["title"], d["title"]
+    assert "different in validation KL 3% higher" in d["lines"][0]
     d = decide(contract, {"verdict": "different", "summary": "KL drifts after 2,000 steps."})
     assert d["kind"] == "different" and d["lines"][-1] == "KL drifts after 2,000 steps."
 

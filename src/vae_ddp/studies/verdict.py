@@ -62,8 +62,11 @@ def decide(seeds: dict, long_horizon: dict | None = None) -> dict[str, Any]:
     s = seeds["settings"]
     scope = f"{seeds['num_seeds']} seeds x {s['steps']} steps, {s['model']} VAE, global batch {s['global_batch_size']}"
     if "verdict" in seeds:
-        kind = seeds["verdict"].get("ddp", {}).get("train_kl", "inconclusive")
-        lines = list(seeds.get("verdict_lines", []))
+        v = seeds["verdict"].get("ddp", {})
+        kind = v.get("train_kl", "inconclusive")
+        lines = [_short(seeds, "ddp", scope)] + ([_short(seeds, "dp", None)] if "dp" in seeds["verdict"] else [])
+        if "ddp+fixed" in seeds["verdict"]:
+            lines.append(_short(seeds, "ddp+fixed", None))
     else:
         ps = {q: e["vs_single"]["p"] for q, e in seeds["summary"]["ddp"].items()}
         worst = min(ps, key=ps.get)
@@ -73,10 +76,42 @@ def decide(seeds: dict, long_horizon: dict | None = None) -> dict[str, Any]:
         lines.append(long_horizon["summary"])
         if long_horizon["verdict"] == "different":
             kind = "different"
-    title = {"equivalent": "Expected behaviour, not a bug: DDP trains the VAE as well as one device",
-             "inconclusive": "Expected behaviour as far as measured: no difference in training detected",
-             "different": "Not a bug in DDP's arithmetic, but Lightning's defaults change what is trained"}[kind]
+    other = [q for q, w in (seeds.get("verdict", {}).get("ddp", {})).items() if w == "different"]
+    if kind == "equivalent" and other:
+        worse = _rel(seeds, "ddp", other[0])
+        fixed = seeds["verdict"].get("ddp+fixed", {})
+        tail = " (equivalent with the fixes)" if fixed and all(w == "equivalent" for w in fixed.values()) else ""
+        title = (f"Expected behaviour, not a bug: DDP's KL matches one device; with Lightning's defaults its "
+                 f"{_NAMES.get(other[0], other[0])} ends {worse}{tail}")
+    else:
+        title = {"equivalent": "Expected behaviour, not a bug: DDP trains the VAE as well as one device",
+                 "inconclusive": "Expected behaviour as far as measured: no difference in training detected",
+                 "different": "Not a bug in DDP's arithmetic, but Lightning's defaults change what is trained"}[kind]
     return {"kind": kind, "title": title, "lines": lines, "scope": scope}
+
+
+_NAMES = {"train_kl": "training KL", "val_kl": "validation KL", "train_recon_loss": "training reconstruction",
+          "val_recon_loss": "validation reconstruction"}
+
+
+def _rel(seeds: dict, config: str, metric: str) -> str:
+    """``3.1% higher`` / ``2.0% lower``: the difference of means relative to single's mean."""
+    v = seeds["summary"][config][metric]["vs_single"]
+    rel = v["diff"] / v["mean_b"] * 100
+    return f"{abs(rel):.2g}% {'higher' if rel > 0 else 'lower'}"
+
+
+def _short(seeds: dict, config: str, scope: str | None) -> str:
+    """One sentence per configuration: which final quantities are equivalent to single's, which differ."""
+    v = seeds["verdict"][config]
+    eq = [_NAMES.get(q, q) for q, w in v.items() if w == "equivalent"]
+    diff = [f"{_NAMES.get(q, q)} {_rel(seeds, config, q)}" for q, w in v.items() if w == "different"]
+    unsure = [_NAMES.get(q, q) for q, w in v.items() if w == "inconclusive"]
+    parts = ([f"equivalent to one device in {', '.join(eq)}"] if eq else []) + \
+        ([f"different in {', '.join(diff)}"] if diff else []) + ([f"inconclusive in {', '.join(unsure)}"] if unsure else [])
+    margin = seeds.get("margin_sd", 1)
+    where = f" ({scope}; equivalence margin ±{margin:g} seed-to-seed SD, Holm-corrected)" if scope else ""
+    return f"**{config}**{where}: " + "; ".join(parts)
 
 
 def _reasons(rs: dict) -> list[str]:
