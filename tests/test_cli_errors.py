@@ -127,5 +127,5 @@ def test_lightningcli_example_with_a_missing_data_folder(tmp_path):
                            str(tmp_path / "missing")], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     errors = [ln for ln in proc.stderr.splitlines() if "error" in ln.lower()]
-    assert errors == [f"vae.py: error: --data.data_dir {tmp_path / 'missing'} does not exist: point it at an "
-                      f"ImageFolder tree (<dir>/[train/]<class>/<image>), e.g. ../shared/data/cifar10-jpg-subset"]
+    assert len(errors) == 1 and errors[0].startswith(
+        f"vae.py: error: --data.data_dir {tmp_path / 'missing'} does not exist: point it at an ImageFolder tree")

@@ -171,7 +171,10 @@ def _subparser(name: str, cmd: Command, spec_cls: type = RunSpec):
     p = ArgumentParser(prog=f"vae-ddp {name}", description=cmd.help, exit_on_error=False)
     p.add_argument("--config", action="config", help="read the options from this YAML file (--print_config writes one)")
     sig = inspect.signature(cmd.function)
-    hints = typing.get_type_hints(cmd.function)
+    try:
+        hints = typing.get_type_hints(cmd.function)
+    except (NameError, TypeError):  # an annotation only importable under TYPE_CHECKING: parse as YAML
+        hints = {}
     helps = _help_of(cmd.function)
     if "base" in sig.parameters:
         spec_hints, spec_help = typing.get_type_hints(spec_cls), _help_of(spec_cls)

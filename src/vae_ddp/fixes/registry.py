@@ -100,12 +100,13 @@ def _world(trainer: Any) -> int:
 
 
 def _check_noise(trainer, module, datamodule) -> Optional[str]:
-    from vae_ddp.fixes.noise import GlobalBatchNoise, PerRankSeed
+    from vae_ddp.fixes.noise import PerRankSeed
+    from vae_ddp.fixes.randomness import GlobalBatchRandomness  # GlobalBatchNoise is one
 
     n = _world(trainer)
-    if n > 1 and not any(isinstance(cb, (PerRankSeed, GlobalBatchNoise)) for cb in trainer.callbacks):
+    if n > 1 and not any(isinstance(cb, (PerRankSeed, GlobalBatchRandomness)) for cb in trainer.callbacks):
         return (f"{n} ranks seeded alike draw the same random numbers in training_step (reparameterization "
-                f"noise, dropout masks): add GlobalBatchNoise or PerRankSeed")
+                f"noise, dropout masks): add GlobalBatchRandomness (GlobalBatchNoise for the VAE) or PerRankSeed")
     return None
 
 
