@@ -58,6 +58,9 @@ class RunSpec:
         save_params: write the final parameters and Adam's second moments (``params-<seed>.pt``).
         record_indices: record the dataset indices of every step's global batch.
         lr, kl_coeff, kl_estimator, optimizer: model hyper-parameters (bolts defaults; Adam).
+        permute_seed: one device with ``noise="global"`` only: permute the samples inside each
+            batch with this seed, each keeping its noise (the same loss, summed in another order;
+            the reordering floor of [`equivalence`][vae_ddp.studies.equivalence.equivalence]). None: off.
         label: name used in progress lines and results.
     """
 
@@ -85,6 +88,7 @@ class RunSpec:
     kl_coeff: float = 0.1
     kl_estimator: str = "mc"
     optimizer: str = "adam"
+    permute_seed: Optional[int] = None
     label: str = ""
 
     @property

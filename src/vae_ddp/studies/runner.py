@@ -45,6 +45,10 @@ def build_trainer(spec: RunSpec, seed: int, callbacks: Optional[list] = None) ->
     callbacks = list(callbacks or [])
     if spec.noise == "per_rank":
         callbacks.append(PerRankSeed(seed))
+    elif spec.noise == "global" and spec.permute_seed is not None:
+        from vae_ddp.studies.equivalence import WithinBatchPermutation
+
+        callbacks.append(WithinBatchPermutation(seed, spec.permute_seed))
     elif spec.noise == "global":
         callbacks.append(GlobalBatchNoise(seed))
     extra: dict[str, Any] = {}
