@@ -22,13 +22,13 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
-from pytorch_lightning import LightningModule, Trainer
+from pytorch_lightning import Callback, LightningModule, Trainer
 from torch import Tensor
 
-from vae_ddp.fixes.noise import GlobalBatchNoise
+from vae_ddp.errors import UserError
 from vae_ddp.studies.configs import RunSpec
 from vae_ddp.studies.launch import launch
 from vae_ddp.studies.table import format_table
@@ -38,10 +38,6 @@ __all__ = ["equivalence", "max_abs_diff", "param_diffs", "WithinBatchPermutation
 #: DDP matches one device when ``max |theta_ddp - theta_single|`` is at most this many
 #: times the one-device reordering floor measured in the same run.
 FLOOR_FACTOR = 2.0
-
-#: Seed of the within-batch permutation of the floor run.
-PERMUTE_SEED = 1
-
 
 def _is_buffer(name: str) -> bool:
     return name.endswith(("running_mean", "running_var", "num_batches_tracked"))
@@ -59,52 +55,71 @@ def max_abs_diff(a: dict, b: dict, buffers: bool = False) -> float:
     return max(param_diffs(a, b, buffers).values(), default=0.0)
 
 
-class WithinBatchPermutation(GlobalBatchNoise):
-    """One device only: [`GlobalBatchNoise`][vae_ddp.fixes.noise.GlobalBatchNoise], with the
-    samples of each training batch permuted and each noise row following its sample.
+class WithinBatchPermutation(Callback):
+    """One device only: permute the samples of each training batch, each keeping its noise.
 
-    At training batch k the callback draws ``perm = torch.randperm(B)`` from a generator
-    seeded with ``permutation_seed * 1_000_003 + k`` and reorders, in place, every tensor
-    of the batch whose first dimension is ``B`` (``x: (B, 3, 32, 32)``, the labels ``(B,)``):
-    row ``i`` becomes row ``perm[i]``. The noise of that row is ``eps[perm[i]]``, where
-    ``eps: (B, latent_dim)`` is what ``GlobalBatchNoise(seed)`` draws for the unpermuted
-    batch. Every sample thus meets the same ``eps`` as in the unpermuted run, and the loss
-    (a mean over the batch), its gradient and the BatchNorm statistics are the same sums in
-    another order: only floating-point rounding can tell the two runs apart.
+    At training batch k (counted from the start of ``fit``) the callback draws
+    ``perm = torch.randperm(B)`` from a generator seeded with ``seed * 1_000_003 + k`` and
+    reorders, in place, every tensor of the batch whose first dimension is ``B``
+    (``x: (B, ...)``, the labels ``(B,)``): row ``i`` becomes row ``perm[i]``. It also wraps
+    the LightningModule's ``noise`` attribute (``mu -> eps``, the hook that
+    [`VAE`][vae_ddp.model.VAE] and the recipe's module draw their reparameterization noise
+    through, and that [`GlobalBatchNoise`][vae_ddp.fixes.noise.GlobalBatchNoise] sets): the
+    noise of row ``i`` becomes ``noise(mu)[perm[i]]``, the ``eps`` that sample met in the
+    unpermuted run. The loss (a mean over the batch), its gradient and the BatchNorm
+    statistics are then the same sums in another order: only floating-point rounding can
+    tell the two runs apart.
 
+    Put it after any callback that sets ``noise`` (Lightning calls callbacks in list order).
     Lightning converts the batch to the precision's dtype and moves it to the device before
-    ``on_train_batch_start`` (``_TrainingEpochLoop.advance``, Lightning 2.x), and passes that
+    ``on_train_batch_start`` (``_TrainingEpochLoop.advance``, Lightning 2.x) and passes that
     same object to ``training_step``, so the in-place reordering reaches the model.
 
     Args:
-        seed: the run's seed (as for ``GlobalBatchNoise``).
-        permutation_seed: seed of the permutations.
+        seed: seed of the permutations.
 
     Raises:
-        RuntimeError: used with more than one process.
+        RuntimeError: used with more than one process, or on a module without ``noise``.
     """
 
-    def __init__(self, seed: int, permutation_seed: int) -> None:
-        super().__init__(seed)
-        self.permutation_seed = permutation_seed
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self._batch = 0
         self._perm: Optional[Tensor] = None
+        self._inner: Optional[Callable[[Tensor], Tensor]] = None
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._batch = 0
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         if trainer.world_size != 1:
             raise RuntimeError(f"WithinBatchPermutation is a one-device probe; this run has world size "
                                f"{trainer.world_size}")
-        super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
+        if not callable(getattr(pl_module, "noise", None)):
+            raise RuntimeError(f"{type(pl_module).__name__} has no `noise(mu)` to draw its noise through; "
+                               "without it the noise could not follow its sample")
         n = len(batch[0])
-        g = torch.Generator().manual_seed(self.permutation_seed * 1_000_003 + self._batch)
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self._batch)
         self._perm = torch.randperm(n, generator=g)
         for t in batch:
             if isinstance(t, Tensor) and t.dim() > 0 and len(t) == n:
                 t.copy_(t[self._perm.to(t.device)])
+        self._inner = pl_module.noise
+        pl_module.noise = self
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if pl_module.__dict__.get("noise") is self:  # not already restored by a callback before this one
+            if getattr(self._inner, "__self__", None) is pl_module:
+                del pl_module.noise  # it was the module's own method
+            else:
+                pl_module.noise = self._inner
+        self._batch += 1
 
     def __call__(self, mu: Tensor) -> Tensor:
-        """``eps`` for the permuted rows: ``GlobalBatchNoise``'s ``eps[perm]``, ``mu: (B, latent_dim)``."""
-        eps = super().__call__(mu)
-        return eps[self._perm.to(eps.device)] if self._perm is not None else eps
+        """``eps`` for the permuted rows: the unpermuted ``noise(mu)[perm]``, ``mu: (B, latent_dim)``."""
+        eps = self._inner(mu)
+        return eps[self._perm.to(eps.device)]
 
 
 def _final(spec: RunSpec, out: Path) -> tuple[dict, dict]:
@@ -149,12 +164,12 @@ def _summary(result: dict) -> str:
             f"the one-device reordering floor ({_g(result['floor'])}); see `worst_params` in equivalence.json.")
 
 
-def equivalence(base: RunSpec, world_sizes: list[int], out_dir: Path) -> dict:
+def equivalence(base: RunSpec, world_sizes: list[int], out_dir: Path, permutations: int = 2) -> dict:
     """Run the comparison; write and return ``out_dir/equivalence.json``::
 
         {"dtype", "optimizer", "steps", "model", "floor_factor",
-         "floor": max |theta_permuted - theta_single|,
-         "floor_settings": settings of the permuted one-device run,
+         "floor": the largest max |theta_permuted - theta_single| of the permuted runs,
+         "floor_runs": [that difference for each permuted run],
          "single": settings,
          "world_sizes": {N: {"max_abs_param_diff", "ratio_to_floor", "within_floor",
                              "max_abs_buffer_diff", "final_loss_diff", "verdict",
@@ -162,24 +177,41 @@ def equivalence(base: RunSpec, world_sizes: list[int], out_dir: Path) -> dict:
                              "settings"}},
          "summary": one sentence}
 
-    ``ratio_to_floor`` is ``max_abs_param_diff / floor`` (None if the floor is 0 and the
-    difference is not); ``worst_params`` lists the 5 parameters with the largest
-    difference, each with the permuted run's difference of that parameter.
+    ``permutations`` one-device runs each permute the samples inside every batch with their
+    own seed ([`WithinBatchPermutation`][vae_ddp.studies.equivalence.WithinBatchPermutation]);
+    the floor is the largest of their differences from ``single`` (one permutation is one
+    draw of a rounding error that Adam amplifies unevenly; the largest of a few is a
+    steadier yardstick). ``ratio_to_floor`` is ``max_abs_param_diff / floor`` (None if the
+    floor is 0 and the difference is not); ``worst_params`` lists the 5 parameters with the
+    largest difference, each with the floor of that parameter (largest over the permuted runs).
+
+    Raises:
+        UserError: ``permutations`` below 1.
     """
+    if permutations < 1:
+        raise UserError(f"--permutations must be at least 1 (the floor needs a permuted run), got {permutations}")
     out_dir = Path(out_dir)
     exact = dataclasses.replace(base, save_params=True, val_every=0, seeds=base.seeds[:1]).exact()
     single = dataclasses.replace(exact, config="single", label="single").validate()
-    permuted = dataclasses.replace(single, label="single, permuted", permute_seed=PERMUTE_SEED)
+    permuted = [dataclasses.replace(single, label=f"single, permuted {k}", permute_seed=k)
+                for k in range(1, permutations + 1)]
     ddps = [dataclasses.replace(exact, config="ddp", devices=n, label=f"ddp-{n}").validate() for n in world_sizes]
     ref, ref_last = _final(single, out_dir / "runs" / "single")
-    perm, perm_last = _final(permuted, out_dir / "runs" / "single-permuted")
-    floor_by_param = param_diffs(perm, ref)
-    floor = max(floor_by_param.values(), default=0.0)
+    floor_by_param: dict[str, float] = {}
+    floor_runs, rows = [], []
+    for spec in permuted:
+        perm, perm_last = _final(spec, out_dir / "runs" / f"single-permuted-{spec.permute_seed}")
+        by_param = param_diffs(perm, ref)
+        for k, v in by_param.items():
+            floor_by_param[k] = max(v, floor_by_param.get(k, 0.0))
+        floor_runs.append(max(by_param.values(), default=0.0))
+        rows.append([1, f"{single.global_batch_size}, samples permuted ({spec.permute_seed})", _g(floor_runs[-1]),
+                     "-", _g(max_abs_diff(perm, ref, buffers=True)), _g(abs(perm_last["loss"] - ref_last["loss"])),
+                     "the floor" if len(permuted) == 1 else "one draw of the floor"])
+    floor = max(floor_runs)
     result = {"dtype": base.dtype, "optimizer": base.optimizer, "steps": base.steps, "model": base.model,
-              "floor_factor": FLOOR_FACTOR, "floor": floor, "floor_settings": dataclasses.asdict(permuted),
+              "floor_factor": FLOOR_FACTOR, "floor": floor, "floor_runs": floor_runs,
               "single": dataclasses.asdict(single), "world_sizes": {}}
-    rows = [[1, f"{single.global_batch_size} (samples permuted)", _g(floor), "1 (the floor)",
-             _g(max_abs_diff(perm, ref, buffers=True)), _g(abs(perm_last["loss"] - ref_last["loss"])), "-"]]
     for spec in ddps:
         params, last = _final(spec, out_dir / "runs" / spec.label)
         by_param = param_diffs(params, ref)

@@ -45,12 +45,12 @@ def build_trainer(spec: RunSpec, seed: int, callbacks: Optional[list] = None) ->
     callbacks = list(callbacks or [])
     if spec.noise == "per_rank":
         callbacks.append(PerRankSeed(seed))
-    elif spec.noise == "global" and spec.permute_seed is not None:
-        from vae_ddp.studies.equivalence import WithinBatchPermutation
-
-        callbacks.append(WithinBatchPermutation(seed, spec.permute_seed))
     elif spec.noise == "global":
         callbacks.append(GlobalBatchNoise(seed))
+    if spec.permute_seed is not None:  # after the noise callbacks: it wraps the noise they set
+        from vae_ddp.studies.equivalence import WithinBatchPermutation
+
+        callbacks.append(WithinBatchPermutation(spec.permute_seed))
     extra: dict[str, Any] = {}
     if spec.sync_bn and spec.config == "ddp":
         if spec.accelerator == "gpu":
