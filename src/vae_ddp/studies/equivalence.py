@@ -205,7 +205,7 @@ def equivalence(base: RunSpec, world_sizes: list[int], out_dir: Path, permutatio
         for k, v in by_param.items():
             floor_by_param[k] = max(v, floor_by_param.get(k, 0.0))
         floor_runs.append(max(by_param.values(), default=0.0))
-        rows.append([1, f"{single.global_batch_size}, samples permuted ({spec.permute_seed})", _g(floor_runs[-1]),
+        rows.append([f"1, samples permuted (seed {spec.permute_seed})", single.global_batch_size, _g(floor_runs[-1]),
                      "-", _g(max_abs_diff(perm, ref, buffers=True)), _g(abs(perm_last["loss"] - ref_last["loss"])),
                      "the floor" if len(permuted) == 1 else "one draw of the floor"])
     floor = max(floor_runs)
