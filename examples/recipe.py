@@ -39,7 +39,7 @@ class BottleneckClassifier(pl.LightningModule):
     def __init__(self, seed: int = 0, lr: float = 1e-3, beta: float = 1e-2):
         super().__init__()
         self.save_hyperparameters()
-        self.body = nn.Sequential(nn.Linear(64, 128), nn.BatchNorm1d(128), nn.ReLU())
+        self.body = nn.Sequential(nn.Linear(64, 128, bias=False), nn.BatchNorm1d(128), nn.ReLU())
         self.fc_mu, self.fc_log_var = nn.Linear(128, 16), nn.Linear(128, 16)
         self.head = nn.Linear(16, 10)
 
