@@ -215,7 +215,7 @@ def main(argv=None):
     p.add_argument("--helpers", action="store_true", help="make changes 3 and 4 with vae_ddp's helpers")
     p.add_argument("--check", action="store_true", help="compare DDP on 2 with one device and the floor")
     p.add_argument("--changes", action="store_true", help="print the table of changes")
-    p.add_argument("--permutations", type=int, default=2, help="permuted one-device runs for the floor")
+    p.add_argument("--permutations", type=int, default=4, help="permuted one-device runs for the floor")
     p.add_argument("--save", type=Path, default=None, help="(internal) where a run of --check saves")
     p.add_argument("--out", type=Path, default=Path("out/recipe"))
     args = p.parse_args(argv)

@@ -1,6 +1,6 @@
 """The recipe applied to a LightningModule that is not this project's VAE (examples/recipe.py).
 
-The registry entry ``recipe`` runs ``examples/recipe.py --check``: one device, two one-device
+The registry entry ``recipe`` runs ``examples/recipe.py --check``: one device, four one-device
 runs with the samples of each batch permuted (the floor), and DDP on 2 gloo processes (each
 its own process) with the plain Lightning/torch changes and with vae_ddp's helpers, in
 float64 and float32. The site shows that same execution.
@@ -30,7 +30,7 @@ def _recipe():
 def test_recipe_on_a_foreign_module_reaches_the_one_device_floor(generated, dtype, variant):
     r = generated("recipe")
     e = r["dtypes"][dtype]
-    assert r["permutations"] >= 2 and len(e["floor_runs"]) == r["permutations"]
+    assert r["permutations"] >= 4 and len(e["floor_runs"]) == r["permutations"]
     assert e["floor"] == max(e["floor_runs"]) > 0  # reordering alone moves the parameters ...
     if dtype == "float64":
         assert e["floor"] < 1e-9  # ... by rounding only

@@ -164,7 +164,7 @@ def _summary(result: dict) -> str:
             f"the one-device reordering floor ({_g(result['floor'])}); see `worst_params` in equivalence.json.")
 
 
-def equivalence(base: RunSpec, world_sizes: list[int], out_dir: Path, permutations: int = 2) -> dict:
+def equivalence(base: RunSpec, world_sizes: list[int], out_dir: Path, permutations: int = 4) -> dict:
     """Run the comparison; write and return ``out_dir/equivalence.json``::
 
         {"dtype", "optimizer", "steps", "model", "floor_factor",
