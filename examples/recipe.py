@@ -137,7 +137,7 @@ def changes_table() -> str:
 
 def train(devices: int, dtype: str, steps: int, seed: int, helpers: bool = False, callbacks=()):
     """Train one run; return the Trainer and the module (rank 0 reads the result)."""
-    # --8<-- [start:trainer]
+    # --8<-- [start:fixes]
     pl.seed_everything(seed)
     model = BottleneckClassifier(seed=seed)
     data = Digits(global_batch_size=64, seed=seed)
@@ -151,7 +151,7 @@ def train(devices: int, dtype: str, steps: int, seed: int, helpers: bool = False
                          precision="64-true" if dtype == "float64" else "32-true", max_steps=steps,
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, **sync_bn)
-    # --8<-- [end:trainer]
+    # --8<-- [end:fixes]
     if helpers:
         data = DigitsGlobalBatches(global_batch_size=64, seed=seed)
         trainer.callbacks.append(GlobalBatchNoise(seed))

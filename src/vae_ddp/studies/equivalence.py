@@ -31,7 +31,7 @@ from torch import Tensor
 from vae_ddp.errors import UserError
 from vae_ddp.studies.configs import RunSpec
 from vae_ddp.studies.launch import launch
-from vae_ddp.studies.table import format_table
+from vae_ddp.studies.table import format_table, write_tables
 
 __all__ = ["equivalence", "max_abs_diff", "param_diffs", "WithinBatchPermutation", "FLOOR_FACTOR", "verdict"]
 
@@ -177,6 +177,14 @@ def equivalence(base: RunSpec, world_sizes: list[int], out_dir: Path, permutatio
                              "settings"}},
          "summary": one sentence}
 
+    Args:
+        base: the run's settings (model, data, steps, global batch size, dtype, optimizer, seed);
+            the fixes are all turned on here.
+        world_sizes: DDP world sizes to compare with one device.
+        out_dir: where the runs and ``equivalence.json`` go.
+        permutations: one-device runs with the samples of each batch permuted; the floor is
+            the largest of their differences from one device.
+
     ``permutations`` one-device runs each permute the samples inside every batch with their
     own seed ([`WithinBatchPermutation`][vae_ddp.studies.equivalence.WithinBatchPermutation]);
     the floor is the largest of their differences from ``single`` (one permutation is one
@@ -231,10 +239,11 @@ def equivalence(base: RunSpec, world_sizes: list[int], out_dir: Path, permutatio
     result["summary"] = _summary(result)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "equivalence.json").write_text(json.dumps(result, indent=1))
-    print(format_table(["world size", "per-device batch", "max abs param diff vs single", "ratio to floor",
-                        "BatchNorm buffers", "final loss diff", "verdict"], rows,
-                       title=f"{base.model} VAE, {base.data}, global batch {base.global_batch_size}, {base.steps} "
-                             f"steps, {base.dtype}, {base.optimizer}, all fixes on"))
-    print()
-    print(result["summary"])
+    table = format_table(["world size", "per-device batch", "max abs param diff vs single", "ratio to floor",
+                          "BatchNorm buffers", "final loss diff", "verdict"], rows,
+                         title=f"{base.model} VAE, {base.data}, global batch {base.global_batch_size}, {base.steps} "
+                               f"steps, {base.dtype}, {base.optimizer}, all fixes on")
+    text = f"{result['summary']}\n\n{table}"
+    print(text)
+    write_tables(out_dir, text)
     return result
