@@ -95,9 +95,16 @@ def load_registry(root: Path) -> list[dict[str, Any]]:
     return entries
 
 
+#: Where the entries read the CIFAR-10 subset (``{cifar}`` in their args): $VAE_DDP_CIFAR_SUBSET,
+#: else the folder beside the checkout that CI provides; pages show it as ``CIFAR_SHOWN``.
+CIFAR = os.environ.get("VAE_DDP_CIFAR_SUBSET", "../shared/data/cifar10-jpg-subset")
+CIFAR_SHOWN = "path/to/cifar10-jpg-subset"
+
+
 def command_of(e: dict[str, Any], out: str) -> list[str]:
-    """The argv of an entry, with ``{out}`` substituted (or ``--out OUT`` appended)."""
+    """The argv of an entry, with ``{out}`` and ``{cifar}`` substituted (or ``--out OUT`` appended)."""
     args = e["full_args"] if full_mode() else e["args"]
+    args = [a.replace("{cifar}", CIFAR) for a in args]
     if any("{out}" in a for a in args):
         args = [a.replace("{out}", out) for a in args]
     else:
@@ -117,7 +124,7 @@ def display_command(argv: list[str]) -> str:
         shown = ["vae-ddp", *shown[3:]]
     elif shown and shown[0] == sys.executable:
         shown[0] = "python"
-    return shlex.join(shown)
+    return shlex.join(a.replace(CIFAR, CIFAR_SHOWN) for a in shown)
 
 
 def wrapped_command(argv: list[str], width: int = 88) -> str:
