@@ -160,6 +160,23 @@ def test_hook_failing_example_fails_the_build_with_its_stderr(tmp_path):
         hook.generate(root)
 
 
+def test_hook_timeout_kills_the_whole_process_tree(tmp_path):
+    """An entry past its ``timeout`` fails the build, and the processes it started (DDP ranks,
+    study runs) are killed with it instead of running on."""
+    hook = _hook()
+    slow = ("import subprocess, sys, time\n"
+            "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+            "print(child.pid, flush=True)\n"
+            "time.sleep(60)\n")
+    root = _project(tmp_path, {"slow.py": slow}, "examples:\n  - script: examples/slow.py\n    timeout: 5\n")
+    with pytest.raises(hook.PluginError, match="timed out after 5 s"):
+        hook.generate(root)
+    grandchild = int((root / "docs" / "generated" / "slow" / "stdout.txt").read_text().split()[0])
+    time.sleep(0.5)
+    state = Path(f"/proc/{grandchild}/stat")
+    assert not state.exists() or state.read_text().split()[2] == "Z", "the entry's child outlived the timeout"
+
+
 def test_hook_registry_errors(tmp_path):
     hook = _hook()
     root = _project(tmp_path, {}, "examples:\n  - script: examples/missing.py\n")

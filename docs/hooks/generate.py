@@ -23,6 +23,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -208,15 +209,21 @@ def run_entry(root: Path, e: dict[str, Any]) -> str:
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.pop("LOCAL_RANK", None)
     t0 = time.monotonic()
-    try:
-        merged = e["output"] == "log"  # Lightning logs to stderr or stdout depending on the terminal
-        proc = subprocess.run(argv, cwd=root, env=env, stdout=subprocess.PIPE, text=True, timeout=e["timeout"],
-                              stderr=subprocess.STDOUT if merged else subprocess.PIPE)
-    except subprocess.TimeoutExpired as err:
-        tail = (err.stderr or b"")[-3000:]
-        tail = tail.decode(errors="replace") if isinstance(tail, bytes) else tail
-        raise PluginError(f"example {e['name']!r} timed out after {e['timeout']:.0f} s: "
-                          f"{display_command(argv)}\n{tail}") from None
+    merged = e["output"] == "log"  # Lightning logs to stderr or stdout depending on the terminal
+    # A session of its own: on timeout the whole tree (DDP ranks, study runs) is killed, not only argv[0].
+    with subprocess.Popen(argv, cwd=root, env=env, stdout=subprocess.PIPE, text=True, start_new_session=True,
+                          stderr=subprocess.STDOUT if merged else subprocess.PIPE) as child:
+        try:
+            stdout, stderr = child.communicate(timeout=e["timeout"])
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            stdout, stderr = child.communicate()
+            (out / "stdout.txt").write_text(stdout)
+            (out / "stderr.txt").write_text(stderr or "")
+            tail = "\n".join((stdout if merged else stderr or "").rstrip().splitlines()[-40:])
+            raise PluginError(f"example {e['name']!r} timed out after {e['timeout']:.0f} s (raise its `timeout` "
+                              f"in {REGISTRY}): {display_command(argv)}\n{tail}") from None
+    proc = subprocess.CompletedProcess(argv, child.returncode, stdout, stderr)
     (out / "stdout.txt").write_text(proc.stdout)
     (out / "stderr.txt").write_text(proc.stderr or "")
     if proc.returncode != 0:

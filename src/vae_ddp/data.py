@@ -244,7 +244,7 @@ class CIFAR10DataModule(_InMemoryDataModule):
 
 
 def make_datamodule(data: str, data_dir: Optional[str] = None, **kwargs) -> _InMemoryDataModule:
-    """Build the datamodule named ``data`` (one of :data:`DATASETS`); ``kwargs`` go to it.
+    """Build the datamodule named ``data`` (one of ``DATASETS``); ``kwargs`` go to it.
 
     Raises:
         UserError: unknown name, or (imagefolder) a missing or empty ``data_dir``.

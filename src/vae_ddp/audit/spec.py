@@ -19,8 +19,8 @@ from typing import Any, Optional
 
 __all__ = ["AuditRun", "import_class", "resolve_class_arg", "FIXABLE"]
 
-#: Factors the audit can switch on for any LightningModule, in the order it applies them.
 FIXABLE = ("noise", "batchnorm", "sampler")
+"""Factors the audit can switch on for any LightningModule, in the order it applies them."""
 
 
 def _module_name(path: Path) -> str:
