@@ -117,6 +117,14 @@ def _seeds() -> Command:
                    types={"configs": list[Literal[STUDY_CONFIGS]]})
 
 
+@register("long-horizon")
+def _long_horizon() -> Command:
+    from vae_ddp.studies.long_horizon import long_horizon
+
+    return Command(long_horizon, "thousands of steps: does noise shared across ranks shift the KL?",
+                   out="runs/long-horizon", seed=False)
+
+
 # --- parser ----------------------------------------------------------------------------------------
 
 def _help_of(obj: Any) -> dict[str, str]:

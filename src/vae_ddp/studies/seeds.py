@@ -1,11 +1,29 @@
-"""The seed study: is the report's difference beyond run-to-run variance?
+"""The seed study: is the report's difference beyond run-to-run variance, or equivalent?
 
 ``vae-ddp seeds`` trains several seeds of each configuration (``single``, default ``ddp``,
 ``ddp+fixed`` with every fix on, ``dp``; ``ddp+per_rank`` on request) and compares the
-final train and validation KL and reconstruction of each configuration with ``single``:
-means, standard deviations, the difference of means with its 95% confidence interval and
-a two-sided Welch t-test (scipy). "Final train" is the mean over the last 10% of steps of
-the global-batch value; "final validation" is the whole validation set with fixed noise.
+final train and validation KL and reconstruction of each configuration with ``single``.
+"Final train" is the mean over the last 10% of steps of the global-batch value; "final
+validation" is the whole validation set with fixed noise.
+
+The comparison ([`compare_metrics`][vae_ddp.studies.stats.compare_metrics]) is paired by
+seed: run i of every configuration starts from ``seed_everything(i)`` and so from the same
+initial weights as run i of ``single`` (DDP broadcasts rank 0's weights, drawn after the
+same seeding). What the runs of one seed do not share: the reparameterization noise
+(``single`` continues the global stream after drawing the weights; DDP reseeds it in
+``setup_distributed``; ``ddp+fixed`` and ``dp`` draw from their own generators) and, except
+for ``dp`` in its first epoch, the data order (``RandomSampler`` seeded from the global
+stream vs ``DistributedSampler`` / ``GlobalBatchDistributedSampler`` seeded by the seed).
+The pairing is valid whatever is shared (the seeds are independent draws); the more the
+runs of one seed share, the more it narrows the interval (the measured correlation ``r``
+is in the table).
+
+For each configuration and quantity: the paired difference with its 95% interval and
+p-value, an equivalence test (TOST) with a margin of ``margin_sd`` standard deviations of
+``single``'s final values (one, by default: a shift smaller than the spread between seeds
+of one configuration cannot be told from it in one pair of runs), the smallest difference
+detectable with 80% power, Holm's correction over the quantities, and a verdict per
+quantity: ``equivalent``, ``different`` or ``inconclusive``.
 """
 
 from __future__ import annotations
@@ -21,13 +39,17 @@ from matplotlib.figure import Figure
 from vae_ddp.errors import UserError
 from vae_ddp.studies.configs import RunSpec
 from vae_ddp.studies.launch import launch
-from vae_ddp.studies.stats import welch
-from vae_ddp.studies.table import format_table, write_tables
+from vae_ddp.studies.stats import compare_metrics
 
-__all__ = ["seed_study", "STUDY_CONFIGS"]
+__all__ = ["seed_study", "analyse", "reanalyse", "render", "verdict_lines", "STUDY_CONFIGS", "MARGIN_SD"]
 
 STUDY_CONFIGS = ("single", "ddp", "ddp+fixed", "ddp+per_rank", "dp")
 QUANTITIES = ("train_kl", "train_recon_loss", "val_kl", "val_recon_loss")
+#: Default equivalence margin, in standard deviations (over seeds) of ``single``'s final values.
+MARGIN_SD = 1.0
+#: What run i of each configuration shares with run i of ``single`` (see the module docstring).
+SHARED_WITH_SINGLE = {"ddp": "initial weights", "ddp+fixed": "initial weights", "ddp+per_rank": "initial weights",
+                      "dp": "initial weights, data order of the first epoch"}
 
 
 def _spec(base: RunSpec, name: str) -> RunSpec:
@@ -47,20 +69,36 @@ def _finals(run: dict) -> dict[str, float]:
             "val_kl": val["kl"], "val_recon_loss": val["recon_loss"]}
 
 
-def seed_study(base: RunSpec, configs: list[str], num_seeds: int, out_dir: Path) -> dict:
-    """Run the study; write ``seeds.json``, ``seeds.md`` and ``tables.md`` (both the printed table
-    and verdicts) and ``seeds.png`` into ``out_dir``; return the JSON content.
+def seed_study(base: RunSpec, configs: list[str], num_seeds: int, out_dir: Path, margin_sd: float = MARGIN_SD,
+               reanalyse_only: bool = False) -> dict:
+    """Run the study; write ``seeds.json``, ``seeds.md`` and ``tables.md`` (both the printed
+    tables and verdicts) and ``seeds.png`` into ``out_dir``; return the JSON content
+    (see [`analyse`][vae_ddp.studies.seeds.analyse]).
+
+    Args:
+        base: settings shared by every configuration (steps, data, global batch size, ...).
+        configs: configurations to train, ``single`` included (any of :data:`STUDY_CONFIGS`).
+        num_seeds: seeds 0 .. num_seeds - 1 of each configuration.
+        out_dir: output folder.
+        margin_sd: equivalence margin in standard deviations of single over seeds.
+        reanalyse_only: train nothing; recompute the statistics from the per-seed values in
+            ``out_dir/seeds.json`` (see [`reanalyse`][vae_ddp.studies.seeds.reanalyse]).
 
     Raises:
-        UserError: unknown configuration name, ``single`` missing, or fewer than 2 seeds.
+        UserError: unknown configuration name, ``single`` missing, fewer than 3 seeds, or a
+            margin that is not positive.
     """
+    if reanalyse_only:
+        return reanalyse(out_dir, margin_sd)
     for c in configs:
         if c not in STUDY_CONFIGS:
             raise UserError(f"unknown configuration {c!r}: use any of {', '.join(STUDY_CONFIGS)}")
     if "single" not in configs:
         raise UserError("the seed study compares with 'single': include it in --configs")
-    if num_seeds < 2:
-        raise UserError(f"--num-seeds must be at least 2 for a t-test, got {num_seeds}")
+    if num_seeds < 3:
+        raise UserError(f"--num-seeds must be at least 3 for a paired test and a standard deviation, got {num_seeds}")
+    if not margin_sd > 0:
+        raise UserError(f"--margin-sd must be positive, got {margin_sd}")
     out_dir = Path(out_dir)
     seeds = list(range(num_seeds))
     val_every = base.val_every if base.val_every else base.steps
@@ -72,73 +110,141 @@ def seed_study(base: RunSpec, configs: list[str], num_seeds: int, out_dir: Path)
         elapsed = time.perf_counter() - t0
         print(f"   done; {elapsed / 60:.1f} min so far, about {elapsed / (i + 1) * (len(specs) - i - 1) / 60:.1f} "
               f"min to go", flush=True)
-    finals = {c: [_finals(r) for r in rs] for c, rs in runs.items()}
     summary = {}
-    for c in runs:
-        summary[c] = {}
-        for q in QUANTITIES:
-            vals = [f[q] for f in finals[c]]
-            entry = {"mean": statistics.fmean(vals), "std": statistics.stdev(vals), "values": vals}
-            if c != "single":
-                entry["vs_single"] = welch(vals, [f[q] for f in finals["single"]])
-            summary[c][q] = entry
+    for c, rs in runs.items():
+        assert [r["seed"] for r in rs] == seeds  # values are listed in seed order: the pairing
+        finals = [_finals(r) for r in rs]
+        summary[c] = {q: {"values": [f[q] for f in finals]} for q in QUANTITIES}
     result = {"settings": dataclasses.asdict(specs[0]) | {"config": None, "label": None}, "configs": list(runs),
-              "num_seeds": num_seeds, "summary": summary, "verdicts": verdicts(summary)}
+              "num_seeds": num_seeds, "summary": summary}
+    result = analyse(result, margin_sd)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "seeds.json").write_text(json.dumps(result, indent=1))
     _plot(runs, out_dir / "seeds.png", base)
-    markdown = render(result)
-    (out_dir / "seeds.md").write_text(markdown + "\n")
-    write_tables(out_dir, markdown)
-    print(markdown)
+    _write(result, out_dir)
+    print(render(result))
     return result
 
 
+def analyse(result: dict, margin_sd: float = MARGIN_SD) -> dict:
+    """The statistics of a study from its per-seed final values (no training).
+
+    ``result["summary"][config][quantity]["values"]`` holds one value per seed, in seed
+    order. Returns a copy with, per configuration and quantity, ``mean`` and ``std`` and,
+    for every configuration but ``single``, ``vs_single`` (the entry of
+    [`compare_metrics`][vae_ddp.studies.stats.compare_metrics], paired by seed, margin
+    ``margin_sd`` standard deviations of ``single``), plus ``margin_sd``, ``shared_with_single``,
+    ``verdict`` (``{config: {quantity: "equivalent" | "different" | "inconclusive"}}``) and
+    ``verdict_lines`` (one sentence per configuration).
+    """
+    out = {k: v for k, v in result.items() if k not in ("verdicts", "verdict", "verdict_lines")}
+    values = {c: {q: list(e["values"]) for q, e in qs.items()} for c, qs in result["summary"].items()}
+    ref = values["single"]
+    margins = {q: margin_sd * statistics.stdev(v) for q, v in ref.items()}
+    summary = {}
+    for c, qs in values.items():
+        summary[c] = {q: {"mean": statistics.fmean(v), "std": statistics.stdev(v), "values": v} for q, v in qs.items()}
+        if c != "single":
+            for q, e in compare_metrics(qs, ref, margins, pair=True).items():
+                summary[c][q]["vs_single"] = e
+    out.update(summary=summary, margin_sd=margin_sd,
+               shared_with_single={c: SHARED_WITH_SINGLE[c] for c in summary if c != "single"})
+    out["verdict"] = {c: {q: e["vs_single"]["verdict"] for q, e in qs.items()} for c, qs in summary.items()
+                      if c != "single"}
+    out["verdict_lines"] = verdict_lines(summary, margin_sd)
+    return out
+
+
+def reanalyse(out_dir: Path, margin_sd: float = MARGIN_SD) -> dict:
+    """Recompute the statistics of a finished study from the per-seed values in
+    ``out_dir/seeds.json`` and rewrite ``seeds.json``, ``seeds.md`` and ``tables.md``
+    (``seeds.png`` and the per-seed values are kept). Returns the new JSON content.
+
+    Raises:
+        UserError: no ``seeds.json`` in ``out_dir``.
+    """
+    path = Path(out_dir) / "seeds.json"
+    if not path.is_file():
+        raise UserError(f"no seeds.json in {out_dir}: run the study there first (vae-ddp seeds --out {out_dir})")
+    result = analyse(json.loads(path.read_text()), margin_sd)
+    _write(result, Path(out_dir))
+    print(render(result))
+    return result
+
+
+def _write(result: dict, out_dir: Path) -> None:
+    from vae_ddp.studies.table import write_tables
+
+    (out_dir / "seeds.json").write_text(json.dumps(result, indent=1))
+    markdown = render(result)
+    (out_dir / "seeds.md").write_text(markdown + "\n")
+    write_tables(out_dir, markdown)
+
+
+def _g(v: float) -> str:
+    return f"{v:.3g}"
+
+
 def render(result: dict) -> str:
-    """The study's table and verdict lines (Markdown) from its ``seeds.json`` content."""
-    rows = []
+    """The study's verdict lines, then its tables (Markdown), from its ``seeds.json`` content."""
+    from vae_ddp.studies.long_horizon import comparison_table
+    from vae_ddp.studies.table import format_table
+
+    st, n = result["settings"], result["num_seeds"]
+    rows = [[c, q, _g(e["mean"]), _g(e["std"])] for c, qs in result["summary"].items() for q, e in qs.items()]
+    parts = [format_table(["config", "quantity", "mean", "std over seeds"], rows,
+                          title=f"{st['model']} VAE, {st['data']}, {n} seeds x {st['steps']} steps, "
+                                f"global batch {st['global_batch_size']}")]
     for c, qs in result["summary"].items():
-        for q, e in qs.items():
-            w = e.get("vs_single", {})
-            rows.append([c, q, e["mean"], e["std"], w.get("diff"),
-                         None if not w else f"[{w['ci_low']:.2e}, {w['ci_high']:.2e}]", w.get("p")])
-    st = result["settings"]
-    table = format_table(["config", "quantity", "mean", "std", "diff vs single", "95% CI of diff", "Welch p"], rows,
-                         title=f"{st['model']} VAE, {st['data']}, {result['num_seeds']} seeds x {st['steps']} steps, "
-                               f"global batch {st['global_batch_size']}")
-    lines = "\n".join(f"- {v}" for v in result["verdicts"])
-    return f"{table}\n\nVerdict at the 5% level (two-sided Welch t-test against single):\n\n{lines}"
+        if c == "single":
+            continue
+        headers, rows = comparison_table({q: e["vs_single"] for q, e in qs.items()}, c, "single")
+        parts.append(format_table(headers, rows, title=f"{c} vs single, paired by seed (shared: "
+                                                         f"{result['shared_with_single'][c]})"))
+    lines = "\n".join(f"- {v}" for v in result["verdict_lines"])
+    head = (f"Verdict against single ({n} seeds, paired by seed; Holm over the {len(QUANTITIES)} quantities at 5%; "
+            f"equivalence margin ±{result['margin_sd']:g} standard deviation of single over seeds):")
+    return f"{head}\n\n{lines}\n\n" + "\n\n".join(parts)
 
 
-def verdicts(summary: dict, alpha: float = 0.05) -> list[str]:
-    """One sentence per configuration: which final quantities differ from ``single`` beyond the
-    run-to-run variance (Welch p < ``alpha``) and which do not."""
+def verdict_lines(summary: dict, margin_sd: float = MARGIN_SD) -> list[str]:
+    """One sentence per configuration, from the verdicts of its quantities (chosen by the data)."""
     out = []
     for c, qs in summary.items():
         if c == "single":
             continue
-        differ = [f"{q} (p = {e['vs_single']['p']:.2g})" for q, e in qs.items() if e["vs_single"]["p"] < alpha]
-        same = [q for q, e in qs.items() if not e["vs_single"]["p"] < alpha]
-        if differ:
-            text = f"{c}: differs from single beyond run-to-run variance in " + ", ".join(differ)
-            text += f"; not detectably in {', '.join(same)}" if same else ""
-        else:
-            text = f"{c}: no difference from single detectable in any quantity (all p >= {alpha})"
-        out.append(text)
+        by = {v: [(q, e["vs_single"]) for q, e in qs.items() if e["vs_single"]["verdict"] == v]
+              for v in ("equivalent", "different", "inconclusive")}
+        parts = []
+        if by["equivalent"]:
+            parts.append("equivalent to single in " + ", ".join(
+                f"{q} (within ±{_g(e['margin'])})" for q, e in by["equivalent"]))
+        if by["different"]:
+            parts.append("different from single in " + ", ".join(
+                f"{q} ({e['diff'] / e['mean_b']:+.1%}, p = {e['p_holm']:.2g}"
+                + (", smaller than the margin" if e["within_margin"] else "") + ")" for q, e in by["different"]))
+        if by["inconclusive"]:
+            parts.append("inconclusive in " + ", ".join(
+                f"{q} (95% CI {_g(e['ci_low'])} to {_g(e['ci_high'])} reaches beyond ±{_g(e['margin'])})"
+                for q, e in by["inconclusive"]))
+        out.append(f"{c}: " + "; ".join(parts))
     return out
 
 
 def _plot(runs: dict, path: Path, base: RunSpec) -> None:
+    """Mean and ±1 standard deviation over seeds of each configuration's train curves."""
+    import numpy as np
+
     fig = Figure(figsize=(13, 4.2), layout="constrained")
     axes = fig.subplots(1, 2)
     for i, (c, rs) in enumerate(runs.items()):
-        for j, r in enumerate(rs):
-            steps = [x["step"] for x in r["records"]]
-            for ax, key in zip(axes, ("kl", "recon_loss")):
-                ax.plot(steps, [x[key] for x in r["records"]], color=f"C{i}", lw=0.7, alpha=0.6,
-                        label=c if j == 0 else None)
-    axes[0].set_title("train KL term (global batch), one line per seed")
-    axes[1].set_title("train reconstruction (global batch), one line per seed")
+        steps = [x["step"] for x in rs[0]["records"]]
+        for ax, key in zip(axes, ("kl", "recon_loss")):
+            y = np.array([[x[key] for x in r["records"]] for r in rs])
+            m, s = y.mean(0), y.std(0, ddof=1)
+            ax.plot(steps, m, color=f"C{i}", lw=1.2, label=f"{c}: mean of {len(rs)} seeds")
+            ax.fill_between(steps, m - s, m + s, color=f"C{i}", alpha=0.15, lw=0)
+    axes[0].set(title="train KL term (global batch), mean ±1 SD over seeds", ylabel="KL x kl_coeff")
+    axes[1].set(title="train reconstruction (global batch), mean ±1 SD over seeds", ylabel="MSE")
     for ax in axes:
         ax.set_xlabel("optimizer step")
         ax.grid(alpha=0.3)
