@@ -80,6 +80,9 @@ class RunSpec:
         kl_coeff: weight of the KL term (bolts' 0.1).
         kl_estimator: ``mc`` (one-sample Monte Carlo, bolts') or ``analytic``.
         optimizer: ``adam`` (the report's) or ``sgd``.
+        permute_seed: one device only: permute the samples inside each batch with this seed,
+            each keeping its noise (the same loss, summed in another order: the reordering
+            floor of [`equivalence`][vae_ddp.studies.equivalence.equivalence]). None: off.
         label: name used in progress lines and results.
     """
 
@@ -107,6 +110,7 @@ class RunSpec:
     kl_coeff: float = 0.1
     kl_estimator: Literal["mc", "analytic"] = "mc"
     optimizer: Literal["adam", "sgd"] = "adam"
+    permute_seed: Optional[int] = None
     label: str = ""
 
     @property

@@ -64,6 +64,10 @@ def build_trainer(spec: RunSpec, seed: int, callbacks: Optional[list] = None) ->
     extra: dict[str, Any] = dict(parts.trainer)
     if parts.plugins:
         extra["plugins"] = parts.plugins
+    if spec.permute_seed is not None:  # after the fixes' callbacks: it wraps the noise they set
+        from vae_ddp.studies.equivalence import WithinBatchPermutation
+
+        callbacks.append(WithinBatchPermutation(spec.permute_seed))
     accelerator = "gpu" if (spec.accelerator == "gpu" or (spec.config == "dp" and spec.dp_mode == "real")) else "cpu"
     return pl.Trainer(
         accelerator=accelerator, devices=spec.world_size, strategy="ddp" if spec.config == "ddp" else "auto",
