@@ -35,6 +35,7 @@ def _world_size(group) -> int:
     return dist.get_world_size(group)
 
 
+@torch.no_grad()
 def _global_stats(x: Tensor, group) -> tuple[Tensor, Tensor, float]:
     """Mean and biased variance per channel over every rank's ``x``, and the global count.
 
@@ -95,7 +96,7 @@ class _GlobalBatchNormFn(torch.autograd.Function):
             slope = k * invstd * g_dy_xhat
             offset = k * g_dy - slope * mean
             shape = [1, -1] + [1] * (x.dim() - 2)
-            grad_x = torch.addcmul(grad_local - offset.view(shape), x, slope.view(shape), value=-1.0)
+            grad_x = grad_local.addcmul_(x, slope.view(shape), value=-1.0).sub_(offset.view(shape))
         grad_w = sum_dy_xhat if weight is not None and ctx.needs_input_grad[1] else None
         grad_b = sum_dy if ctx.needs_input_grad[2] else None
         return grad_x, grad_w, grad_b, None, None, None, None, None
