@@ -46,6 +46,11 @@ class _Loss(nn.Module):
         return self.vae.step(x)[0]
 
 
+def _g(v: float) -> str:
+    """3 significant digits, no exponent for the values of this table."""
+    return f"{v:.3g}" if abs(v) < 1e4 else f"{v:.0f}"
+
+
 def _quartiles(values: list[float]) -> tuple[float, float, float]:
     q = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else values * 3
     return q[0], statistics.median(values), q[2]
@@ -151,13 +156,14 @@ def main(argv=None) -> dict:
         ratios = [s / b for s, b in zip(sync, base)]
         q1, med, q3 = _quartiles(ratios)
         r["ratio"] = {"q1": q1, "median": med, "q3": q3, "min": min(ratios), "max": max(ratios)}
-        rows.append([int(per_device) * 2, int(per_device), statistics.median(base) * 1e3, statistics.median(sync) * 1e3,
-                     med, f"{q1:.3g} to {q3:.3g}", f"{min(ratios):.3g} to {max(ratios):.3g}"])
+        rows.append([int(per_device) * 2, int(per_device), _g(statistics.median(base) * 1e3),
+                     _g(statistics.median(sync) * 1e3), _g(med), f"{q1:.3g} to {q3:.3g}",
+                     f"{min(ratios):.3g} to {max(ratios):.3g}"])
         b = r["breakdown"]
         extra = b["GlobalBatchNorm"] - b["torch BatchNorm"]
-        parts.append([int(per_device), r["layers"], b["torch BatchNorm"] * 1e3, b["GlobalBatchNorm"] * 1e3,
-                      b["collectives alone"] * 1e3, (extra - b["collectives alone"]) * 1e3,
-                      (statistics.median(sync) - statistics.median(base)) * 1e3])
+        parts.append([int(per_device), r["layers"], _g(b["torch BatchNorm"] * 1e3), _g(b["GlobalBatchNorm"] * 1e3),
+                      _g(b["collectives alone"] * 1e3), _g((extra - b["collectives alone"]) * 1e3),
+                      _g((statistics.median(sync) - statistics.median(base)) * 1e3)])
     n = len(next(iter(results.values()))["times"]["default"])
     print(format_table(["global batch", "per-device batch", "default DDP (ms)", "sync BatchNorm (ms)",
                         "ratio (median)", "ratio quartiles", "ratio range"], rows,
