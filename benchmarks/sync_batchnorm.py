@@ -92,12 +92,12 @@ def _bn_breakdown(shapes: list[tuple[int, ...]], repeats: int) -> dict:
             "collectives alone": _time(collectives, repeats)}
 
 
-def _worker(rank: int, world: int, port: int, args, queue) -> None:
+def _worker(rank: int, world: int, port: int, per_device: int, args, queue) -> None:
     torch.set_num_threads(1)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     results = {}
-    for per_device in args.per_device:
+    for per_device in [per_device]:
         torch.manual_seed(0)
         base = VAE(enc_type=args.model)
         synced = GlobalSyncBatchNorm().apply(VAE(enc_type=args.model))
@@ -147,9 +147,13 @@ def main(argv=None) -> dict:
     p.add_argument("--out", type=Path, default=None, help="also write the results as JSON here")
     args = p.parse_args(argv)
     ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
-    mp.start_processes(_worker, args=(2, _free_port(), args, queue), nprocs=2, join=True, start_method="spawn")
-    results = queue.get()
+    results = {}
+    for per_device in args.per_device:  # one launch per size, so a size's result is out before the next
+        queue = ctx.SimpleQueue()
+        mp.start_processes(_worker, args=(2, _free_port(), per_device, args, queue), nprocs=2, join=True,
+                           start_method="spawn")
+        results.update(queue.get())
+        print(f"per-device batch {per_device}: done", flush=True)
     rows, parts = [], []
     for per_device, r in results.items():
         base, sync = r["times"]["default"], r["times"]["sync BatchNorm"]
