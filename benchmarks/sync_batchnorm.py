@@ -96,35 +96,33 @@ def _worker(rank: int, world: int, port: int, per_device: int, args, queue) -> N
     torch.set_num_threads(1)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    results = {}
-    for per_device in [per_device]:
-        torch.manual_seed(0)
-        base = VAE(enc_type=args.model)
-        synced = GlobalSyncBatchNorm().apply(VAE(enc_type=args.model))
-        synced.load_state_dict(base.state_dict())
-        models = {"default": DDP(_Loss(base)), "sync BatchNorm": DDP(_Loss(synced))}
-        optims = {k: torch.optim.Adam(m.parameters(), lr=1e-4) for k, m in models.items()}
-        shapes: list[tuple[int, ...]] = []
-        hooks = [m.register_forward_hook(lambda mod, inp, out: shapes.append(tuple(inp[0].shape)))
-                 for m in synced.modules() if isinstance(m, GlobalBatchNorm)]
-        times = {k: [] for k in models}
-        g = torch.Generator().manual_seed(rank)
-        for step in range(args.warmup + args.steps):
-            x = torch.rand(per_device, 3, 32, 32, generator=g)
-            order = list(models) if step % 2 == 0 else list(reversed(models))
-            for name in order:
-                dist.barrier()
-                t0 = time.perf_counter()
-                optims[name].zero_grad(set_to_none=True)
-                models[name](x).backward()
-                optims[name].step()
-                if step >= args.warmup:
-                    times[name].append(time.perf_counter() - t0)
-            if step == 0:
-                for h in hooks:
-                    h.remove()
-        breakdown = _bn_breakdown(shapes, args.repeats)
-        results[str(per_device)] = {"times": times, "breakdown": breakdown, "layers": len(shapes)}
+    torch.manual_seed(0)
+    base = VAE(enc_type=args.model)
+    synced = GlobalSyncBatchNorm().apply(VAE(enc_type=args.model))
+    synced.load_state_dict(base.state_dict())
+    models = {"default": DDP(_Loss(base)), "sync BatchNorm": DDP(_Loss(synced))}
+    optims = {k: torch.optim.Adam(m.parameters(), lr=1e-4) for k, m in models.items()}
+    shapes: list[tuple[int, ...]] = []
+    hooks = [m.register_forward_hook(lambda mod, inp, out: shapes.append(tuple(inp[0].shape)))
+             for m in synced.modules() if isinstance(m, GlobalBatchNorm)]
+    times = {k: [] for k in models}
+    g = torch.Generator().manual_seed(rank)
+    for step in range(args.warmup + args.steps):
+        x = torch.rand(per_device, 3, 32, 32, generator=g)
+        order = list(models) if step % 2 == 0 else list(reversed(models))
+        for name in order:
+            dist.barrier()
+            t0 = time.perf_counter()
+            optims[name].zero_grad(set_to_none=True)
+            models[name](x).backward()
+            optims[name].step()
+            if step >= args.warmup:
+                times[name].append(time.perf_counter() - t0)
+        if step == 0:
+            for h in hooks:
+                h.remove()
+    breakdown = _bn_breakdown(shapes, args.repeats)
+    results = {str(per_device): {"times": times, "breakdown": breakdown, "layers": len(shapes)}}
     if rank == 0:
         queue.put(results)
     dist.destroy_process_group()
