@@ -130,8 +130,14 @@ class GlobalBatchNorm(_BatchNorm):
     of times (as DDP does); the per-rank batch sizes may differ.
 
     Args:
-        num_features, eps, momentum, affine, track_running_stats: as ``nn.BatchNorm2d``.
+        num_features: channels ``C``, as ``nn.BatchNorm2d``.
+        eps: added to the variance, as ``nn.BatchNorm2d``.
+        momentum: running-statistics factor; ``None``: cumulative average, as ``nn.BatchNorm2d``.
+        affine: learn ``weight`` and ``bias``, as ``nn.BatchNorm2d``.
+        track_running_stats: keep running statistics, as ``nn.BatchNorm2d``.
         process_group: the ranks to synchronise over (``None``: all of them).
+        device: as ``nn.BatchNorm2d``.
+        dtype: as ``nn.BatchNorm2d``.
 
     Raises:
         ValueError: input with fewer than 2 dimensions, or an empty global batch.
