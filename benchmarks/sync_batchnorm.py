@@ -3,10 +3,11 @@
     python benchmarks/sync_batchnorm.py                       # ResNet-18 VAE, per-device 16 and 128
     python benchmarks/sync_batchnorm.py --per-device 16 --steps 10
 
-Two gloo processes (one thread each) hold two DDP copies of the same VAE: one with
-``nn.BatchNorm2d`` (Lightning's default DDP), one converted by
-[`GlobalSyncBatchNorm`][vae_ddp.fixes.batchnorm.GlobalSyncBatchNorm]. Each step trains both on
-the same batch, in alternating order, so that a load that varies over time (a shared machine)
+Two gloo processes (one thread each) train one DDP VAE in two variants that share every
+tensor: with ``nn.BatchNorm2d`` (Lightning's default DDP) and with its BatchNorm layers
+swapped for [`GlobalBatchNorm`][vae_ddp.fixes.batchnorm.GlobalBatchNorm] (what
+[`GlobalSyncBatchNorm`][vae_ddp.fixes.batchnorm.GlobalSyncBatchNorm] does). Each step trains
+both variants on the same batch, in alternating order, so that a load that varies over time (a shared machine)
 falls on both alike; the ratio is taken per step (paired) and summarised by its median and
 quartiles. Then, to say where the extra time goes, it times per step, on the shapes the
 BatchNorm layers saw: (a) torch's BatchNorm forward+backward, (b) GlobalBatchNorm's, and (c) the
@@ -30,7 +31,7 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from vae_ddp.fixes.batchnorm import GlobalBatchNorm, GlobalSyncBatchNorm
+from vae_ddp.fixes.batchnorm import GlobalBatchNorm
 from vae_ddp.model import VAE
 from vae_ddp.studies.table import format_table
 
@@ -97,28 +98,28 @@ def _worker(rank: int, world: int, port: int, per_device: int, args, queue) -> N
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     torch.manual_seed(0)
-    base = VAE(enc_type=args.model)
-    synced = GlobalSyncBatchNorm().apply(VAE(enc_type=args.model))
-    synced.load_state_dict(base.state_dict())
-    models = {"default": DDP(_Loss(base)), "sync BatchNorm": DDP(_Loss(synced))}
-    optims = {k: torch.optim.Adam(m.parameters(), lr=1e-4) for k, m in models.items()}
+    vae = VAE(enc_type=args.model)
+    model = DDP(_Loss(vae))  # one set of parameters, gradients, Adam state and buckets for both variants
+    optim = torch.optim.Adam(model.parameters(), lr=1e-4)
     shapes: list[tuple[int, ...]] = []
-    hooks = [m.register_forward_hook(lambda mod, inp, out: shapes.append(tuple(inp[0].shape)))
-             for m in synced.modules() if isinstance(m, GlobalBatchNorm)]
-    times = {k: [] for k in models}
+    times: dict[str, list[float]] = {"default": [], "sync BatchNorm": []}
     g = torch.Generator().manual_seed(rank)
     for step in range(args.warmup + args.steps):
         x = torch.rand(per_device, 3, 32, 32, generator=g)
-        order = list(models) if step % 2 == 0 else list(reversed(models))
+        order = list(times) if step % 2 == 0 else list(reversed(times))
         for name in order:
+            # The variant is switched in place: GlobalBatchNorm.convert/revert swap the BatchNorm
+            # modules, sharing their parameters and buffers, so DDP and Adam see the same tensors.
+            GlobalBatchNorm.convert(vae) if name == "sync BatchNorm" else GlobalBatchNorm.revert(vae)
+            hooks = [m.register_forward_hook(lambda mod, inp, out: shapes.append(tuple(inp[0].shape)))
+                     for m in vae.modules() if isinstance(m, GlobalBatchNorm) and not shapes]
             dist.barrier()
             t0 = time.perf_counter()
-            optims[name].zero_grad(set_to_none=True)
-            models[name](x).backward()
-            optims[name].step()
+            optim.zero_grad(set_to_none=True)
+            model(x).backward()
+            optim.step()
             if step >= args.warmup:
                 times[name].append(time.perf_counter() - t0)
-        if step == 0:
             for h in hooks:
                 h.remove()
     breakdown = _bn_breakdown(shapes, args.repeats)
