@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 OUT ?= runs
 
-.PHONY: setup demo test test-full docs docs-serve legacy legacy-test bench clean
+.PHONY: setup browser demo test test-full docs docs-serve legacy legacy-test bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,13 +14,30 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed  ## create .venv and install the project with its test and docs extras
 
+# Debian's chromium for the browser test of the site (tests/test_docs.py); never a downloaded
+# browser. Installed with apt-get only when it is missing and apt-get exists (root or sudo -n);
+# otherwise the browser test is skipped and says why.
+CHROMIUM ?= /usr/bin/chromium
+
+browser:  ## Debian's chromium for the browser test (apt-get install chromium, only if missing)
+	@if [ -x "$(CHROMIUM)" ]; then \
+	  echo "browser: $(CHROMIUM)"; \
+	elif ! command -v apt-get >/dev/null 2>&1; then \
+	  echo "browser: $(CHROMIUM) is missing and there is no apt-get; the browser test will be skipped"; \
+	else \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO="sudo -n"; fi; \
+	  { $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	    $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; } \
+	  || echo "browser: could not install chromium with apt-get; the browser test will be skipped"; \
+	fi
+
 demo: setup  ## the main job on the bundled digits: single, ddp (2 gloo processes) and dp
 	$(VENV)/bin/vae-ddp compare --out $(OUT)/demo
 
-test: setup  ## the test suite (reduced studies; CPU, gloo)
+test: setup browser  ## the test suite (reduced studies; CPU, gloo), the docs build and the browser test
 	$(PY) -m pytest
 
-test-full: setup  ## the full-size studies too (tens of minutes on 2 cores)
+test-full: setup browser  ## the full-size studies too (tens of minutes on 2 cores)
 	VAE_DDP_FULL=1 $(PY) -m pytest
 
 bench: setup  ## step-time benchmarks (medians and ratios)

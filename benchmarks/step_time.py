@@ -1,12 +1,17 @@
-"""Step time of each configuration and of each fix, as medians and ratios (a benchmark, not a test).
+"""Step time of each configuration and of each fix: medians over repeated runs, with their spread.
 
-    python benchmarks/step_time.py              # small model and ResNet-18 VAE, CPU, gloo
-    python benchmarks/step_time.py --models small --steps 30
+    python benchmarks/step_time.py                        # small model and ResNet-18 VAE, CPU, gloo
+    python benchmarks/step_time.py --models small --steps 30 --repeats 5
 
 For every model it trains, through Lightning, ``single``, default ``ddp`` (2 processes),
-``ddp`` with each fix alone and with all of them, and prints the median optimizer-step
-time (first steps skipped as warm-up) and the ratios ddp/single and fix/default-ddp.
-Run it on an otherwise idle machine: medians on a shared 2-core CPU are noisy.
+``ddp`` with each fix of the factor registry alone and with all of them. Each variant is
+launched ``--repeats`` times, in rounds (every round runs every variant once, in a rotated
+order, so that a slow period of the machine hits all variants alike). Per run: the median
+optimizer-step time after ``--warmup`` steps. Per variant: the median of its runs' medians
+and their range; the ratio to default ddp is taken within each round (paired) and reported
+as the median ratio and its range over rounds. A difference is called only when every
+round agrees on its side of 1 *and* the ratio's range stays clear of the noise; otherwise
+the output says it is not resolved at this precision (a loaded CPU widens the range).
 """
 
 from __future__ import annotations
@@ -14,27 +19,29 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import statistics
 import tempfile
 from pathlib import Path
 
+from vae_ddp.fixes import registry
 from vae_ddp.studies.configs import RunSpec
 from vae_ddp.studies.launch import launch
-from vae_ddp.studies.table import format_table
-
-VARIANTS = {
-    "single": dict(config="single"),
-    "ddp": dict(config="ddp"),
-    "ddp + global noise": dict(config="ddp", noise="global"),
-    "ddp + per-rank seed": dict(config="ddp", noise="per_rank"),
-    "ddp + sync BatchNorm": dict(config="ddp", sync_bn=True),
-    "ddp + global sampler": dict(config="ddp", sampler="global"),
-    "ddp + sync_dist logging": dict(config="ddp", sync_dist_logging=True),
-    "ddp + all fixes": dict(config="ddp", noise="global", sync_bn=True, sampler="global", sync_dist_logging=True),
-}
+from vae_ddp.studies.table import format_table, write_tables
 
 
-def median_step_time(spec: RunSpec, out: Path, warmup: int) -> float:
+def variants() -> dict[str, dict]:
+    """``{name: RunSpec fields}``: single, default ddp, ddp with each fix of the factor registry
+    (each non-default value of each switch), ddp with every fix."""
+    out = {"single": {"config": "single"}, "ddp": {"config": "ddp"}}
+    for f in registry.switches():
+        for value in f.choices:
+            out[f"ddp + {f.value_label(value)}"] = {"config": "ddp", f.field: value}
+    out["ddp + all fixes"] = {"config": "ddp", **{f.field: f.fixed for f in registry.switches()}}
+    return out
+
+
+def run_median(spec: RunSpec, out: Path, warmup: int) -> float:
     """Median seconds per optimizer step of one run, after ``warmup`` steps."""
     records = launch(spec, out, quiet=True)["runs"][0]["records"]
     times = [r["time_s"] for r in records]
@@ -42,33 +49,104 @@ def median_step_time(spec: RunSpec, out: Path, warmup: int) -> float:
     return statistics.median(steps)
 
 
+def sig3(x: float) -> str:
+    """Three significant digits, no exponent for the magnitudes of this table."""
+    return f"{x:.3g}" if abs(x) < 1000 else f"{x:.0f}"
+
+
+def summarise(runs: dict[str, list[float]], ref: str = "ddp", tolerance: float = 0.02) -> dict:
+    """Per variant: median and range of the run medians (s), and the paired ratios to ``ref``
+    (round by round): median, range, and a verdict.
+
+    A variant is ``faster``/``slower`` than ``ref`` only if the ratio is on the same side of 1 in
+    every round and beyond ``tolerance`` (2%) in every round; otherwise ``not resolved``.
+    """
+    out = {}
+    for name, times in runs.items():
+        ratios = [t / r for t, r in zip(times, runs[ref])]
+        if name == ref:
+            verdict = "reference"
+        elif all(q > 1 + tolerance for q in ratios):
+            verdict = "slower"
+        elif all(q < 1 - tolerance for q in ratios):
+            verdict = "faster"
+        else:
+            verdict = "not resolved"
+        out[name] = {"run_medians_s": times, "median_s": statistics.median(times), "min_s": min(times),
+                     "max_s": max(times), "ratios": ratios, "ratio_median": statistics.median(ratios),
+                     "ratio_min": min(ratios), "ratio_max": max(ratios), "verdict": verdict}
+    return out
+
+
+def render(model: str, summary: dict, args: argparse.Namespace, load: tuple[float, float] = (0.0, 0.0),
+           cores: int = 0) -> str:
+    """The table and the lines that say what it resolves; ``load``: the 1-minute load average
+    before and after the runs (``os.getloadavg``), stated when it exceeds half the cores."""
+    rows = []
+    for name, s in summary.items():
+        ratio = "1" if s["verdict"] == "reference" else (
+            f"{s['ratio_median']:.2f} ({s['ratio_min']:.2f} to {s['ratio_max']:.2f})")
+        rows.append([name, sig3(s["median_s"] * 1000), f"{sig3(s['min_s'] * 1000)} to {sig3(s['max_s'] * 1000)}",
+                     ratio, s["verdict"] if s["verdict"] != "reference" else "-"])
+    title = (f"{model} VAE, global batch {args.global_batch_size}, CPU (gloo, 2 processes for ddp); "
+             f"{args.repeats} runs per variant, median step after {args.warmup} warm-up steps of {args.steps}")
+    table = format_table(["variant", "median step (ms)", "range over runs (ms)", "/ default ddp (range)",
+                          "vs default ddp"], rows, title=title)
+    spreads = [s["ratio_max"] - s["ratio_min"] for n, s in summary.items() if s["verdict"] != "reference"]
+    resolved = [n for n, s in summary.items() if s["verdict"] in ("faster", "slower")]
+    cores = cores or os.cpu_count() or 1
+    busy = max(load) > cores / 2
+    lines = [f"- The ratios to default ddp vary by up to {max(spreads):.2f} between rounds: differences smaller "
+             f"than that are not resolved by this run" + (
+                 f"; the CPU was loaded while it ran (load average {min(load):.1f} to {max(load):.1f} on {cores} "
+                 f"cores), which widens the spread." if busy else ".")]
+    if resolved:
+        lines.append("- Resolved in every round: " + "; ".join(
+            f"{n} {summary[n]['verdict']} ({summary[n]['ratio_median']:.2f}x)" for n in resolved) + ".")
+    else:
+        lines.append("- No variant differs from default ddp consistently in every round.")
+    return table + "\n\n" + "\n".join(lines)
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", nargs="+", default=["small", "resnet18"])
+    p.add_argument("--models", nargs="+", default=["small", "resnet18"], choices=["small", "resnet18"])
     p.add_argument("--steps", type=int, default=25)
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=3, help="runs per variant (rounds)")
     p.add_argument("--global-batch-size", type=int, default=32)
-    p.add_argument("--data-dir", default=str(Path(__file__).resolve().parents[2] / "shared/data/cifar10-jpg-subset"))
-    p.add_argument("--out", type=Path, default=None, help="also write the results as JSON here")
+    p.add_argument("--data-dir", default=os.environ.get(
+        "VAE_DDP_CIFAR_SUBSET", str(Path(__file__).resolve().parents[2] / "shared/data/cifar10-jpg-subset")),
+        help="ImageFolder tree (default: $VAE_DDP_CIFAR_SUBSET)")
+    p.add_argument("--out", type=Path, default=None, help="also write the results (step_time.json, tables.md) here")
     args = p.parse_args(argv)
+    if args.steps - args.warmup < 3 or args.repeats < 2:
+        p.error("need --steps at least --warmup + 3 and --repeats at least 2")
     results: dict = {}
+    specs = variants()
+    tables: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         for model in args.models:
             base = RunSpec(model=model, steps=args.steps, global_batch_size=args.global_batch_size, devices=2,
                            data="imagefolder", data_dir=args.data_dir, max_samples=4000)
-            res = {}
-            for name, kw in VARIANTS.items():
-                spec = dataclasses.replace(base, **kw, label=name).validate()
-                res[name] = median_step_time(spec, Path(tmp) / model / name.replace(" ", "_"), args.warmup)
-            results[model] = res
-            rows = [[name, t * 1000, t / res["single"], t / res["ddp"]] for name, t in res.items()]
-            print(format_table(["variant", "median step (ms)", "/ single", "/ default ddp"], rows,
-                               title=f"{model} VAE, global batch {args.global_batch_size}, CPU (gloo), "
-                                     f"median of {args.steps - args.warmup - 1} steps"))
+            runs: dict[str, list[float]] = {name: [] for name in specs}
+            load_before = os.getloadavg()[0]
+            names = list(specs)
+            for r in range(args.repeats):
+                for name in names[r % len(names):] + names[:r % len(names)]:  # rotated order per round
+                    spec = dataclasses.replace(base, **specs[name], label=name).validate()
+                    out = Path(tmp) / model / f"{name.replace(' ', '_')}-{r}"
+                    runs[name].append(run_median(spec, out, args.warmup))
+            results[model] = summarise(runs)
+            load = (load_before, os.getloadavg()[0])
+            results[model]["_load_average"] = {"before": load[0], "after": load[1], "cores": os.cpu_count()}
+            tables.append(render(model, {k: v for k, v in results[model].items() if not k.startswith("_")}, args, load))
+            print(tables[-1])
             print()
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "step_time.json").write_text(json.dumps(results, indent=1))
+        write_tables(args.out, "\n\n".join(tables))
     return results
 
 

@@ -31,6 +31,7 @@ def main(argv=None):
     quiet()
     seed = 1234
     pl.seed_everything(seed)
+    # --8<-- [start:fixes]
     model = VAE(enc_type="small", latent_dim=32,
                 sync_dist_logging=True)                          # 5. logging: self.log(..., sync_dist=True)
     datamodule = DigitsDataModule(
@@ -43,6 +44,7 @@ def main(argv=None):
         plugins=[GlooSyncBatchNorm()],                           # 2. BatchNorm over the global batch (CPU/gloo);
         #                                                             on GPUs: sync_batchnorm=True instead
         logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    # --8<-- [end:fixes]
     trainer.fit(model, datamodule=datamodule)
     if trainer.is_global_zero:
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}

@@ -25,9 +25,12 @@ python examples/vae.py fit --trainer.accelerator cpu --trainer.devices 2 --train
 Full CIFAR-10 (downloads it): `--data vae_ddp.data.CIFAR10DataModule --data.data_dir DIR`.
 """
 
+import sys
+
 from pytorch_lightning.cli import LightningCLI
 
 from vae_ddp.data import ImageFolderDataModule  # noqa: F401  (default data class)
+from vae_ddp.errors import UserError
 from vae_ddp.model import VAE
 
 
@@ -39,9 +42,28 @@ class ReportCLI(LightningCLI):
         })
 
 
+def _user_error(err: BaseException):
+    """The UserError (bad input) that caused ``err``, if any: jsonargparse wraps the
+    exceptions raised while it instantiates the data module."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, UserError):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
+
+
 def main(args=None):
-    return ReportCLI(VAE, subclass_mode_data=True, seed_everything_default=1234, args=args,
-                     save_config_kwargs={"overwrite": True})
+    try:
+        return ReportCLI(VAE, subclass_mode_data=True, seed_everything_default=1234, args=args,
+                         save_config_kwargs={"overwrite": True})
+    except Exception as err:  # bad input: one line and exit code 2, no traceback
+        user = _user_error(err)
+        if user is None:
+            raise
+        print(f"vae.py: error: {str(user).replace('--data-dir', '--data.data_dir')}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -16,20 +16,6 @@ def cifar_dir() -> Path:
     return CIFAR_SUBSET
 
 
-@pytest.fixture(scope="session")
-def cifar_batch(cifar_dir):
-    """32 real CIFAR-10 subset images, (32, 3, 32, 32) float32 in [0, 1]."""
-    import torch
-
-    from vae_ddp.data import ImageFolderDataModule
-
-    dm = ImageFolderDataModule(str(cifar_dir), batch_size=32, max_samples=500)
-    dm.setup()
-    x, _ = next(iter(dm.val_dataloader()))
-    assert x.shape == (32, 3, 32, 32) and x.dtype == torch.float32
-    return x
-
-
 def run_cli(*args: str, timeout: float = 600):
     import subprocess
 
@@ -56,17 +42,27 @@ def _hook():
     return mod
 
 
+def needs_cifar(entry: dict) -> bool:
+    """Whether a registry entry reads the CIFAR-10 subset (``--data imagefolder`` or a path to
+    it); the others train on the bundled digits and run without any data folder."""
+    args = entry["full_args"] if FULL else entry["args"]
+    return any(a == "imagefolder" or "cifar10-jpg-subset" in a for a in args)
+
+
 @pytest.fixture(scope="session")
-def generated(cifar_dir):
+def generated(request):
     """``generated(name) -> dict``: run the docs registry entry ``name`` (docs/examples.yml) the
     way the site build does, cached by the same hash, and return the JSON it wrote. The site
-    and the tests thus read one execution of each example and study."""
+    and the tests thus read one execution of each example and study. Only entries that read
+    the CIFAR-10 subset need it (through the ``cifar_dir`` fixture)."""
     import json
 
     hook = _hook()
     entries = {e["name"]: e for e in hook.load_registry(ROOT)}
 
     def get(name: str, filename: str | None = None) -> dict:
+        if needs_cifar(entries[name]):
+            request.getfixturevalue("cifar_dir")
         hook.run_entry(ROOT, entries[name])
         out = ROOT / hook.GENERATED / name
         assert (out / "stdout.txt").read_text().strip(), f"{name} printed nothing"

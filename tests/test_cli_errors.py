@@ -16,10 +16,13 @@ def _run(capsys, *args):
 @pytest.mark.parametrize("args, message", [
     (["--global-batch-size", "255", "--devices", "2"], "global batch size 255 is not divisible by 2 devices"),
     (["--data", "imagefolder", "--data-dir", "/nonexistent/cifar"], "--data-dir /nonexistent/cifar does not exist"),
-    (["--configs", "single", "fsdp"], "unknown configuration 'fsdp'"),
-    (["--model", "resnet999"], "unknown model 'resnet999'"),
-    (["--data", "mnist"], "unknown data 'mnist'"),
+    (["--configs", "single", "fsdp"], "unknown --configs 'fsdp': use one of single, ddp, dp"),
+    (["--model", "resnet999"], "unknown --model 'resnet999': use one of resnet18, small"),
+    (["--data", "mnist"], "unknown --data 'mnist': use one of digits, cifar10, imagefolder"),
     (["--steps", "0"], "--steps must be at least 1"),
+    (["--steps", "ten"], "--steps: expected int, got 'ten'"),
+    (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    (["--config", "/nonexistent/c.yaml"], "--config: File does not exist"),
 ])
 def test_bad_input_is_one_clear_line(args, message, tmp_path, capsys):
     out = tmp_path / "out"
@@ -58,3 +61,71 @@ def test_real_dp_without_two_cuda_devices_says_which_one_runs(tmp_path):
 def test_more_bad_input(args, message, tmp_path, capsys):
     code, err = _run(capsys, "compare", "--out", str(tmp_path / "o"), *args)
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_equivalence_world_size_zero_names_its_flag(tmp_path, capsys):
+    code, err = _run(capsys, "equivalence", "--world-sizes", "2", "0", "--out", str(tmp_path / "o"))
+    assert code == 2 and err.strip() == "vae-ddp: error: --world-sizes: 0 is not a positive integer"
+    assert not (tmp_path / "o").exists()
+
+
+def test_unwritable_out_is_found_before_training(tmp_path, capsys):
+    (tmp_path / "a-file").write_text("")
+    out = tmp_path / "a-file" / "runs"
+    code, err = _run(capsys, "compare", "--steps", "1", "--out", str(out))
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert f"--out {out} is not writable" in err
+    code, err = _run(capsys, "compare", "--out", str(tmp_path / "a-file"))
+    assert code == 2 and "is a file, not a folder" in err
+
+
+def test_a_valid_out_is_left_as_it_was_after_bad_input(tmp_path, capsys):
+    out = tmp_path / "new" / "deeper"
+    code, _ = _run(capsys, "compare", "--out", str(out), "--configs", "dp", "--dp", "real", "--devices", "3")
+    assert code == 2 and not (tmp_path / "new").exists()
+
+
+def test_an_unreadable_image_is_named(tmp_path, capsys, monkeypatch):
+    from torchvision.io import write_png
+
+    monkeypatch.setenv("VAE_DDP_CACHE", str(tmp_path / "cache"))
+    for c in ("cat", "dog"):
+        (tmp_path / "imgs" / c).mkdir(parents=True)
+        for i in range(3):
+            write_png(torch.randint(0, 256, (3, 32, 32), dtype=torch.uint8), str(tmp_path / "imgs" / c / f"{i}.png"))
+    bad = tmp_path / "imgs" / "dog" / "broken.jpg"
+    bad.write_bytes(b"\xff\xd8 not really a jpeg")
+    code, err = _run(capsys, "compare", "--data", "imagefolder", "--data-dir", str(tmp_path / "imgs"),
+                     "--out", str(tmp_path / "o"))
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert f"cannot read image {bad}" in err and "remove or replace that file" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_cifar10_without_network_says_how_to_get_it(tmp_path, capsys, monkeypatch):
+    import urllib.error
+    import urllib.request
+
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    code, err = _run(capsys, "compare", "--data", "cifar10", "--data-dir", str(tmp_path / "cifar"),
+                     "--out", str(tmp_path / "o"))
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "could not get CIFAR-10" in err and "cifar-10-python.tar.gz" in err and "--data imagefolder" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_lightningcli_example_with_a_missing_data_folder(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, str(root / "examples" / "vae.py"), "fit", "--data.data_dir",
+                           str(tmp_path / "missing")], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    errors = [ln for ln in proc.stderr.splitlines() if "error" in ln.lower()]
+    assert errors == [f"vae.py: error: --data.data_dir {tmp_path / 'missing'} does not exist: point it at an "
+                      f"ImageFolder tree (<dir>/[train/]<class>/<image>), e.g. ../shared/data/cifar10-jpg-subset"]

@@ -5,8 +5,9 @@ One site build (``mkdocs build --strict``, which runs every registered example t
 Broken internal links and anchors fail the strict build (``validation`` in mkdocs.yml).
 
 The browser test drives Debian's ``chromium`` (``/usr/bin/chromium``) with Playwright's
-Python package; it never downloads a browser. If chromium is missing it is installed with
-``apt-get``; the test is skipped, saying why, only when that is impossible.
+Python package; it never downloads a browser. ``make test`` installs chromium first
+(``make browser``: ``apt-get install chromium`` when it is missing and apt is there); the
+test itself installs nothing and is skipped, saying why, when chromium is absent.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import http.server
 import importlib.util
 import os
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -62,7 +62,7 @@ def pages(site: Path) -> list[str]:
 def test_build_strict(site):
     """The strict build passes and holds the pages of the nav and the generated figures."""
     found = pages(site)
-    for page in ("/", "/reproduce/", "/dataparallel/", "/scaling/", "/api/"):
+    for page in ("/", "/reproduce/", "/notebook/", "/dataparallel/", "/scaling/", "/api/"):
         assert page in found, f"{page} missing from the built site: {found}"
     assert (site / "generated" / "demo" / "curves.png").stat().st_size > 0
     assert (site / "search" / "search_index.json").is_file()
@@ -79,6 +79,34 @@ def test_generated_output_included(site):
     number = re.findall(r"\d+\.\d+", first_row)[0]
     assert number in (site / "index.html").read_text()
     assert number not in (DOCS / "index.md").read_text()
+
+
+def test_study_tables_are_what_the_studies_printed(site):
+    """Every ``output: tables`` entry: the page includes the tables.md the study wrote, and that
+    Markdown is exactly what it printed (one block of its stdout), not a rewording of it."""
+    hook = _hook()
+    entries = [e for e in hook.load_registry(ROOT) if e["output"] == "tables"]
+    assert {"demo", "equivalence", "ablation", "seeds", "step_time"} <= {e["name"] for e in entries}
+    for e in entries:
+        out = DOCS / "generated" / e["name"]
+        tables = (out / "tables.md").read_text()
+        assert (out / "output.md").read_text() == tables, e["name"]
+        assert "\n|---" in tables or "|\n|-" in tables, f"{e['name']}: no Markdown table in tables.md"
+        assert tables.strip() in (out / "stdout.txt").read_text(), f"{e['name']}: tables.md is not what it printed"
+
+
+def test_notebook_page_is_executed_and_downloadable(site):
+    """docs/notebook.ipynb is run during the build (its outputs are not committed) and offered
+    for download from its page."""
+    import json
+
+    committed = json.loads((DOCS / "notebook.ipynb").read_text())
+    assert not any(c.get("outputs") for c in committed["cells"]), "commit the notebook without outputs"
+    html = (site / "notebook" / "index.html").read_text()
+    assert "jp-OutputArea-output" in html
+    assert re.search(r"single \(1, \d+, \d+, \d+\), DDP \(2, \d+, \d+, \d+\)", html), "no output of the run"
+    assert (site / "notebook" / "notebook.ipynb").is_file()
+    assert 'href="notebook.ipynb"' in html
 
 
 # --------------------------------------------------------------------------- the hook
@@ -142,22 +170,37 @@ def test_hook_registry_errors(tmp_path):
         hook.generate(root)
 
 
-def test_extract_tables():
+TABLES = """
+import argparse, pathlib, sys
+sys.path.insert(0, {src!r})
+from vae_ddp.studies.table import format_table, write_tables
+p = argparse.ArgumentParser(); p.add_argument("--out", type=pathlib.Path); a = p.parse_args()
+md = format_table(["n", "max |a - b|"], [[2, 0.5]], title="after 3 steps")
+print("progress line, not for the page")
+print(md)
+write_tables(a.out, md)
+"""
+
+
+def test_hook_output_tables_is_the_file_the_entry_wrote(tmp_path):
+    """``output: tables``: output.md is the entry's tables.md, not its stdout; a pipe inside a
+    cell stays content (escaped), so the table keeps its two columns."""
     hook = _hook()
-    text = "[single] step 1\n== ddp: 2 process(es)\nafter 3 steps\n\n| a | b |\n|---|---|\n| 1 | 2 |\nwrote x\n"
-    assert hook.extract_tables(text) == "**after 3 steps**\n\n| a | b |\n|---|---|\n| 1 | 2 |"
+    root = _project(tmp_path, {"study.py": TABLES.format(src=str(ROOT / "src"))},
+                    "examples:\n  - script: examples/study.py\n    output: tables\n")
+    assert hook.generate(root) == {"study": "ran"}
+    out = root / "docs" / "generated" / "study"
+    assert (out / "output.md").read_text() == (
+        "after 3 steps\n\n| n | max \\|a - b\\| |\n|---|---------------|\n| 2 | 0.5000        |\n")
+    assert "progress line" in (out / "stdout.txt").read_text()
 
 
-def test_tables_escape_pipes_inside_cells():
+def test_hook_output_tables_missing_file_fails(tmp_path):
     hook = _hook()
-    text = "| n | max |a - b| |\n|---|-------------|\n| 2 | 1.0         |\n"
-    assert hook.extract_tables(text).splitlines()[0] == "| n | max \\|a - b\\| |"
-
-
-def test_sphinx_roles_render_as_code():
-    hook = _hook()
-    html = "see :class:<code>~vae_ddp.model.VAE</code> and :func:<code>vae_ddp.model.vae_loss</code>"
-    assert hook.on_page_content(html) == "see <code>VAE</code> and <code>vae_ddp.model.vae_loss</code>"
+    root = _project(tmp_path, {"quiet.py": "print('| a |\\n|---|\\n| 1 |')\n"},
+                    "examples:\n  - script: examples/quiet.py\n    output: tables\n")
+    with pytest.raises(hook.PluginError, match=r"`output: tables` but wrote no tables.md"):
+        hook.generate(root)
 
 
 # --------------------------------------------------------------------------- code blocks
@@ -197,23 +240,9 @@ def test_code_blocks(example, eval_example):
 
 @pytest.fixture(scope="module")
 def chromium() -> str:
-    """Debian's chromium, installed with apt-get if it is missing (never downloaded otherwise)."""
-    if os.path.exists(CHROMIUM):
-        return CHROMIUM
-    apt = shutil.which("apt-get")
-    if apt is None:
-        pytest.skip(f"{CHROMIUM} is missing and there is no apt-get to install Debian's chromium")
-    prefix = [] if os.geteuid() == 0 else (["sudo", "-n"] if shutil.which("sudo") else None)
-    if prefix is None:
-        pytest.skip(f"{CHROMIUM} is missing and installing it needs root (no sudo)")
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for cmd in (prefix + [apt, "update"], prefix + [apt, "install", "-y", "--no-install-recommends", "chromium"]):
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1200)
-        if proc.returncode != 0:
-            pytest.skip(f"could not install Debian's chromium ({' '.join(cmd)} exited {proc.returncode}): "
-                        f"{(proc.stderr or proc.stdout).strip()[-500:]}")
+    """Debian's chromium (``make browser`` installs it); the browser tests skip without it."""
     if not os.path.exists(CHROMIUM):
-        pytest.skip(f"apt-get installed chromium but {CHROMIUM} does not exist")
+        pytest.skip(f"{CHROMIUM} is missing: run `make browser` (apt-get install chromium) to run the browser tests")
     return CHROMIUM
 
 

@@ -2,7 +2,8 @@
 
 Registered in ``mkdocs.yml`` (``hooks: [docs/hooks/generate.py]``). Before each build
 (``on_pre_build``) it runs every entry of ``docs/examples.yml`` whose inputs changed and
-writes ``docs/generated/<name>/``: ``output.md`` (what the entry printed), ``command.md``
+writes ``docs/generated/<name>/``: ``output.md`` (what the entry printed, or with ``output:
+tables`` the ``tables.md`` it wrote: a study's titles, tables and verdicts), ``command.md``
 (how it was run) and the files it wrote with ``--out`` (PNG, JSON). A failing entry fails
 the build with the end of its stderr. ``VAE_DDP_FULL=1`` runs the full settings
 (``full_args``) instead of the reduced ones (``args``).
@@ -10,17 +11,12 @@ the build with the end of its stderr. ``VAE_DDP_FULL=1`` runs the full settings
 It also writes ``docs/generated/summary/output.md``, the Home page's factor table, from
 the ``"summary"`` objects of the entries marked ``summary: true``.
 
-``on_config`` drops from the nav the pages listed in ``extra.planned_pages`` that do not
-exist yet (pages other engineers are writing); every other nav entry stays checked.
-``on_page_content`` shows the Sphinx roles left in docstrings (``:class:`X```) as code.
-
 Run it alone with ``python docs/hooks/generate.py`` (generates without building).
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import logging
 import os
@@ -42,9 +38,10 @@ log = logging.getLogger("mkdocs.hooks.generate")
 REGISTRY = "docs/examples.yml"
 GENERATED = "docs/generated"
 STAMP = ".stamp"
-OUTPUT_MODES = ("markdown", "tables", "text", "log")
-KEYS = {"name", "script", "command", "args", "full_args", "output", "keep", "drop", "timeout", "requires", "summary",
-        "page"}
+OUTPUT_MODES = ("markdown", "tables", "log")
+KEYS = {"name", "script", "command", "args", "full_args", "output", "drop", "timeout", "summary", "page"}
+#: With ``output: tables`` the entry writes the Markdown it shows into its output folder.
+TABLES = "tables.md"
 #: Python warnings (``path.py:LINE: Category: message`` and the source line after it) are not output.
 WARNING_LINE = re.compile(r"^\S+\.py:\d+: ")
 
@@ -91,10 +88,9 @@ def load_registry(root: Path) -> list[dict[str, Any]]:
         e["full_args"] = [str(a) for a in e["full_args"]] if "full_args" in e else e["args"]
         e["timeout"] = float(e.get("timeout", 600))
         try:
-            e["keep"] = [re.compile(k) for k in e.get("keep") or []]
             e["drop"] = [re.compile(k) for k in e.get("drop") or []]
         except re.error as err:
-            raise PluginError(f"{where}: bad `keep` pattern: {err}") from None
+            raise PluginError(f"{where}: bad `drop` pattern: {err}") from None
         entries.append(e)
     return entries
 
@@ -148,50 +144,14 @@ def wrapped_command(argv: list[str], width: int = 88) -> str:
 def digest(root: Path, e: dict[str, Any], argv: list[str]) -> str:
     h = hashlib.sha256()
     # How the output is rendered is not part of the key: output.md is re-rendered from
-    # stdout.txt on every build. Only whether stderr is merged into it is.
+    # stdout.txt (or tables.md) on every build. Only whether stderr is merged into it is.
     h.update(json.dumps({"argv": display_command(argv), "merged": e["output"] == "log", "full": full_mode()}).encode())
     files = sorted((root / "src" / "vae_ddp").rglob("*.py"))
     if "script" in e:
-        files += [root / e["script"], *sorted((root / "examples").glob("_*.py"))]
+        files.append(root / e["script"])
     for f in files:
         h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes() + b"\0")
     return h.hexdigest()
-
-
-def escape_cell_pipes(table: list[str]) -> list[str]:
-    """Escape ``|`` inside cells of a padded pipe table (``vae_ddp.studies.table.format_table``'s):
-    the separator row gives the column boundaries, any other ``|`` is content."""
-    sep = next((ln for ln in table if re.fullmatch(r"\|(-+\|)+", ln.rstrip())), None)
-    if sep is None:
-        return table
-    bounds = {i for i, c in enumerate(sep.rstrip()) if c == "|"}
-    out = []
-    for ln in table:
-        ln = ln.rstrip()
-        if ln is sep or len(ln) != len(sep.rstrip()) or any(ln[i] != "|" for i in bounds):
-            out.append(ln)  # not aligned with the separator: leave it as it is
-        else:
-            out.append("".join("\\|" if c == "|" and i not in bounds else c for i, c in enumerate(ln)))
-    return out
-
-
-def extract_tables(stdout: str) -> str:
-    """The Markdown tables of ``stdout``, each with its title (the non-blank line before it)."""
-    lines, blocks, i = stdout.splitlines(), [], 0
-    while i < len(lines):
-        if lines[i].startswith("|"):
-            j = i
-            while j < len(lines) and lines[j].startswith("|"):
-                j += 1
-            k = i - 1
-            while k >= 0 and not lines[k].strip():
-                k -= 1
-            title = lines[k] if k >= 0 and not lines[k].startswith(("|", "[", "==")) else ""
-            blocks.append(((f"**{title.strip()}**\n\n") if title else "") + "\n".join(escape_cell_pipes(lines[i:j])))
-            i = j
-        else:
-            i += 1
-    return "\n\n".join(blocks)
 
 
 def clean_log(e: dict[str, Any], text: str) -> str:
@@ -209,40 +169,31 @@ def clean_log(e: dict[str, Any], text: str) -> str:
     return "\n".join(out).strip("\n")
 
 
-def render_output(e: dict[str, Any], stdout: str) -> str:
+def render_output(e: dict[str, Any], out: Path) -> str:
+    """The entry's ``output.md``: from ``stdout.txt``, or ``tables.md`` with ``output: tables``."""
+    if e["output"] == "tables":
+        tables = out / TABLES
+        if not tables.is_file():
+            raise PluginError(f"example {e['name']!r} has `output: tables` but wrote no {TABLES} into its output "
+                              f"folder ({out}); a study writes it with vae_ddp.studies.table.write_tables")
+        return tables.read_text().rstrip() + "\n"
+    stdout = (out / "stdout.txt").read_text()
     if e["output"] == "log":
         return "```text\n" + clean_log(e, stdout) + "\n```\n"
-    if e["output"] == "markdown":
-        return stdout.rstrip() + "\n"
-    if e["output"] == "text":
-        return "```text\n" + stdout.rstrip() + "\n```\n"
-    tables = extract_tables(stdout)
-    if not tables:
-        raise PluginError(f"example {e['name']!r}: `output: tables` but it printed no Markdown table:\n{stdout[-2000:]}")
-    kept = [ln for ln in stdout.splitlines() if any(k.search(ln) for k in e["keep"])]
-    return "".join(f"{ln}  \n" for ln in kept) + ("\n" if kept else "") + tables + "\n"
+    return stdout.rstrip() + "\n"
 
 
 def run_entry(root: Path, e: dict[str, Any]) -> str:
-    """Run one entry unless its stamp matches; return 'cached', 'ran' or 'skipped'."""
+    """Run one entry unless its stamp matches; return 'cached' or 'ran'."""
     out_rel = f"{GENERATED}/{e['name']}"
     out = root / out_rel
     argv = command_of(e, out_rel)
     key = digest(root, e, argv)
     stamp = out / STAMP
     if stamp.is_file() and stamp.read_text() == key and (out / "stdout.txt").is_file():
-        write_if_changed(out / "output.md", render_output(e, (out / "stdout.txt").read_text()))
+        write_if_changed(out / "output.md", render_output(e, out))
         write_if_changed(out / "command.md", f"```bash\n{wrapped_command(argv)}\n```\n")
         return "cached"
-    if e.get("requires") and importlib.util.find_spec(e["requires"]) is None:
-        if stamp.exists():  # outputs of an earlier real run
-            shutil.rmtree(out)
-        out.mkdir(parents=True, exist_ok=True)
-        write_if_changed(out / "output.md",
-                         f'!!! note "Not generated yet"\n    `{display_command(argv)}` needs `{e["requires"]}`, '
-                         "which is not implemented yet; this output appears once it is.\n")
-        write_if_changed(out / "command.md", f"```bash\n{wrapped_command(argv)}\n```\n")
-        return "skipped"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1", MPLBACKEND="Agg", PYTHONHASHSEED="0")
@@ -265,7 +216,7 @@ def run_entry(root: Path, e: dict[str, Any]) -> str:
         tail = "\n".join((proc.stdout if merged else proc.stderr).rstrip().splitlines()[-40:])
         raise PluginError(f"example {e['name']!r} failed (exit code {proc.returncode}): "
                           f"{display_command(argv)}\n--- stderr (end) ---\n{tail}")
-    (out / "output.md").write_text(render_output(e, proc.stdout))
+    (out / "output.md").write_text(render_output(e, out))
     (out / "command.md").write_text(f"```bash\n{wrapped_command(argv)}\n```\n")
     stamp.write_text(key)
     log.info("generate: %s ran in %.0f s", e["name"], time.monotonic() - t0)
@@ -295,18 +246,16 @@ def write_summary(root: Path, entries: list[dict[str, Any]]) -> None:
             first = next(iter(row)) if row else "factor"
             row[first] = f"[{row.get(first, e['name'])}]({e['page']})"
         rows.append(row)
+    if not rows:
+        return
+    cols: list[str] = []
+    for r in rows:
+        cols += [c for c in r if c not in cols]
+    cell = lambda v: "-" if v is None else str(v).replace("|", "\\|").replace("\n", " ")  # noqa: E731
+    text = "| " + " | ".join(cols) + " |\n|" + "|".join("---" for _ in cols) + "|\n"
+    text += "".join("| " + " | ".join(cell(r.get(c)) for c in cols) + " |\n" for r in rows)
     out = root / GENERATED / "summary"
     out.mkdir(parents=True, exist_ok=True)
-    if not rows:
-        text = ('!!! note "The factor table appears here"\n    It is generated from the factor examples '
-                "(`summary: true` in `docs/examples.yml`) once they are registered.\n")
-    else:
-        cols: list[str] = []
-        for r in rows:
-            cols += [c for c in r if c not in cols]
-        cell = lambda v: "-" if v is None else str(v).replace("|", "\\|").replace("\n", " ")  # noqa: E731
-        text = "| " + " | ".join(cols) + " |\n|" + "|".join("---" for _ in cols) + "|\n"
-        text += "".join("| " + " | ".join(cell(r.get(c)) for c in cols) + " |\n" for r in rows)
     write_if_changed(out / "output.md", text)
 
 
@@ -329,20 +278,16 @@ def generate(root: Path, only: Optional[list[str]] = None) -> dict[str, str]:
     else:
         todo = entries
     done: dict[str, str] = {}
-    if jobs() == 1:
-        for e in todo:
-            done[e["name"]] = run_entry(root, e)
-    else:
-        with ThreadPoolExecutor(max_workers=jobs()) as pool:  # run_entry waits on subprocesses
-            futures = {e["name"]: pool.submit(run_entry, root, e) for e in todo}
-            errors = []
-            for name, f in futures.items():
-                try:
-                    done[name] = f.result()
-                except PluginError as err:
-                    errors.append(str(err))
-            if errors:
-                raise PluginError("\n\n".join(errors))
+    errors: list[str] = []
+    with ThreadPoolExecutor(max_workers=jobs()) as pool:  # threads: run_entry waits on a subprocess
+        futures = {e["name"]: pool.submit(run_entry, root, e) for e in todo}
+        for name, f in futures.items():
+            try:
+                done[name] = f.result()
+            except PluginError as err:
+                errors.append(str(err))
+    if errors:
+        raise PluginError("\n\n".join(errors))
     if not only:
         write_summary(root, entries)
     return done
@@ -350,51 +295,9 @@ def generate(root: Path, only: Optional[list[str]] = None) -> dict[str, str]:
 
 # --------------------------------------------------------------------------- MkDocs events
 
-def _root(config) -> Path:
-    return Path(config.config_file_path).resolve().parent
-
-
-def _prune(nav: list, docs_dir: Path, planned: set[str]) -> list:
-    kept = []
-    for item in nav:
-        if isinstance(item, dict):
-            (title, value), = item.items()
-            if isinstance(value, list):
-                value = _prune(value, docs_dir, planned)
-                if value:
-                    kept.append({title: value})
-                continue
-            if value in planned and not (docs_dir / value).is_file():
-                log.info("nav: %s is not written yet; left out of the nav", value)
-                continue
-            kept.append(item)
-        elif isinstance(item, str) and item in planned and not (docs_dir / item).is_file():
-            log.info("nav: %s is not written yet; left out of the nav", item)
-        else:
-            kept.append(item)
-    return kept
-
-
-def on_config(config, **kwargs):
-    planned = set((config.extra or {}).get("planned_pages") or [])
-    if config.nav and planned:
-        config.nav = _prune(config.nav, Path(config.docs_dir), planned)
-    return config
-
-
-#: Sphinx roles left in the docstrings (``:class:`~a.b.C```) render as ":class:<code>~a.b.C</code>".
-SPHINX_ROLE = re.compile(r":(?:class|func|meth|mod|attr|data|exc|obj):<code>(~?)([^<]+)</code>")
-
-
-def on_page_content(html, **kwargs):
-    """Show Sphinx roles of the API docstrings as code (``~`` keeps the last name only)."""
-    return SPHINX_ROLE.sub(lambda m: f"<code>{m.group(2).rsplit('.', 1)[-1] if m.group(1) else m.group(2)}</code>", html)
-
-
 def on_pre_build(config, **kwargs):
-    root = _root(config)
     t0 = time.monotonic()
-    done = generate(root)
+    done = generate(Path(config.config_file_path).resolve().parent)
     log.info("generate: %s (%.0f s%s)", ", ".join(f"{k} {v}" for k, v in done.items()),
              time.monotonic() - t0, ", VAE_DDP_FULL" if full_mode() else "")
 

@@ -1,114 +1,293 @@
-"""``vae-ddp``: a thin command line over the library.
+"""``vae-ddp``: a thin command line over the library, built with jsonargparse.
 
-Subcommands: ``compare`` (the main job), ``equivalence``, ``ablation``, ``seeds``.
-Bad input gets one line on stderr and exit code 2 before any training; a failed run
-(any rank) gets its error and exit code 1.
+A subcommand is a typed function registered once in [`commands`][vae_ddp.cli.commands]: each
+parameter becomes a flag (``--name-with-dashes``, typed and checked by its annotation;
+``Literal`` types give the choices), a parameter ``base: RunSpec`` becomes the flags of the
+[`RunSpec`][vae_ddp.studies.configs.RunSpec] fields (so every fix of the factor registry is a switch:
+``--noise``, ``--sync-bn``, ``--sampler``, ``--sync-dist-logging``; ``--exact`` turns all on), and
+``out_dir`` becomes ``--out``. Every subcommand takes ``--config FILE`` and ``--print_config``.
+
+Bad input gets one line on stderr (``vae-ddp: error: ...``) and exit code 2 before any
+training; a failed run (any rank) gets its error and exit code 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import dataclasses
+import inspect
+import os
+import re
 import sys
+import typing
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Callable, Literal, Optional
 
-from vae_ddp.studies.configs import CONFIGS, DTYPES, RunSpec
-from vae_ddp.data import DATASETS
-from vae_ddp.studies.dp import DP_MODES
 from vae_ddp.errors import UserError
-from vae_ddp.model import MODELS
+from vae_ddp.fixes import registry
+from vae_ddp.studies.configs import CONFIGS, RunSpec, flag
 
-__all__ = ["main", "build_parser"]
-
-
-def _common(p: argparse.ArgumentParser, steps: int, out: str, gbs: int = 64) -> None:
-    p.add_argument("--data", default="digits", help=f"one of {', '.join(DATASETS)} (default: digits, bundled)")
-    p.add_argument("--data-dir", default=None, help="ImageFolder root for --data imagefolder, CIFAR-10 root for cifar10")
-    p.add_argument("--max-samples", type=int, default=None, help="use a fixed random subset of this many images")
-    p.add_argument("--model", default="small", help=f"one of {', '.join(MODELS)} (default: small)")
-    p.add_argument("--steps", type=int, default=steps, help=f"optimizer steps (default: {steps})")
-    p.add_argument("--global-batch-size", type=int, default=gbs, help=f"samples per optimizer step (default: {gbs})")
-    p.add_argument("--dtype", default="float32", help=f"one of {', '.join(DTYPES)}")
-    p.add_argument("--accelerator", default="cpu", choices=["cpu", "gpu"], help="cpu (gloo) or gpu (NCCL)")
-    p.add_argument("--lr", type=float, default=1e-4, help="learning rate (default: 1e-4, the report's)")
-    p.add_argument("--optimizer", default="adam", help="adam (the report's) or sgd")
-    p.add_argument("--out", type=Path, default=Path(out), help=f"output folder (default: {out})")
+__all__ = ["main", "build_parser", "Command", "commands", "register"]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vae-ddp", description=(
+@dataclass
+class Command:
+    """One subcommand: a typed function and how its parameters appear on the command line.
+
+    Attributes:
+        function: the study; ``base: RunSpec`` and ``out_dir: Path`` parameters are filled from
+            the RunSpec flags and ``--out``, every other parameter from its own flag.
+        help: one line for ``vae-ddp --help``.
+        out: default of ``--out``.
+        defaults: defaults of flags (RunSpec fields or parameters) for this subcommand.
+        types: annotations that replace a parameter's own (e.g. ``Literal`` choices).
+        hide: RunSpec fields this subcommand does not take.
+        seed: add ``--seed`` (the run's seed, ``RunSpec.seeds = [seed]``).
+        switches: add the fix switches of the factor registry and ``--exact`` (False for studies
+            that set the fixes themselves).
+    """
+
+    function: Callable
+    help: str
+    out: str = "runs/out"
+    defaults: dict = field(default_factory=dict)
+    types: dict = field(default_factory=dict)
+    hide: frozenset = frozenset()
+    seed: bool = True
+    switches: bool = True
+
+
+#: RunSpec fields that are set by the studies, not by the command line.
+INTERNAL = frozenset({"config", "seeds", "label", "save_params", "record_indices"})
+_COMMANDS: dict[str, Callable[[], Command]] = {}
+
+
+def register(name: str) -> Callable:
+    """Decorator: ``@register("name")`` on a function returning the [`Command`][vae_ddp.cli.Command]
+    (called when the parser is built, so studies are imported only then)."""
+    def deco(make: Callable[[], Command]) -> Callable[[], Command]:
+        _COMMANDS[name] = make
+        return make
+    return deco
+
+
+def commands() -> dict[str, Command]:
+    """Every registered subcommand, by name."""
+    return {name: make() for name, make in _COMMANDS.items()}
+
+
+@register("compare")
+def _compare() -> Command:
+    from vae_ddp.studies.compare import compare
+
+    return Command(compare, "train single, ddp and dp side by side (the main job)", out="runs/compare",
+                   defaults={"steps": 60, "global_batch_size": 256, "val_every": 10, "configs": list(CONFIGS)},
+                   types={"configs": list[Literal[CONFIGS]]})
+
+
+@register("equivalence")
+def _equivalence() -> Command:
+    from jsonargparse.typing import PositiveInt
+
+    from vae_ddp.studies.equivalence import equivalence
+
+    return Command(equivalence, "all fixes on: does ddp match single to the last digits?", out="runs/equivalence",
+                   defaults={"steps": 100, "global_batch_size": 64, "world_sizes": [2, 4]},
+                   types={"world_sizes": list[PositiveInt]}, hide=frozenset({"devices", "dp_mode"}), switches=False)
+
+
+@register("ablation")
+def _ablation() -> Command:
+    from vae_ddp.studies.ablation import ablation
+
+    return Command(ablation, "from the exact configuration, undo one fix at a time", out="runs/ablation",
+                   defaults={"steps": 100, "global_batch_size": 64}, hide=frozenset({"dp_mode"}), switches=False)
+
+
+@register("seeds")
+def _seeds() -> Command:
+    from vae_ddp.studies.seeds import STUDY_CONFIGS, seed_study
+
+    return Command(seed_study, "the statistical study: many seeds of single, ddp, fixed ddp and dp",
+                   out="runs/seeds", seed=False,
+                   defaults={"steps": 100, "global_batch_size": 64, "val_every": 0, "num_seeds": 10,
+                             "configs": ["single", "ddp", "ddp+fixed", "dp"]},
+                   types={"configs": list[Literal[STUDY_CONFIGS]]})
+
+
+# --- parser ----------------------------------------------------------------------------------------
+
+def _help_of(obj: Any) -> dict[str, str]:
+    """Parameter/attribute descriptions of a docstring (Google style), one line each."""
+    import docstring_parser
+
+    doc = docstring_parser.parse(inspect.getdoc(obj) or "")
+    out = {}
+    for p in doc.params:
+        text = re.sub(r"\[`([^`]+)`\]\[[^\]]+\]", r"\1", " ".join((p.description or "").split()))
+        out[p.arg_name] = text.replace("``", "")
+    return out
+
+
+def _add(parser, name: str, hint: Any, default: Any, help: str) -> None:
+    kwargs: dict[str, Any] = dict(dest=name, default=default, help=help.replace("%", "%%"))
+    names = [flag(name)]
+    if "-" in names[0][2:]:
+        names.append("--" + name)  # the config file's key works as a flag too
+    if hint is bool:
+        kwargs["action"] = "store_true"
+    elif typing.get_origin(hint) is list:
+        kwargs.update(type=typing.get_args(hint)[0], nargs="+")
+    else:
+        kwargs["type"] = hint
+    parser.add_argument(*names, **kwargs)
+
+
+def _subparser(name: str, cmd: Command, spec_cls: type = RunSpec):
+    from jsonargparse import ArgumentParser
+
+    p = ArgumentParser(prog=f"vae-ddp {name}", description=cmd.help, exit_on_error=False)
+    p.add_argument("--config", action="config", help="read the options from this YAML file (--print_config writes one)")
+    sig = inspect.signature(cmd.function)
+    hints = typing.get_type_hints(cmd.function)
+    helps = _help_of(cmd.function)
+    if "base" in sig.parameters:
+        spec_hints, spec_help = typing.get_type_hints(spec_cls), _help_of(spec_cls)
+        hide = cmd.hide | INTERNAL | (frozenset() if cmd.switches else {f.field for f in registry.switches()})
+        for f in dataclasses.fields(spec_cls):
+            if f.name in hide:
+                continue
+            default = cmd.defaults.get(f.name, f.default)
+            _add(p, f.name, spec_hints[f.name], default, spec_help.get(f.name, ""))
+        if cmd.seed:
+            _add(p, "seed", int, cmd.defaults.get("seed", 0), "the run's seed (seed_everything)")
+        if "exact" not in sig.parameters and cmd.switches:
+            p.add_argument("--exact", action="store_true", help="turn every fix on (RunSpec.exact())")
+    for pname, param in sig.parameters.items():
+        if pname == "base":
+            continue
+        if pname == "out_dir":
+            p.add_argument("--out", dest="out_dir", type=Path, default=Path(cmd.out), help=f"output folder")
+            continue
+        hint = cmd.types.get(pname, hints.get(pname, Any))  # unannotated: parsed as YAML
+        default = cmd.defaults.get(pname, None if param.default is inspect.Parameter.empty else param.default)
+        text = helps.get(pname, "")
+        if pname == "exact":
+            text = text or "turn every fix on (RunSpec.exact()) for single and ddp"
+        _add(p, pname, hint, default, text)
+    return p
+
+
+def build_parser(spec_cls: type = RunSpec):
+    """The ``vae-ddp`` parser (jsonargparse), one subcommand per registered [`Command`][vae_ddp.cli.Command];
+    ``spec_cls``: RunSpec or a subclass with more fields (tests add a factor's switch this way)."""
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser(prog="vae-ddp", exit_on_error=False, description=(
         "Why DDP on N devices with per-device batch B/N does not reproduce one device with batch B, "
         "measured on the lightning-bolts CIFAR-10 VAE."))
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    p = sub.add_parser("compare", help="train single, ddp and dp side by side (the main job)")
-    _common(p, steps=60, out="runs/compare", gbs=256)
-    p.add_argument("--devices", type=int, default=2, help="world size of ddp, replicas of dp (default: 2)")
-    p.add_argument("--configs", nargs="+", default=list(CONFIGS), help=f"any of {', '.join(CONFIGS)}")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--val-every", type=int, default=10, help="validate every N steps (0: never)")
-    p.add_argument("--dp", dest="dp_mode", default="auto", help=f"one of {', '.join(DP_MODES)}: real "
-                   "torch.nn.DataParallel needs 2+ CUDA devices; auto picks it when present, else the emulation")
-    p.add_argument("--exact", action="store_true", help="turn every fix on (noise, BatchNorm, sampler, logging)")
-
-    p = sub.add_parser("equivalence", help="all fixes on: does ddp match single to the last digits?")
-    _common(p, steps=100, out="runs/equivalence")
-    p.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
-    p.add_argument("--seed", type=int, default=0)
-
-    p = sub.add_parser("ablation", help="from the exact configuration, undo one fix at a time")
-    _common(p, steps=100, out="runs/ablation")
-    p.add_argument("--devices", type=int, default=2)
-    p.add_argument("--seed", type=int, default=0)
-
-    p = sub.add_parser("seeds", help="the statistical study: many seeds of single, ddp, fixed ddp and dp")
-    _common(p, steps=100, out="runs/seeds")
-    p.add_argument("--devices", type=int, default=2)
-    p.add_argument("--num-seeds", type=int, default=10)
-    p.add_argument("--configs", nargs="+", default=["single", "ddp", "ddp+fixed", "dp"],
-                   help="any of single, ddp, ddp+fixed, ddp+per_rank, dp")
-    p.add_argument("--val-every", type=int, default=0, help="validate every N steps (0: only at the end)")
-    p.add_argument("--dp", dest="dp_mode", default="auto", help=f"one of {', '.join(DP_MODES)}")
+    sub = parser.add_subcommands(dest="command")
+    for name, cmd in commands().items():
+        sub.add_subcommand(name, _subparser(name, cmd, spec_cls), help=cmd.help)
     return parser
 
 
-def _spec(args: argparse.Namespace, **overrides) -> RunSpec:
-    base = dict(data=args.data, data_dir=args.data_dir, max_samples=args.max_samples, model=args.model,
-                steps=args.steps, global_batch_size=args.global_batch_size, dtype=args.dtype,
-                accelerator=args.accelerator, lr=args.lr, optimizer=args.optimizer)
-    for name in ("devices", "dp_mode", "val_every"):
-        if hasattr(args, name):
-            base[name] = getattr(args, name)
-    if hasattr(args, "seed"):
-        base["seeds"] = [args.seed]
-    base.update(overrides)
-    return RunSpec(**base)
+# --- errors ----------------------------------------------------------------------------------------
+
+_KEY = re.compile(r'Parser key "(?:[\w-]+\.)?(\w+)"(?: element \d+)?:\s*', re.S)
+_LITERAL = re.compile(r"Expected a typing\.Literal\[(.*)\]\. Got value: (.*)", re.S)
+
+
+def one_line(message: str) -> str:
+    """jsonargparse's (possibly multi-line) parse error as one line naming the flag."""
+    m = _KEY.search(message)
+    if m:
+        name, rest = m.group(1), message[m.end():]
+        lit = _LITERAL.search(rest)
+        if lit:
+            choices = ast.literal_eval(f"({lit.group(1)},)")
+            return f"unknown {flag(name)} {lit.group(2).strip()!r}: use one of {', '.join(map(str, choices))}"
+        rest = re.sub(r"<class '(?:[\w.]+\.)?(\w+)'>", r"\1", rest)
+        rest = re.sub(r"Expected a (\w+)\. Got value: (.*)", r"expected \1, got '\2'", rest, flags=re.S)
+        rest = re.sub(r"Not of type (\w+): (.*?) does not conform to restriction v>0", r"\2 is not a positive integer",
+                      rest)
+        message = f"{flag(name)}: {rest}"
+    message = message.replace('expected "command" to be one of', "expected a subcommand, one of")
+    return " ".join(message.split())
+
+
+def _check_out(out: Path) -> None:
+    """``--out`` must be a folder we can create and write into: checked before any training by
+    creating it and a scratch file, then removing what the check created."""
+    import tempfile
+
+    out = Path(out).expanduser()
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file, not a folder: choose a folder path")
+    created, p = [], out
+    while not p.exists():
+        created.append(p)
+        p = p.parent
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd, scratch = tempfile.mkstemp(dir=out, prefix=".write-check-")
+        os.close(fd)
+        os.unlink(scratch)
+    except OSError as err:
+        raise UserError(f"--out {out} is not writable ({err.strerror or err}): choose a folder you can write to") from None
+    finally:
+        for d in created:  # deepest first
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+
+
+def _call(cmd: Command, ns: argparse.Namespace) -> Any:
+    args = {k: v for k, v in vars(ns).items() if k not in ("config", "__path__") and not k.startswith("__")}
+    sig = inspect.signature(cmd.function)
+    kwargs = {}
+    if "base" in sig.parameters:
+        spec_fields = {f.name for f in dataclasses.fields(RunSpec)}
+        spec_kw = {k: args.pop(k) for k in list(args) if k in spec_fields}
+        if "seed" in args:
+            spec_kw["seeds"] = [args.pop("seed")]
+        exact = args.get("exact") if "exact" in sig.parameters else args.pop("exact", False)
+        base = RunSpec(**spec_kw)
+        if exact and "exact" not in sig.parameters:
+            base = base.exact()
+        _preflight(base)
+        kwargs["base"] = base
+    if "out_dir" in args:
+        _check_out(args["out_dir"])
+    kwargs.update({k: v for k, v in args.items() if k in sig.parameters})
+    return cmd.function(**kwargs)
+
+
+def _preflight(base: RunSpec) -> None:
+    """Everything about the input that can be checked before training: the spec's values,
+    and the data (every image decodes; CIFAR-10 is there or can be downloaded)."""
+    base.validate()
+    from vae_ddp.data import check_data
+
+    check_data(base.data, base.data_dir)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
     from vae_ddp.studies.launch import RunFailed
 
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        if args.command == "compare":
-            from vae_ddp.studies.compare import compare
-
-            for c in args.configs:
-                if c not in CONFIGS:
-                    raise UserError(f"unknown configuration {c!r}: use any of {', '.join(CONFIGS)}")
-            compare(_spec(args), args.configs, args.out, exact=args.exact)
-        elif args.command == "equivalence":
-            from vae_ddp.studies.equivalence import equivalence
-
-            equivalence(_spec(args), args.world_sizes, args.out)
-        elif args.command == "ablation":
-            from vae_ddp.studies.ablation import ablation
-
-            ablation(_spec(args), args.out)
-        elif args.command == "seeds":
-            from vae_ddp.studies.seeds import seed_study
-
-            seed_study(_spec(args), args.configs, args.num_seeds, args.out)
+        parser = build_parser()
+        cfg = parser.parse_args(argv)
+        name = cfg.command
+        cmd = commands()[name]
+        _call(cmd, cfg[name])
+    except argparse.ArgumentError as err:
+        print(f"vae-ddp: error: {one_line(str(err))}", file=sys.stderr)
+        return 2
     except UserError as err:
         print(f"vae-ddp: error: {err}", file=sys.stderr)
         return 2
@@ -119,6 +298,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     except RunFailed as err:
         print(f"vae-ddp: error: {err}", file=sys.stderr)
         return 1
+    except SystemExit as err:  # --help, --print_config
+        return err.code if isinstance(err.code, int) else 0
     except KeyboardInterrupt:
         print("vae-ddp: interrupted", file=sys.stderr)
         return 130

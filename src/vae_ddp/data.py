@@ -27,7 +27,7 @@ from vae_ddp.errors import UserError
 from vae_ddp.fixes.sampler import GlobalBatchDistributedSampler
 
 __all__ = ["ImageTensorDataset", "CIFAR10DataModule", "ImageFolderDataModule", "DigitsDataModule", "DATASETS",
-           "make_datamodule", "CIFAR10_MEAN", "CIFAR10_STD"]
+           "make_datamodule", "check_data", "CIFAR10_MEAN", "CIFAR10_STD"]
 
 #: Data names accepted by ``vae-ddp --data``.
 DATASETS = ("digits", "cifar10", "imagefolder")
@@ -169,6 +169,15 @@ class ImageFolderDataModule(_InMemoryDataModule):
         self.data_dir = data_dir
         self.root = find_image_root(data_dir)
 
+    def prepare_data(self) -> None:
+        """Decode every image once into the cache (Lightning calls this on one process per node
+        before ``setup``; ``vae-ddp`` calls it before any training).
+
+        Raises:
+            UserError: an image that cannot be decoded (names the file).
+        """
+        self._load()
+
     def _load(self) -> tuple[Tensor, Tensor]:
         from torchvision.datasets import ImageFolder
         from torchvision.io import ImageReadMode, decode_image
@@ -181,7 +190,11 @@ class ImageFolderDataModule(_InMemoryDataModule):
             return data["images"], data["labels"]
         imgs = []
         for path, _ in folder.samples:
-            img = decode_image(path, mode=ImageReadMode.RGB)
+            try:
+                img = decode_image(path, mode=ImageReadMode.RGB)
+            except (RuntimeError, ValueError, OSError) as err:  # torchvision raises RuntimeError on corrupt files
+                reason = " ".join(str(err).split())[:120]
+                raise UserError(f"cannot read image {path} ({reason}): remove or replace that file, then rerun") from None
             if img.shape[-2:] != (32, 32):
                 img = torch.nn.functional.interpolate(img[None].float(), size=(32, 32), mode="bilinear",
                                                       antialias=True)[0].round().clamp(0, 255).to(torch.uint8)
@@ -206,11 +219,12 @@ class CIFAR10DataModule(_InMemoryDataModule):
     def prepare_data(self) -> None:
         from torchvision.datasets import CIFAR10
 
-        try:
+        try:  # torchvision checks the archive's MD5 and skips the download when the files are there
             CIFAR10(self.data_dir, train=True, download=True)
-        except Exception as err:  # no internet: say what to do
-            raise UserError(f"could not get CIFAR-10 into {self.data_dir} ({type(err).__name__}): download "
-                            f"cifar-10-python.tar.gz there, or use --data imagefolder --data-dir DIR") from None
+        except Exception as err:  # no network, or a corrupt archive: say what to do
+            raise UserError(f"could not get CIFAR-10 into {self.data_dir} ({type(err).__name__}): put "
+                            f"cifar-10-python.tar.gz from https://www.cs.toronto.edu/~kriz/cifar.html there "
+                            f"(torchvision extracts it), or use --data imagefolder --data-dir DIR") from None
 
     def _load(self) -> tuple[Tensor, Tensor]:
         from torchvision.datasets import CIFAR10
@@ -234,3 +248,15 @@ def make_datamodule(data: str, data_dir: Optional[str] = None, **kwargs) -> _InM
             raise UserError("--data imagefolder needs --data-dir DIR, e.g. ../shared/data/cifar10-jpg-subset")
         return ImageFolderDataModule(data_dir, **kwargs)
     raise UserError(f"unknown data {data!r}: use one of {', '.join(DATASETS)}")
+
+
+def check_data(data: str, data_dir: Optional[str] = None) -> None:
+    """Check before any training that the data of ``data`` can be read: every image of an
+    ImageFolder decodes (and is cached), CIFAR-10 is in ``data_dir`` or can be downloaded.
+
+    Raises:
+        UserError: what is missing or unreadable, and how to get it.
+    """
+    if data == "digits":
+        return
+    make_datamodule(data, data_dir).prepare_data()

@@ -8,5 +8,6 @@
 from vae_ddp.fixes.batchnorm import GlobalBatchNorm, GlobalSyncBatchNorm, GlooSyncBatchNorm
 from vae_ddp.fixes.noise import GlobalBatchNoise, PerRankSeed
 from vae_ddp.fixes.sampler import GlobalBatchDistributedSampler
+from vae_ddp.fixes.registry import Factor, exposures, factors, register  # noqa: F401  (the factor registry)
 
 __all__ = ["GlobalBatchNoise", "PerRankSeed", "GlobalBatchNorm", "GlobalSyncBatchNorm", "GlooSyncBatchNorm", "GlobalBatchDistributedSampler"]

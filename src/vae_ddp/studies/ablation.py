@@ -1,8 +1,8 @@
 """The ablation: from the exact configuration, switch one factor back to Lightning's default.
 
 ``vae-ddp ablation`` trains the exact ``single`` reference and ``ddp`` with all fixes, then
-``ddp`` with one fix removed at a time (noise, BatchNorm, sampler, logging) and with none
-(Lightning's defaults), and reports for each the parameter divergence from the reference
+``ddp`` with one fix removed at a time (each switch of the factor registry: noise,
+BatchNorm, sampler, logging) and with none (Lightning's defaults), and reports for each the parameter divergence from the reference
 and the differences of the KL and reconstruction terms after K steps: on the whole
 validation set with fixed noise, and in the logged training curve (mean over the last
 steps of what Lightning logged on rank 0).
@@ -17,23 +17,23 @@ from pathlib import Path
 
 import torch
 
+from vae_ddp.fixes import registry
 from vae_ddp.studies.configs import RunSpec
 from vae_ddp.studies.equivalence import max_abs_diff
 from vae_ddp.studies.launch import launch
-from vae_ddp.studies.table import format_table
+from vae_ddp.studies.table import format_table, write_tables
 
-__all__ = ["ablation", "VARIANTS"]
+__all__ = ["ablation", "variants"]
 
-#: Each variant: a name and the fields that undo one fix of the exact spec.
-VARIANTS = {
-    "all fixes": {},
-    "noise back to default": {"noise": "default"},
-    "BatchNorm back to per-rank": {"sync_bn": False},
-    "sampler back to DistributedSampler": {"sampler": "default"},
-    "logging back to rank 0": {"sync_dist_logging": False},
-    "Lightning defaults (no fix)": {"noise": "default", "sync_bn": False, "sampler": "default",
-                                    "sync_dist_logging": False},
-}
+
+def variants() -> dict[str, dict]:
+    """Each variant: a name and the RunSpec fields that undo fixes of the exact spec: none, one
+    switch of the factor registry at a time (named by its ``ablation_label``), all of them."""
+    out: dict[str, dict] = {"all fixes": {}}
+    for f in registry.switches():
+        out[f.ablation_label] = {f.field: f.default}
+    out["Lightning defaults (no fix)"] = {f.field: f.default for f in registry.switches()}
+    return out
 
 
 def _tail_mean(records: list[dict], key: str) -> float:
@@ -47,7 +47,7 @@ def ablation(base: RunSpec, out_dir: Path) -> dict:
     exact = dataclasses.replace(base, save_params=True, val_every=base.steps, seeds=base.seeds[:1]).exact()
     ref_spec = dataclasses.replace(exact, config="single", label="single").validate()
     specs = {name: dataclasses.replace(exact, config="ddp", label=name, **kw).validate()
-             for name, kw in VARIANTS.items()}
+             for name, kw in variants().items()}
     ref_run = launch(ref_spec, out_dir / "runs" / "single")["runs"][0]
     ref = torch.load(out_dir / "runs" / "single" / ref_run["params"])["state_dict"]
     rv, rr = ref_run["val_records"][-1], ref_run["records"]
@@ -70,8 +70,10 @@ def ablation(base: RunSpec, out_dir: Path) -> dict:
                      entry["logged_kl_diff"], entry["logged_recon_diff"]])
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "ablation.json").write_text(json.dumps(result, indent=1))
-    print(format_table(["ddp variant", "max abs param diff vs single", "val KL diff", "val recon diff",
-                        "logged KL diff", "logged recon diff"], rows,
-                       title=f"{base.model} VAE, {base.data}, {base.devices} ranks, global batch "
-                             f"{base.global_batch_size}, {base.steps} steps, {base.dtype}; differences to single"))
+    table = format_table(["ddp variant", "max abs param diff vs single", "val KL diff", "val recon diff",
+                          "logged KL diff", "logged recon diff"], rows,
+                         title=f"{base.model} VAE, {base.data}, {base.devices} ranks, global batch "
+                               f"{base.global_batch_size}, {base.steps} steps, {base.dtype}; differences to single")
+    print(table)
+    write_tables(out_dir, table)
     return result

@@ -14,7 +14,7 @@ from pathlib import Path
 from vae_ddp.studies.configs import RunSpec
 from vae_ddp.studies.launch import launch
 from vae_ddp.studies.plots import plot_curves
-from vae_ddp.studies.table import format_table
+from vae_ddp.studies.table import format_table, write_tables
 
 __all__ = ["compare"]
 
@@ -35,10 +35,12 @@ def compare(base: RunSpec, configs: list[str], out_dir: Path, exact: bool = Fals
         spec = dataclasses.replace(base, config=c, seeds=base.seeds[:1], label="")
         # the fixes are for ddp and single; the dp emulation keeps Lightning 1.x DP's behaviour
         specs.append((spec.exact() if exact and c != "dp" else spec).validate())
+    notes = []  # shown above the table on the page too
     for spec in specs:
         if spec.config == "dp":
             how = "real torch.nn.DataParallel" if spec.dp_mode == "real" else "single-process emulation of Lightning 1.x DP"
-            print(f"dp: {how} over {spec.devices} replicas", flush=True)
+            notes.append(f"dp: {how} over {spec.devices} replicas")
+            print(notes[-1], flush=True)
     records, series, rows = [], [], []
     for spec in specs:
         print(f"== {spec.label}: {spec.world_size} process(es), per-device batch {spec.per_device_batch_size}, "
@@ -61,7 +63,10 @@ def compare(base: RunSpec, configs: list[str], out_dir: Path, exact: bool = Fals
     (out_dir / "results.json").write_text(json.dumps(result, indent=1))
     plot_curves(series, out_dir / "curves.png",
                 f"{base.model} VAE on {base.data}, global batch {base.global_batch_size}, {base.steps} steps")
-    print(format_table(["config", "processes", "per-device batch", "train loss", "train kl", "train recon",
-                        "val kl", "val recon"], rows, title=f"after {base.steps} steps"))
-    print(f"wrote {out_dir / 'results.json'} and {out_dir / 'curves.png'}")
+    table = format_table(["config", "processes", "per-device batch", "train loss", "train kl", "train recon",
+                          "val kl", "val recon"], rows, title=f"after {base.steps} steps")
+    markdown = "\n\n".join(notes + [table])
+    print(markdown)
+    write_tables(out_dir, markdown)
+    print(f"wrote {out_dir / 'results.json'}, {out_dir / 'curves.png'} and {out_dir / 'tables.md'}")
     return result

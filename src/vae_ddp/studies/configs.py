@@ -15,21 +15,36 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import typing
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Literal, Optional
 
 import torch
 
 from vae_ddp.data import DATASETS, find_image_root
-from vae_ddp.studies.dp import DP_MODES, resolve_dp_mode
 from vae_ddp.errors import UserError
+from vae_ddp.fixes import registry
 from vae_ddp.model import MODELS
+from vae_ddp.studies.dp import DP_MODES, resolve_dp_mode
 
-__all__ = ["RunSpec", "CONFIGS", "NOISE_MODES", "DTYPES"]
+__all__ = ["RunSpec", "CONFIGS", "NOISE_MODES", "DTYPES", "choice_error", "flag"]
 
 CONFIGS = ("single", "ddp", "dp")
 NOISE_MODES = ("default", "per_rank", "global")
 DTYPES = ("float32", "float64")
+
+#: RunSpec fields whose command-line flag is not ``--`` + the name with dashes.
+FLAGS = {"dp_mode": "--dp"}
+
+
+def flag(name: str) -> str:
+    """The ``vae-ddp`` flag of the RunSpec field (or function parameter) ``name``."""
+    return FLAGS.get(name, "--" + name.replace("_", "-"))
+
+
+def choice_error(name: str, value: object, choices: tuple) -> UserError:
+    """The one-line error for a value outside a ``Literal``'s choices."""
+    return UserError(f"unknown {flag(name)} {value!r}: use one of {', '.join(map(str, choices))}")
 
 
 @dataclass
@@ -42,8 +57,12 @@ class RunSpec:
         global_batch_size: samples per optimizer step over all devices (B).
         steps: optimizer steps (``Trainer(max_steps=...)``).
         seeds: one run per seed (``seed_everything(seed)``), in one launch.
-        model: ``resnet18`` or ``small``. latent_dim: ``None`` = 256 (resnet18) or 32 (small).
-        data, data_dir, max_samples: which images (see [`make_datamodule`][vae_ddp.data.make_datamodule]).
+        model: ``resnet18`` (bolts' ResNet-18 encoder/decoder) or ``small`` (a small conv VAE).
+        latent_dim: ``None`` = 256 (resnet18) or 32 (small).
+        data: ``digits`` (bundled), ``cifar10`` (torchvision) or ``imagefolder``
+            (see [`make_datamodule`][vae_ddp.data.make_datamodule]).
+        data_dir: ImageFolder root for ``imagefolder``, CIFAR-10 root for ``cifar10``.
+        max_samples: use a fixed random subset of this many images (None: all).
         dtype: ``float32`` or ``float64`` (Lightning ``precision="64-true"``).
         noise: ``default`` (same stream on every rank), ``per_rank`` ([`PerRankSeed`][vae_ddp.fixes.noise.PerRankSeed])
             or ``global`` ([`GlobalBatchNoise`][vae_ddp.fixes.noise.GlobalBatchNoise]).
@@ -57,34 +76,37 @@ class RunSpec:
         dp_mode: ``auto``, ``real`` or ``emulate`` (``dp`` only).
         save_params: write the final parameters and Adam's second moments (``params-<seed>.pt``).
         record_indices: record the dataset indices of every step's global batch.
-        lr, kl_coeff, kl_estimator, optimizer: model hyper-parameters (bolts defaults; Adam).
+        lr: learning rate (the report's 1e-4).
+        kl_coeff: weight of the KL term (bolts' 0.1).
+        kl_estimator: ``mc`` (one-sample Monte Carlo, bolts') or ``analytic``.
+        optimizer: ``adam`` (the report's) or ``sgd``.
         label: name used in progress lines and results.
     """
 
-    config: str = "single"
+    config: Literal["single", "ddp", "dp"] = "single"
     devices: int = 2
     global_batch_size: int = 256
     steps: int = 60
     seeds: list[int] = field(default_factory=lambda: [0])
-    model: str = "small"
+    model: Literal[MODELS] = "small"
     latent_dim: Optional[int] = None
-    data: str = "digits"
+    data: Literal[DATASETS] = "digits"
     data_dir: Optional[str] = None
     max_samples: Optional[int] = None
-    dtype: str = "float32"
-    noise: str = "default"
+    dtype: Literal["float32", "float64"] = "float32"
+    noise: Literal["default", "per_rank", "global"] = "default"
     sync_bn: bool = False
-    sampler: str = "default"
+    sampler: Literal["default", "global"] = "default"
     sync_dist_logging: bool = False
     val_every: int = 0
-    accelerator: str = "cpu"
-    dp_mode: str = "auto"
+    accelerator: Literal["cpu", "gpu"] = "cpu"
+    dp_mode: Literal[DP_MODES] = "auto"
     save_params: bool = False
     record_indices: bool = False
     lr: float = 1e-4
     kl_coeff: float = 0.1
-    kl_estimator: str = "mc"
-    optimizer: str = "adam"
+    kl_estimator: Literal["mc", "analytic"] = "mc"
+    optimizer: Literal["adam", "sgd"] = "adam"
     label: str = ""
 
     @property
@@ -98,22 +120,21 @@ class RunSpec:
         return self.global_batch_size // self.world_size
 
     def exact(self) -> "RunSpec":
-        """A copy with every fix on: global-batch noise, synchronised BatchNorm, the
-        global-batch sampler and synchronised logging."""
-        return dataclasses.replace(self, noise="global", sync_bn=True, sampler="global", sync_dist_logging=True)
+        """A copy with every fix on: each switch of the factor registry
+        ([`vae_ddp.fixes.registry`][vae_ddp.fixes.registry]) at its ``fixed`` value (global-batch noise,
+        synchronised BatchNorm, the global-batch sampler, synchronised logging)."""
+        return dataclasses.replace(self, **{f.field: f.fixed for f in registry.switches()})
 
     def fixes(self) -> list[str]:
-        """Names of the fixes that are on."""
-        out = []
-        if self.noise != "default":
-            out.append(f"noise={self.noise}")
-        if self.sync_bn:
-            out.append("sync_bn")
-        if self.sampler != "default":
-            out.append(f"sampler={self.sampler}")
-        if self.sync_dist_logging:
-            out.append("sync_dist")
-        return out
+        """Names of the fixes that are on (``noise=global``, ``sync_bn``, ...), in registry order."""
+        return [f.label(self) for f in registry.switches() if f.is_on(self)]
+
+    @classmethod
+    def choices(cls) -> dict[str, tuple]:
+        """``{field: allowed values}`` of every ``Literal``-typed field (the single source of the choices)."""
+        hints = typing.get_type_hints(cls)
+        return {f.name: typing.get_args(hints[f.name]) for f in dataclasses.fields(cls)
+                if typing.get_origin(hints[f.name]) is Literal}
 
     def validate(self) -> "RunSpec":
         """Check the input before any work; returns a normalised copy.
@@ -121,20 +142,9 @@ class RunSpec:
         Raises:
             UserError: one line saying what is wrong and what to do.
         """
-        if self.config not in CONFIGS:
-            raise UserError(f"unknown configuration {self.config!r}: use one of {', '.join(CONFIGS)}")
-        if self.model not in MODELS:
-            raise UserError(f"unknown model {self.model!r}: use one of {', '.join(MODELS)}")
-        if self.data not in DATASETS:
-            raise UserError(f"unknown data {self.data!r}: use one of {', '.join(DATASETS)}")
-        if self.noise not in NOISE_MODES:
-            raise UserError(f"unknown noise mode {self.noise!r}: use one of {', '.join(NOISE_MODES)}")
-        if self.optimizer not in ("adam", "sgd"):
-            raise UserError(f"unknown optimizer {self.optimizer!r}: use adam or sgd")
-        if self.dtype not in DTYPES:
-            raise UserError(f"unknown dtype {self.dtype!r}: use one of {', '.join(DTYPES)}")
-        if self.dp_mode not in DP_MODES:
-            raise UserError(f"unknown --dp mode {self.dp_mode!r}: use one of {', '.join(DP_MODES)}")
+        for name, allowed in self.choices().items():
+            if getattr(self, name) not in allowed:
+                raise choice_error(name, getattr(self, name), allowed)
         if self.steps < 1:
             raise UserError(f"--steps must be at least 1, got {self.steps}")
         if self.devices < 1:
@@ -162,7 +172,8 @@ class RunSpec:
                 raise UserError(str(err)) from None
         if self.data == "imagefolder":
             if not self.data_dir:
-                raise UserError("--data imagefolder needs --data-dir DIR, e.g. ../shared/data/cifar10-jpg-subset")
+                raise UserError("--data imagefolder needs --data-dir DIR, an ImageFolder tree such as the CIFAR-10 subset "
+                                "built by .github/scripts/cifar10-subset.sh")
             find_image_root(self.data_dir)
         if spec.latent_dim is None:
             spec.latent_dim = 256 if self.model == "resnet18" else 32

@@ -16,7 +16,7 @@ import torch
 
 from vae_ddp.studies.configs import RunSpec
 from vae_ddp.studies.launch import launch
-from vae_ddp.studies.table import format_table
+from vae_ddp.studies.table import format_table, write_tables
 
 __all__ = ["equivalence", "BOUNDS", "max_abs_diff"]
 
@@ -64,8 +64,10 @@ def equivalence(base: RunSpec, world_sizes: list[int], out_dir: Path) -> dict:
                      entry["final_loss_diff"], "yes" if d <= bound else "NO"])
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "equivalence.json").write_text(json.dumps(result, indent=1))
-    print(format_table(["world size", "per-device batch", "max abs param diff vs single", "BatchNorm buffers",
-                        "final loss diff", f"<= {bound:g}"], rows,
-                       title=f"{base.model} VAE, {base.data}, global batch {base.global_batch_size}, {base.steps} "
-                             f"steps, {base.dtype}, {base.optimizer}, all fixes on"))
+    table = format_table(["world size", "per-device batch", "max abs param diff vs single", "BatchNorm buffers",
+                          "final loss diff", f"<= {bound:g}"], rows,
+                         title=f"{base.model} VAE, {base.data}, global batch {base.global_batch_size}, {base.steps} "
+                               f"steps, {base.dtype}, {base.optimizer}, all fixes on")
+    print(table)
+    write_tables(out_dir, table)
     return result

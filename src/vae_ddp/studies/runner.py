@@ -18,48 +18,58 @@ from typing import Any, Optional
 import pytorch_lightning as pl
 import torch
 
-from vae_ddp.studies.configs import RunSpec
 from vae_ddp.data import make_datamodule
-from vae_ddp.studies.dp import DataParallelVAE
-from vae_ddp.fixes.batchnorm import GlooSyncBatchNorm
-from vae_ddp.fixes.noise import GlobalBatchNoise, PerRankSeed
+from vae_ddp.fixes import registry
+from vae_ddp.fixes.registry import FixParts
 from vae_ddp.model import VAE
+from vae_ddp.studies.configs import RunSpec
+from vae_ddp.studies.dp import DataParallelVAE
 from vae_ddp.recording import GlobalBatchRecorder
 from vae_ddp.utils import quiet
 
-__all__ = ["build_model", "build_trainer", "train_one"]
+__all__ = ["build_model", "build_trainer", "build_datamodule", "fix_parts", "train_one", "close_process_group"]
+
+
+def fix_parts(spec: RunSpec, seed: int) -> FixParts:
+    """What the fixes that are on in ``spec`` add to the run, merged over the factor registry."""
+    parts = FixParts()
+    for factor in registry.switches():
+        if factor.is_on(spec) and factor.parts is not None:
+            parts = parts.merge(factor.parts(spec, seed))
+    return parts
+
+
+def build_datamodule(spec: RunSpec, seed: int):
+    """The datamodule of ``spec`` (per-device batch size; the sampler a fix asks for)."""
+    kwargs = dict(batch_size=spec.per_device_batch_size, max_samples=spec.max_samples, sampler_seed=seed,
+                  return_index=spec.record_indices)
+    return make_datamodule(spec.data, spec.data_dir, **{**kwargs, **fix_parts(spec, seed).datamodule})
 
 
 def build_model(spec: RunSpec, seed: int) -> VAE:
     """The LightningModule of ``spec`` (call after ``seed_everything``: it draws the weights)."""
     kwargs = dict(input_height=32, enc_type=spec.model, latent_dim=spec.latent_dim, lr=spec.lr,
-                  kl_coeff=spec.kl_coeff, kl_estimator=spec.kl_estimator, sync_dist_logging=spec.sync_dist_logging,
-                  optimizer=spec.optimizer)
+                  kl_coeff=spec.kl_coeff, kl_estimator=spec.kl_estimator, optimizer=spec.optimizer,
+                  **fix_parts(spec, seed).module)
     if spec.config == "dp":
         return DataParallelVAE(replicas=spec.devices, dp_mode=spec.dp_mode, replica_seed=seed, **kwargs)
     return VAE(**kwargs)
 
 
 def build_trainer(spec: RunSpec, seed: int, callbacks: Optional[list] = None) -> pl.Trainer:
-    """Lightning ``Trainer`` of ``spec`` with the fixes it asks for."""
-    callbacks = list(callbacks or [])
-    if spec.noise == "per_rank":
-        callbacks.append(PerRankSeed(seed))
-    elif spec.noise == "global":
-        callbacks.append(GlobalBatchNoise(seed))
-    extra: dict[str, Any] = {}
-    if spec.sync_bn and spec.config == "ddp":
-        if spec.accelerator == "gpu":
-            extra["sync_batchnorm"] = True  # torch.nn.SyncBatchNorm (GPU only)
-        else:
-            extra["plugins"] = [GlooSyncBatchNorm()]
+    """Lightning ``Trainer`` of ``spec`` with the callbacks, plugins and arguments of the fixes
+    it asks for (from the factor registry)."""
+    parts = fix_parts(spec, seed)
+    callbacks = list(callbacks or []) + parts.callbacks
+    extra: dict[str, Any] = dict(parts.trainer)
+    if parts.plugins:
+        extra["plugins"] = parts.plugins
     accelerator = "gpu" if (spec.accelerator == "gpu" or (spec.config == "dp" and spec.dp_mode == "real")) else "cpu"
     return pl.Trainer(
         accelerator=accelerator, devices=spec.world_size, strategy="ddp" if spec.config == "ddp" else "auto",
         max_steps=spec.steps, max_epochs=-1, limit_val_batches=0, num_sanity_val_steps=0, logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        precision="64-true" if spec.dtype == "float64" else "32-true",
-        use_distributed_sampler=spec.sampler == "default", callbacks=callbacks, **extra)
+        precision="64-true" if spec.dtype == "float64" else "32-true", callbacks=callbacks, **extra)
 
 
 def train_one(spec: RunSpec, seed: int, out_dir: Optional[Path] = None, progress: bool = True) -> Optional[dict]:
@@ -67,9 +77,7 @@ def train_one(spec: RunSpec, seed: int, out_dir: Optional[Path] = None, progress
     "params"}`` (``params``: file name of the saved ``{"state_dict", "adam_v"}``, Adam's
     ``exp_avg_sq`` per parameter name, or None)."""
     pl.seed_everything(seed, verbose=False)
-    dm = make_datamodule(spec.data, spec.data_dir, batch_size=spec.per_device_batch_size,
-                         max_samples=spec.max_samples, sampler=spec.sampler, sampler_seed=seed,
-                         return_index=spec.record_indices)
+    dm = build_datamodule(spec, seed)
     model = build_model(spec, seed)
     recorder = GlobalBatchRecorder(spec.steps, spec.val_every, f"{spec.label} seed {seed}", progress,
                                    record_indices=spec.record_indices)
@@ -95,7 +103,26 @@ def main(argv: Optional[list[str]] = None) -> int:
     runs = [train_one(spec, seed, out_dir) for seed in spec.seeds]
     if int(os.environ.get("LOCAL_RANK", "0")) == 0 and int(os.environ.get("NODE_RANK", "0")) == 0:
         (out_dir / "run.json").write_text(json.dumps({"spec": json.loads(spec.to_json()), "runs": runs}))
+    close_process_group()
     return 0
+
+
+def close_process_group() -> None:
+    """Destroy the default process group after a successful run, on every rank.
+
+    Lightning 2.6 leaves it alive after ``fit`` (it destroys it only on an exception); gloo's
+    worker threads are then destroyed during interpreter finalization, which now and then
+    aborts the process with "terminate called without an active exception" after the run
+    has finished (pytorch/pytorch#190489: calling ``destroy_process_group`` avoids it). The
+    barrier lets every rank finish its last collective before rank 0, which hosts the
+    TCPStore, tears down. Not called after a failure (a rank may be inside a collective;
+    pytorch/torchtitan#1342).
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

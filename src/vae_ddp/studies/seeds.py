@@ -22,7 +22,7 @@ from vae_ddp.errors import UserError
 from vae_ddp.studies.configs import RunSpec
 from vae_ddp.studies.launch import launch
 from vae_ddp.studies.stats import welch
-from vae_ddp.studies.table import format_table
+from vae_ddp.studies.table import format_table, write_tables
 
 __all__ = ["seed_study", "STUDY_CONFIGS"]
 
@@ -48,8 +48,8 @@ def _finals(run: dict) -> dict[str, float]:
 
 
 def seed_study(base: RunSpec, configs: list[str], num_seeds: int, out_dir: Path) -> dict:
-    """Run the study; write ``seeds.json``, ``seeds.md`` (the printed table and verdicts) and
-    ``seeds.png`` into ``out_dir``; return the JSON content.
+    """Run the study; write ``seeds.json``, ``seeds.md`` and ``tables.md`` (both the printed table
+    and verdicts) and ``seeds.png`` into ``out_dir``; return the JSON content.
 
     Raises:
         UserError: unknown configuration name, ``single`` missing, or fewer than 2 seeds.
@@ -87,8 +87,10 @@ def seed_study(base: RunSpec, configs: list[str], num_seeds: int, out_dir: Path)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "seeds.json").write_text(json.dumps(result, indent=1))
     _plot(runs, out_dir / "seeds.png", base)
-    (out_dir / "seeds.md").write_text(render(result) + "\n")
-    print(render(result))
+    markdown = render(result)
+    (out_dir / "seeds.md").write_text(markdown + "\n")
+    write_tables(out_dir, markdown)
+    print(markdown)
     return result
 
 

@@ -1,8 +1,19 @@
-"""Plain-text tables for the terminal and for Markdown pages."""
+"""Markdown tables for the terminal and for the documentation pages.
+
+Each study prints its tables and also writes exactly that Markdown to ``OUT/tables.md``
+([`write_tables`][vae_ddp.studies.table.write_tables]); the docs build includes that file,
+so a page shows what the command printed without parsing its output.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Sequence
+
+__all__ = ["format_table", "write_tables", "TABLES"]
+
+#: The file every study writes into its output folder: its tables, titles and verdicts.
+TABLES = "tables.md"
 
 
 def _fmt(v: Any) -> str:
@@ -13,10 +24,29 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+def _cell(text: str) -> str:
+    """A pipe inside a cell is content, not a column boundary."""
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: str = "") -> str:
-    """A Markdown pipe table (readable as plain text too), numbers formatted compactly."""
-    cells = [[_fmt(v) for v in row] for row in rows]
-    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
+    """A Markdown pipe table (readable as plain text too), numbers formatted compactly.
+
+    ``title`` (optional) is a line above the table, separated by a blank line. A ``|`` inside
+    a header or cell is escaped (``\\|``) so the table keeps its columns.
+    """
+    head = [_cell(str(h)) for h in headers]
+    cells = [[_cell(_fmt(v)) for v in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(head)]
     line = lambda vals: "| " + " | ".join(v.ljust(w) for v, w in zip(vals, widths)) + " |"  # noqa: E731
-    out = ([title, ""] if title else []) + [line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    out = ([title, ""] if title else []) + [line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
     return "\n".join(out + [line(r) for r in cells])
+
+
+def write_tables(out_dir: Path | str, markdown: str) -> Path:
+    """Write ``markdown`` (what the study printed: titles, tables, verdict lines) to
+    ``out_dir/tables.md``, creating ``out_dir`` if needed; return the file's path."""
+    path = Path(out_dir) / TABLES
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(markdown.rstrip("\n") + "\n")
+    return path

@@ -1,0 +1,37 @@
+"""The step-time benchmark's summary: paired ratios per round and a verdict only where every
+round agrees (the arithmetic on given run medians; timing itself is a benchmark, not a test)."""
+
+import argparse
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("step_time_bench", ROOT / "benchmarks" / "step_time.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_verdicts_need_every_round(bench):
+    runs = {"ddp": [0.100, 0.200, 0.150],
+            "ddp + slow": [0.150, 0.300, 0.225],      # 1.5x in every round
+            "ddp + noisy": [0.090, 0.230, 0.150],     # 0.9x, 1.15x, 1.0x
+            "ddp + quick": [0.050, 0.120, 0.060]}     # 0.5x, 0.6x, 0.4x
+    s = bench.summarise(runs)
+    assert s["ddp + slow"]["verdict"] == "slower" and s["ddp + slow"]["ratio_median"] == pytest.approx(1.5)
+    assert s["ddp + noisy"]["verdict"] == "not resolved"
+    assert s["ddp + noisy"]["ratio_min"] == pytest.approx(0.9) and s["ddp + noisy"]["ratio_max"] == pytest.approx(1.15)
+    assert s["ddp + quick"]["verdict"] == "faster" and s["ddp + quick"]["ratio_median"] == pytest.approx(0.5)
+    assert s["ddp"]["median_s"] == pytest.approx(0.150) and s["ddp"]["min_s"] == pytest.approx(0.100)
+    args = argparse.Namespace(global_batch_size=32, repeats=3, warmup=3, steps=12)
+    text = bench.render("small", s, args, load=(30.0, 31.0), cores=2)
+    flat = " ".join(text.split())
+    assert "| ddp + noisy | 150 | 90 to 230 | 1.00 (0.90 to 1.15) | not resolved |" in flat
+    assert "vary by up to 0.25 between rounds" in text and "load average 30.0 to 31.0 on 2 cores" in text
+    assert "ddp + slow slower (1.50x); ddp + quick faster (0.50x)" in text

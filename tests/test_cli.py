@@ -1,0 +1,50 @@
+"""The vae-ddp command on jsonargparse: config files, the flags of RunSpec and of the registry."""
+
+import dataclasses
+
+import pytest
+
+from vae_ddp.cli import build_parser, main
+from vae_ddp.fixes import registry
+from vae_ddp.studies.configs import RunSpec, flag
+
+
+@pytest.mark.parametrize("command", ["compare", "equivalence", "ablation", "seeds"])
+def test_print_config_is_accepted_by_config(command, tmp_path, capsys):
+    assert main([command, "--steps", "7", "--print_config"]) == 0
+    printed = capsys.readouterr().out
+    assert "steps: 7" in printed.splitlines()
+    (tmp_path / "c.yaml").write_text(printed)
+    assert main([command, "--config", str(tmp_path / "c.yaml"), "--print_config"]) == 0
+    assert capsys.readouterr().out == printed
+    # later flags override the file
+    assert main([command, "--config", str(tmp_path / "c.yaml"), "--steps", "9", "--print_config"]) == 0
+    assert "steps: 9" in capsys.readouterr().out.splitlines()
+
+
+def test_documented_flag_names_parse():
+    cfg = build_parser().parse_args([
+        "compare", "--data", "imagefolder", "--data-dir", "d", "--global-batch-size", "32", "--max-samples", "100",
+        "--val-every", "5", "--dp", "emulate", "--exact", "--configs", "single", "ddp"])
+    c = cfg.compare
+    assert (c.data_dir, c.global_batch_size, c.max_samples, c.val_every, c.dp_mode, c.exact, c.configs) == (
+        "d", 32, 100, 5, "emulate", True, ["single", "ddp"])
+    assert build_parser().parse_args(["equivalence", "--world-sizes", "2", "4"]).equivalence.world_sizes == [2, 4]
+    assert build_parser().parse_args(["seeds", "--num-seeds", "3"]).seeds.num_seeds == 3
+
+
+def test_each_fix_is_a_switch_and_exact_turns_all_on(monkeypatch, tmp_path):
+    """The switches are the registry's; --exact gives RunSpec.exact() (captured, not trained)."""
+    import vae_ddp.studies.seeds as seeds
+
+    help_text = build_parser()._subcommands_action.choices["compare"].format_help()
+    for f in registry.switches():
+        assert flag(f.field) in help_text
+    seen = {}
+    monkeypatch.setattr(seeds, "seed_study", lambda base, configs, num_seeds, out_dir: seen.update(base=base))
+    assert main(["seeds", "--exact", "--out", str(tmp_path / "o")]) == 0
+    for f in registry.switches():
+        assert getattr(seen["base"], f.field) == f.fixed
+    assert main(["seeds", "--sync-bn", "--noise", "per_rank", "--out", str(tmp_path / "o")]) == 0
+    assert seen["base"].fixes() == ["noise=per_rank", "sync_bn"]
+    assert dataclasses.asdict(seen["base"])["seeds"] == [0]

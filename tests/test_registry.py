@@ -1,0 +1,142 @@
+"""The factor registry: one object per factor drives exact(), fixes(), the Trainer of a run, the
+ablation's and the benchmark's variants and the CLI switches; its checks tell which factors a
+given Trainer/module/datamodule is exposed to."""
+
+import ast
+import dataclasses
+import importlib.util
+from pathlib import Path
+from typing import Literal
+
+import pytest
+
+from vae_ddp.fixes import registry
+from vae_ddp.fixes.registry import Factor, FixParts
+from vae_ddp.studies.configs import RunSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+#: the files that enumerate the fixes: none of them may name a factor's switch
+DERIVED = ["src/vae_ddp/cli.py", "src/vae_ddp/studies/runner.py", "src/vae_ddp/studies/ablation.py",
+           "benchmarks/step_time.py"]
+
+
+def _step_time():
+    spec = importlib.util.spec_from_file_location("step_time_bench", ROOT / "benchmarks" / "step_time.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_six_factors_each_with_a_page():
+    keys = [f.key for f in registry.factors()]
+    assert keys == ["noise", "batchnorm", "sampler", "reduction", "logging", "optimizer"]
+    for f in registry.factors():
+        assert (ROOT / "docs" / f.page).is_file(), f.page
+        assert (f.field is None) == (f.fixed_by is not None)
+        if f.field is not None:  # the switch is a RunSpec field with its Lightning default
+            assert getattr(RunSpec(), f.field) == f.default and f.fixed in f.choices
+
+
+def test_exact_and_fixes_follow_the_registry():
+    spec = RunSpec(config="ddp").exact()
+    assert spec.fixes() == ["noise=global", "sync_bn", "sampler=global", "sync_dist_logging"]
+    assert RunSpec().fixes() == []
+
+
+@dataclasses.dataclass
+class JitterSpec(RunSpec):
+    """RunSpec with the switch of a made-up seventh factor.
+
+    Attributes:
+        jitter: augmentation jitter across ranks (``default`` or ``global``).
+    """
+
+    jitter: Literal["default", "global"] = "default"
+
+
+class _Marker:
+    pass
+
+
+@pytest.fixture
+def seventh_factor():
+    marker = _Marker()
+    f = registry.register(Factor(key="jitter", name="augmentation jitter", page="factors/jitter.md",
+                                 changes="a callback", check=lambda t, m, d: None, field="jitter",
+                                 default="default", fixed="global", choices=("global",),
+                                 parts=lambda spec, seed: FixParts(callbacks=[marker])))
+    yield f, marker
+    registry.unregister("jitter")
+
+
+def test_a_new_factor_needs_only_its_registry_entry_and_its_field(seventh_factor):
+    """Registered once (plus its typed RunSpec field), a factor shows up in exact(), fixes(), the
+    Trainer's callbacks, the ablation's and the benchmark's variants and the CLI switches."""
+    from vae_ddp.cli import build_parser
+    from vae_ddp.studies.ablation import variants
+    from vae_ddp.studies.runner import fix_parts
+
+    factor, marker = seventh_factor
+    spec = JitterSpec(config="ddp").exact()
+    assert spec.jitter == "global" and "jitter=global" in spec.fixes()
+    assert marker in fix_parts(spec, 0).callbacks and marker not in fix_parts(JitterSpec(), 0).callbacks
+    assert variants()["jitter fix off"] == {"jitter": "default"}
+    assert variants()["Lightning defaults (no fix)"]["jitter"] == "default"
+    bench = _step_time().variants()
+    assert bench["ddp + jitter=global"] == {"config": "ddp", "jitter": "global"}
+    assert bench["ddp + all fixes"]["jitter"] == "global"
+    cfg = build_parser(JitterSpec).parse_args(["compare", "--jitter", "global"])
+    assert cfg.compare.jitter == "global"
+
+
+def test_the_derived_places_name_no_factor():
+    """What a fix changes is written in the registry only: the CLI, the runner, the ablation and
+    the benchmark enumerate the registry and name no switch."""
+    fields = {f.field for f in registry.switches()}
+    for path in DERIVED:
+        tree = ast.parse((ROOT / path).read_text())
+        docstrings = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+        for node in ast.walk(tree):
+            named = (node.attr if isinstance(node, ast.Attribute) else node.arg if isinstance(node, ast.keyword)
+                     else node.value if isinstance(node, ast.Constant) and id(node) not in docstrings else None)
+            assert named not in fields, f"{path}:{getattr(node, 'lineno', '?')} names the switch {named!r}"
+
+
+def _exposures(fixes: bool, devices: int = 2):
+    import pytorch_lightning as pl
+
+    from vae_ddp.data import DigitsDataModule
+    from vae_ddp.studies.runner import build_model, fix_parts
+
+    spec = RunSpec(config="ddp" if devices > 1 else "single", devices=devices, global_batch_size=32).validate()
+    spec = spec.exact() if fixes else spec
+    parts = fix_parts(spec, 0)
+    trainer = pl.Trainer(accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
+                         logger=False, callbacks=parts.callbacks, plugins=parts.plugins or None, **parts.trainer)
+    dm = DigitsDataModule(batch_size=spec.per_device_batch_size, **parts.datamodule)
+    return registry.exposures(trainer, build_model(spec, 0), dm)
+
+
+def test_exposure_checks_on_real_objects():
+    default = _exposures(fixes=False)
+    # digits: 1438 training samples, 719 per rank, per-device batch 16: the last batch has 15
+    assert set(default) == {"noise", "sampler", "reduction", "logging", "optimizer"} | (
+        {"batchnorm"} if "batchnorm" in default else set())
+    assert "15 of 16 samples" in default["reduction"]
+    assert _exposures(fixes=True) == {}
+    assert _exposures(fixes=False, devices=1) == {}
+
+
+def test_batchnorm_check_sees_the_layers_and_the_plugin():
+    import pytorch_lightning as pl
+    from torch import nn
+
+    from vae_ddp.fixes import GlooSyncBatchNorm
+
+    bn = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))
+    check = registry.get("batchnorm").check
+    plain = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False)
+    synced = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False, plugins=[GlooSyncBatchNorm()])
+    assert check(plain, bn, None).startswith("1 BatchNorm layers")
+    assert check(synced, bn, None) is None
+    assert check(plain, nn.Sequential(nn.Conv2d(3, 4, 3)), None) is None
