@@ -80,7 +80,12 @@ def run_layout(name: str, global_batch: int, steps: int, out: Path) -> tuple[lis
         cmd = [torchrun, *head[1:], str(VAE_SCRIPT), *args]
         procs = [subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                  for _ in range(nodes)]  # one `torchrun` per node: each is one node's agent
-    logs = [p.communicate(timeout=900)[0] for p in procs]
+    try:
+        logs = [p.communicate(timeout=1800)[0] for p in procs]
+    finally:  # on a timeout or an interrupt, leave no process behind
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
     for p, log in zip(procs, logs):
         if p.returncode != 0:
             raise SystemExit(f"layout {name} failed (exit {p.returncode}):\n{log[-3000:]}")
