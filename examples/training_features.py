@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -172,8 +173,9 @@ def main(argv=None) -> dict:
     print("|---|---|---|---|")
     for feature, label in FEATURES.items():
         d = diffs[feature]
+        ratio = d / max(floor, 1e-16)
         verdict = "—" if feature == "none" else (
-            "at the floor" if d <= 10 * max(floor, 1e-16) else f"{d / max(floor, 1e-16):.3g} times the floor")
+            "at the floor" if ratio <= 10 else f"above the floor, by {math.log10(ratio):.0f} orders of magnitude")
         print(f"| {label} | {d:.3g} | {verdict} | {rest[feature]:.3g} |")
     (args.out / "training_features.json").write_text(
         json.dumps({"diffs": diffs, "without_pre_bn_bias": rest, "steps": args.steps}, indent=1))
