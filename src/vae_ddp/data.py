@@ -75,7 +75,7 @@ class _InMemoryDataModule(LightningDataModule):
 
     def __init__(self, batch_size: int = 32, val_split: float = 0.2, seed: int = 42, num_workers: int = 0,
                  normalize: bool = False, shuffle: bool = True, drop_last: bool = False,
-                 max_samples: Optional[int] = None, sampler: str = "default", sampler_seed: int = 0,
+                 max_samples: Optional[int] = None, sampler: str = "default", sampler_seed: Optional[int] = None,
                  return_index: bool = False) -> None:
         super().__init__()
         if sampler not in SAMPLERS:
@@ -101,7 +101,9 @@ class _InMemoryDataModule(LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         """``batch_size`` is the per-device batch size. With ``sampler="global"`` the loader
-        uses [`GlobalBatchDistributedSampler`][vae_ddp.fixes.sampler.GlobalBatchDistributedSampler] over the trainer's world size."""
+        uses [`GlobalBatchDistributedSampler`][vae_ddp.fixes.sampler.GlobalBatchDistributedSampler] over the trainer's world size,
+        seeded with ``sampler_seed`` or, if that is None, with ``seed_everything``'s seed
+        (``PL_GLOBAL_SEED``), as Lightning's own ``DistributedSampler`` is."""
         if self.sampler == "global":
             world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
             sampler = GlobalBatchDistributedSampler(self.dataset_train, self.batch_size * world, num_replicas=world,

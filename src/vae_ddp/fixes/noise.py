@@ -10,20 +10,22 @@ batch gets the same ``eps`` rows as rank 0's. Two fixes:
   on the world size, so DDP(N) is not DDP(M) nor single.
 - [`GlobalBatchNoise`][vae_ddp.fixes.noise.GlobalBatchNoise]: draw ``eps`` for the whole global batch from a generator
   that every rank seeds alike, and keep this rank's rows. The noise of sample i at step k
-  is then the same for any world size, single device included.
+  is then the same for any world size, single device included. It is the ``noise``-only
+  case of [`GlobalBatchRandomness`][vae_ddp.fixes.randomness.GlobalBatchRandomness], which also
+  covers dropout and any draw made through [`global_batch_draw`][vae_ddp.fixes.randomness.global_batch_draw].
 """
 
 from __future__ import annotations
 
 import random
-from typing import Any, Callable, Optional
+from typing import Optional
 
 import numpy as np
 import torch
 from pytorch_lightning import Callback, LightningModule, Trainer
-from torch import Tensor
 
-from vae_ddp.model import standard_normal_noise
+from vae_ddp.fixes.dropout import SWAPPABLE
+from vae_ddp.fixes.randomness import GlobalBatchRandomness
 
 __all__ = ["PerRankSeed", "GlobalBatchNoise"]
 
@@ -52,7 +54,7 @@ class PerRankSeed(Callback):
         random.seed(s)
 
 
-class GlobalBatchNoise(Callback):
+class GlobalBatchNoise(GlobalBatchRandomness):
     """Reparameterization noise drawn for the global batch and sliced by rank.
 
     At training batch k (counted from the start of ``fit``), every rank seeds a private
@@ -63,39 +65,32 @@ class GlobalBatchNoise(Callback):
     of the global batch), sample i of global batch k gets the same ``eps`` for every
     world size. The global generator is not touched.
 
-    The LightningModule must draw its noise through a ``noise`` attribute
-    (``eps = self.noise(mu)``) as [`VAE`][vae_ddp.model.VAE] does; the callback sets it
-    for the duration of each training batch and restores it afterwards, so validation
-    keeps the default stream. Assumes equal per-device batch sizes (true with the
-    sampler above).
+    It is [`GlobalBatchRandomness`][vae_ddp.fixes.randomness.GlobalBatchRandomness] restricted to
+    the ``noise`` attribute (``dropout=False``): the LightningModule must draw its noise
+    through it (``eps = self.noise(mu)``) as [`VAE`][vae_ddp.model.VAE] does; the callback
+    sets it for the duration of each training batch and restores the module's own
+    afterwards (validation keeps the default stream; a module without a ``noise``
+    attribute is left without one). It warns once (rank 0) when the module has other
+    random layers (``nn.Dropout``: use ``GlobalBatchRandomness``) or never called
+    ``self.noise``. Assumes equal per-device batch sizes (true with the sampler above).
 
     Args:
-        seed: base seed, the same on every rank.
+        seed: base seed, the same on every rank; default: ``seed_everything``'s seed
+            (``PL_GLOBAL_SEED``), else 0.
     """
 
-    def __init__(self, seed: int) -> None:
-        self.seed = seed
-        self._batch = 0
-        self._rank, self._world = 0, 1
-        self._saved: Optional[Callable[[Tensor], Tensor]] = None
+    fix_name = "GlobalBatchNoise"
 
-    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._batch = 0
+    def __init__(self, seed: Optional[int] = None) -> None:
+        super().__init__(seed, dropout=False, noise=True)
 
-    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        self._rank, self._world = trainer.global_rank, trainer.world_size
-        self._saved = getattr(pl_module, "noise", standard_normal_noise)
-        pl_module.noise = self
-
-    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
-        pl_module.noise = self._saved or standard_normal_noise
-        self._batch += 1
-
-    def __call__(self, mu: Tensor) -> Tensor:
-        """``eps`` for this rank's rows: same shape, dtype and device as ``mu: (b, latent_dim)``."""
-        b = mu.shape[0]
-        g = torch.Generator(device=mu.device)
-        g.manual_seed(self.seed * 1_000_003 + self._batch)
-        eps = torch.randn((self._world * b, *mu.shape[1:]), generator=g, dtype=mu.dtype, device=mu.device)
-        return eps[self._rank * b:(self._rank + 1) * b]
+    def _unused_hint(self, pl_module: LightningModule) -> str:
+        if not hasattr(pl_module, "noise"):
+            why = f"{type(pl_module).__name__} has no `noise` attribute (it serves only `eps = self.noise(mu)`)"
+        else:
+            why = "training_step never called `self.noise(...)`"
+        dropout = any(isinstance(m, SWAPPABLE) and m.p > 0 for m in pl_module.modules())
+        hint = ("; its randomness is nn.Dropout: use GlobalBatchRandomness(), which swaps nn.Dropout for "
+                "GlobalBatchDropout during fit") if dropout else (
+            "; draw through vae_ddp.fixes.global_batch_draw (or a `noise` attribute) and use GlobalBatchRandomness()")
+        return why + hint

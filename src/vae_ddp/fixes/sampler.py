@@ -15,6 +15,8 @@ from typing import Iterator, Optional
 import torch
 from torch.utils.data import Dataset, DistributedSampler
 
+from vae_ddp.fixes import _env
+
 __all__ = ["GlobalBatchDistributedSampler"]
 
 
@@ -33,23 +35,34 @@ class GlobalBatchDistributedSampler(DistributedSampler):
     ``DistributedSampler`` subclass anyway; the flag makes the intent explicit).
     Lightning calls `set_epoch` at every epoch, which reshuffles.
 
+    The seed follows Lightning's own distributed sampler: without ``seed`` it is the
+    ``PL_GLOBAL_SEED`` that ``seed_everything`` exported when the sampler is built (0 if
+    unset), so two runs seeded differently shuffle differently. Without a process group
+    (one device, a notebook) it is one replica of rank 0 unless told otherwise.
+
     Args:
         dataset: map-style dataset of length ``n``.
         global_batch_size: samples per optimizer step over all ranks (``B``).
-        num_replicas: world size ``N``; default: from the process group.
-        rank: this process's global rank; default: from the process group.
+        num_replicas: world size ``N``; default: from the process group, 1 without one.
+        rank: this process's global rank; default: from the process group, 0 without one.
         shuffle: permute with ``torch.randperm(n, generator=manual_seed(seed + epoch))``;
             else keep dataset order.
-        seed: base seed of the permutation (must be the same on every rank).
+        seed: base seed of the permutation (must be the same on every rank); default:
+            ``int(os.environ["PL_GLOBAL_SEED"])``, else 0.
 
     Raises:
-        ValueError: ``global_batch_size`` not divisible by ``num_replicas``, or larger than
-            the dataset.
+        ValueError: ``global_batch_size`` not divisible by ``num_replicas``, larger than
+            the dataset, or a ``rank`` outside ``[0, num_replicas)``; ``PL_GLOBAL_SEED``
+            not an integer.
     """
 
     def __init__(self, dataset: Dataset, global_batch_size: int, num_replicas: Optional[int] = None,
-                 rank: Optional[int] = None, shuffle: bool = True, seed: int = 0) -> None:
-        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=True)
+                 rank: Optional[int] = None, shuffle: bool = True, seed: Optional[int] = None) -> None:
+        world, this_rank = _env.world_size(num_replicas), _env.rank(rank)
+        if num_replicas is not None and rank is None and world > 1 and not _env._initialized():
+            raise ValueError(f"num_replicas={num_replicas} without a process group needs rank= as well")
+        super().__init__(dataset, num_replicas=world, rank=this_rank, shuffle=shuffle,
+                         seed=_env.global_seed(seed), drop_last=True)
         if global_batch_size % self.num_replicas:
             raise ValueError(f"global batch size {global_batch_size} is not divisible by world size "
                              f"{self.num_replicas}: choose a multiple of {self.num_replicas}")
