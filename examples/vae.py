@@ -16,13 +16,15 @@ python examples/vae.py fit --trainer.accelerator gpu --trainer.devices 1 --data.
 python examples/vae.py fit --trainer.accelerator gpu --trainer.devices 2 --trainer.strategy ddp --data.batch_size 128
 ```
 
-and on a CPU with gloo, on the real CIFAR-10 subset (the default data):
+and on a CPU with gloo, on a CIFAR-10 subset in an ImageFolder tree (the default data class;
+`.github/scripts/cifar10-subset.sh DIR` builds one from public CIFAR-10 images):
 
 ```bash
-python examples/vae.py fit --trainer.accelerator cpu --trainer.devices 2 --trainer.strategy ddp --data.batch_size 128
+python examples/vae.py fit --trainer.accelerator cpu --trainer.devices 2 --trainer.strategy ddp \
+    --data.batch_size 128 --data.data_dir DIR
 ```
 
-Full CIFAR-10 (downloads it): `--data vae_ddp.data.CIFAR10DataModule --data.data_dir DIR`.
+Full CIFAR-10 (torchvision downloads it into DIR): `--data vae_ddp.data.CIFAR10DataModule --data.data_dir DIR`.
 """
 
 import sys
@@ -38,7 +40,7 @@ class ReportCLI(LightningCLI):
     def add_arguments_to_parser(self, parser):
         parser.set_defaults({
             "data": {"class_path": "vae_ddp.data.ImageFolderDataModule",
-                     "init_args": {"data_dir": "../shared/data/cifar10-jpg-subset", "batch_size": 256}},
+                     "init_args": {"batch_size": 256}},  # data_dir: --data.data_dir or $VAE_DDP_CIFAR_SUBSET
         })
 
 

@@ -23,6 +23,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -95,9 +96,16 @@ def load_registry(root: Path) -> list[dict[str, Any]]:
     return entries
 
 
+#: Where the entries read the CIFAR-10 subset (``{cifar}`` in their args): $VAE_DDP_CIFAR_SUBSET,
+#: else the folder beside the checkout that CI provides; pages show it as ``CIFAR_SHOWN``.
+CIFAR = os.environ.get("VAE_DDP_CIFAR_SUBSET", "../shared/data/cifar10-jpg-subset")
+CIFAR_SHOWN = "path/to/cifar10-jpg-subset"
+
+
 def command_of(e: dict[str, Any], out: str) -> list[str]:
-    """The argv of an entry, with ``{out}`` substituted (or ``--out OUT`` appended)."""
+    """The argv of an entry, with ``{out}`` and ``{cifar}`` substituted (or ``--out OUT`` appended)."""
     args = e["full_args"] if full_mode() else e["args"]
+    args = [a.replace("{cifar}", CIFAR) for a in args]
     if any("{out}" in a for a in args):
         args = [a.replace("{out}", out) for a in args]
     else:
@@ -117,7 +125,7 @@ def display_command(argv: list[str]) -> str:
         shown = ["vae-ddp", *shown[3:]]
     elif shown and shown[0] == sys.executable:
         shown[0] = "python"
-    return shlex.join(shown)
+    return shlex.join(a.replace(CIFAR, CIFAR_SHOWN) for a in shown)
 
 
 def wrapped_command(argv: list[str], width: int = 88) -> str:
@@ -201,15 +209,21 @@ def run_entry(root: Path, e: dict[str, Any]) -> str:
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.pop("LOCAL_RANK", None)
     t0 = time.monotonic()
-    try:
-        merged = e["output"] == "log"  # Lightning logs to stderr or stdout depending on the terminal
-        proc = subprocess.run(argv, cwd=root, env=env, stdout=subprocess.PIPE, text=True, timeout=e["timeout"],
-                              stderr=subprocess.STDOUT if merged else subprocess.PIPE)
-    except subprocess.TimeoutExpired as err:
-        tail = (err.stderr or b"")[-3000:]
-        tail = tail.decode(errors="replace") if isinstance(tail, bytes) else tail
-        raise PluginError(f"example {e['name']!r} timed out after {e['timeout']:.0f} s: "
-                          f"{display_command(argv)}\n{tail}") from None
+    merged = e["output"] == "log"  # Lightning logs to stderr or stdout depending on the terminal
+    # A session of its own: on timeout the whole tree (DDP ranks, study runs) is killed, not only argv[0].
+    with subprocess.Popen(argv, cwd=root, env=env, stdout=subprocess.PIPE, text=True, start_new_session=True,
+                          stderr=subprocess.STDOUT if merged else subprocess.PIPE) as child:
+        try:
+            stdout, stderr = child.communicate(timeout=e["timeout"])
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            stdout, stderr = child.communicate()
+            (out / "stdout.txt").write_text(stdout)
+            (out / "stderr.txt").write_text(stderr or "")
+            tail = "\n".join((stdout if merged else stderr or "").rstrip().splitlines()[-40:])
+            raise PluginError(f"example {e['name']!r} timed out after {e['timeout']:.0f} s (raise its `timeout` "
+                              f"in {REGISTRY}): {display_command(argv)}\n{tail}") from None
+    proc = subprocess.CompletedProcess(argv, child.returncode, stdout, stderr)
     (out / "stdout.txt").write_text(proc.stdout)
     (out / "stderr.txt").write_text(proc.stderr or "")
     if proc.returncode != 0:

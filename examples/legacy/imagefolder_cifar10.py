@@ -4,7 +4,7 @@ lightning-bolts' ``CIFAR10DataModule`` builds its datasets with
 ``torchvision.datasets.CIFAR10(data_dir, train=..., download=True)``, which needs the
 original ``cifar-10-python.tar.gz`` (downloaded on first use). Machines without that
 archive have a CIFAR-10 subset as an ImageFolder tree (``<root>/train/<class>/*.jpg`` and
-``<root>/test/<class>/*.jpg``, e.g. ``../shared/data/cifar10-jpg-subset``).
+``<root>/test/<class>/*.jpg``, as ``.github/scripts/cifar10-subset.sh DIR`` builds from public CIFAR-10 images).
 
 :class:`ImageFolderCIFAR10DataModule` *is* bolts' ``CIFAR10DataModule`` (subclass, runs on
 Lightning 1.9) with one attribute changed: ``dataset_cls``. Every other rule stays bolts'
@@ -44,7 +44,7 @@ def check_image_folder(data_dir: str, split: str = "train") -> str:
     root = os.path.join(os.path.expanduser(data_dir), split)
     if not os.path.isdir(root):
         raise DataDirError(f"--data_dir {data_dir!r} has no {split}/ folder: expected an ImageFolder tree "
-                           f"<dir>/{split}/<class>/<image>.jpg, e.g. ../shared/data/cifar10-jpg-subset")
+                           f"<dir>/{split}/<class>/<image>.jpg; .github/scripts/cifar10-subset.sh DIR builds one")
     for cls in sorted(os.listdir(root)):
         d = os.path.join(root, cls)
         if os.path.isdir(d) and any(f.lower().endswith(_IMAGE_EXTS) for f in os.listdir(d)):
@@ -71,7 +71,7 @@ class ImageFolderCIFAR10DataModule(CIFAR10DataModule):
     """bolts' ``CIFAR10DataModule`` over :class:`ImageFolderCIFAR10`; same arguments.
 
     ``len(dataset_train) = n - int(0.2 * n)`` and ``len(dataset_val) = int(0.2 * n)`` with
-    ``n`` the number of training images (10,000 in the shared subset: 8,000 / 2,000).
+    ``n`` the number of training images (10,000 in the CIFAR-10 subset: 8,000 / 2,000).
     """
 
     name = "cifar10-imagefolder"

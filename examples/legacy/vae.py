@@ -35,11 +35,12 @@ a copy. Everything below follows the report; these are the only changes, each fo
    ImageFolder reader, so the split rules are bolts' code. ``--dataset cifar10`` is kept;
    ``--data_dir`` must point at ``<dir>/train/<class>/*.jpg`` (bad paths: one line, exit 2).
 
-On this CPU-only machine (gloo):
+On a CPU (gloo), with DIR a CIFAR-10 ImageFolder tree (``.github/scripts/cifar10-subset.sh DIR``
+builds one from public CIFAR-10 images):
 
-    python examples/legacy/vae.py --data_dir ../shared/data/cifar10-jpg-subset \\
+    python examples/legacy/vae.py --data_dir DIR \\
         --accelerator cpu --devices 1 --batch_size 16 --max_steps 3 --num_workers 0
-    python examples/legacy/vae.py --data_dir ../shared/data/cifar10-jpg-subset \\
+    python examples/legacy/vae.py --data_dir DIR \\
         --accelerator cpu --devices 2 --strategy ddp --batch_size 8 --max_steps 3 --num_workers 0
 """
 

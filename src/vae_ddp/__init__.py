@@ -33,7 +33,7 @@ _EXPORTS = {
     "padded_duplicates": "vae_ddp.fixes",
     "GradientProbe": "vae_ddp.probes", "NoiseProbe": "vae_ddp.probes",
     "GlobalBatchRecorder": "vae_ddp.recording", "evaluate": "vae_ddp.recording",
-    "UserError": "vae_ddp.errors", "quiet": "vae_ddp.utils",
+    "UserError": "vae_ddp.errors", "quiet": "vae_ddp.utils", "DDPAudit": "vae_ddp.audit",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,6 +1,6 @@
 """``vae-ddp``: a thin command line over the library, built with jsonargparse.
 
-A subcommand is a typed function registered once in [`commands`][vae_ddp.cli.commands]: each
+A subcommand is a typed function registered once in `vae_ddp.cli.commands()`: each
 parameter becomes a flag (``--name-with-dashes``, typed and checked by its annotation;
 ``Literal`` types give the choices), a parameter ``base: RunSpec`` becomes the flags of the
 [`RunSpec`][vae_ddp.studies.configs.RunSpec] fields (so every fix of the factor registry is a switch:
@@ -187,7 +187,8 @@ def build_parser(spec_cls: type = RunSpec):
 
     parser = ArgumentParser(prog="vae-ddp", exit_on_error=False, description=(
         "Why DDP on N devices with per-device batch B/N does not reproduce one device with batch B, "
-        "measured on the lightning-bolts CIFAR-10 VAE."))
+        "measured on the lightning-bolts CIFAR-10 VAE."),
+        epilog="vae-ddp audit --model MODEL --data DATA ...: audit your own LightningModule (vae-ddp audit --help)")
     sub = parser.add_subcommands(dest="command")
     for name, cmd in commands().items():
         sub.add_subcommand(name, _subparser(name, cmd, spec_cls), help=cmd.help)
@@ -279,6 +280,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     from vae_ddp.studies.launch import RunFailed
 
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["audit"]:  # its own parser: the user's class paths and their init args
+        from vae_ddp.audit.cli import main as audit_main
+
+        return audit_main(argv[1:])
     try:
         parser = build_parser()
         cfg = parser.parse_args(argv)

@@ -141,16 +141,16 @@ def find_image_root(data_dir: str | os.PathLike) -> Path:
     root = Path(data_dir).expanduser()
     if root.exists() and not root.is_dir():
         raise UserError(f"--data-dir {root} is a file, not a folder: point it at an ImageFolder tree "
-                        f"(<dir>/[train/]<class>/<image>), e.g. ../shared/data/cifar10-jpg-subset")
+                        f"(<dir>/[train/]<class>/<image>), e.g. path/to/cifar10-jpg-subset")
     if not root.is_dir():
         raise UserError(f"--data-dir {root} does not exist: point it at an ImageFolder tree "
-                        f"(<dir>/[train/]<class>/<image>), e.g. ../shared/data/cifar10-jpg-subset")
+                        f"(<dir>/[train/]<class>/<image>), e.g. path/to/cifar10-jpg-subset")
     if (root / "train").is_dir():
         root = root / "train"
     has_images = any(p.suffix.lower() in _IMAGE_EXTS for c in root.iterdir() if c.is_dir() for p in c.iterdir())
     if not has_images:
         raise UserError(f"--data-dir {root} holds no images in class folders: expected "
-                        f"<dir>/[train/]<class>/<image>.jpg|.png, e.g. ../shared/data/cifar10-jpg-subset")
+                        f"<dir>/[train/]<class>/<image>.jpg|.png, e.g. path/to/cifar10-jpg-subset")
     return root
 
 
@@ -162,12 +162,20 @@ class ImageFolderDataModule(_InMemoryDataModule):
     ``$VAE_DDP_CACHE`` (default ``~/.cache/vae-ddp``), keyed by the root path and the
     file list, so that each DDP rank and each later run skip the decoding.
 
+    ``data_dir`` defaults to the environment variable ``VAE_DDP_CIFAR_SUBSET``
+    (``.github/scripts/cifar10-subset.sh DIR`` builds the CIFAR-10 subset there).
+
     Raises:
-        UserError: ``data_dir`` does not exist or holds no images.
+        UserError: no ``data_dir`` and no ``VAE_DDP_CIFAR_SUBSET``; ``data_dir`` does not
+            exist or holds no images.
     """
 
-    def __init__(self, data_dir: str = "../shared/data/cifar10-jpg-subset", **kwargs) -> None:
+    def __init__(self, data_dir: Optional[str] = None, **kwargs) -> None:
         super().__init__(**kwargs)
+        data_dir = data_dir or os.environ.get("VAE_DDP_CIFAR_SUBSET")
+        if not data_dir:
+            raise UserError("ImageFolderDataModule needs data_dir (an ImageFolder tree <dir>/[train/]<class>/<image>) "
+                            "or the environment variable VAE_DDP_CIFAR_SUBSET, e.g. path/to/cifar10-jpg-subset")
         self.data_dir = data_dir
         self.root = find_image_root(data_dir)
 
@@ -236,7 +244,7 @@ class CIFAR10DataModule(_InMemoryDataModule):
 
 
 def make_datamodule(data: str, data_dir: Optional[str] = None, **kwargs) -> _InMemoryDataModule:
-    """Build the datamodule named ``data`` (one of :data:`DATASETS`); ``kwargs`` go to it.
+    """Build the datamodule named ``data`` (one of ``DATASETS``); ``kwargs`` go to it.
 
     Raises:
         UserError: unknown name, or (imagefolder) a missing or empty ``data_dir``.
@@ -247,7 +255,7 @@ def make_datamodule(data: str, data_dir: Optional[str] = None, **kwargs) -> _InM
         return CIFAR10DataModule(data_dir or ".", **kwargs)
     if data == "imagefolder":
         if not data_dir:
-            raise UserError("--data imagefolder needs --data-dir DIR, e.g. ../shared/data/cifar10-jpg-subset")
+            raise UserError("--data imagefolder needs --data-dir DIR, e.g. path/to/cifar10-jpg-subset")
         return ImageFolderDataModule(data_dir, **kwargs)
     raise UserError(f"unknown data {data!r}: use one of {', '.join(DATASETS)}")
 

@@ -279,7 +279,7 @@ class VAE(LightningModule):
         latent_dim: dimension of ``z``.
         lr: Adam learning rate.
         kl_estimator: see [`vae_loss`][vae_ddp.model.vae_loss]; ``"mc"`` is the report's.
-        optimizer: ``"adam"`` (the report's) or ``"sgd"``; see :data:`OPTIMIZERS`.
+        optimizer: ``"adam"`` (the report's) or ``"sgd"``; see ``OPTIMIZERS``.
         sync_dist_logging: pass ``sync_dist=True`` to ``self.log_dict`` for the training
             metrics (off by default, as in bolts: then under DDP the logged step value
             is rank 0's alone).

@@ -1,0 +1,149 @@
+"""Small LightningModules that are not this project's VAE, one per factor, for `vae-ddp audit`.
+
+Every module trains on `Regression` (synthetic, fixed data: `x: (n, 8)` float32,
+`y: (n,)`), whose `batch_size` is the global batch size the audit splits across the ranks.
+The "Audit your own model" page runs the audit on two of them; the tests run all of them:
+
+    vae-ddp audit --model examples/audit_models.py:WithBatchNorm --data examples/audit_models.py:Regression
+"""
+
+from __future__ import annotations
+
+import torch
+from pytorch_lightning import LightningDataModule, LightningModule
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+
+class Regression(LightningDataModule):
+    """`n` samples of a fixed random regression task; `shuffle` as a user would set it."""
+
+    def __init__(self, batch_size: int = 16, n: int = 64, shuffle: bool = True, num_workers: int = 0,
+                 augment: bool = False) -> None:
+        super().__init__()
+        self.batch_size, self.n, self.shuffle, self.num_workers, self.augment = batch_size, n, shuffle, num_workers, augment
+
+    def setup(self, stage: str) -> None:
+        g = torch.Generator().manual_seed(1234)
+        x = torch.randn(self.n, 8, generator=g)
+        y = x @ torch.randn(8, generator=g) + 0.1 * torch.randn(self.n, generator=g)
+        self.train_set = Jitter(x, y) if self.augment else TensorDataset(x, y)
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=self.shuffle,
+                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
+
+
+class Jitter(Dataset):
+    """Random augmentation drawn from torch's global generator in `__getitem__` (as torchvision's transforms do)."""
+
+    def __init__(self, x, y) -> None:
+        self.x, self.y = x, y
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i] + 0.1 * torch.randn(8), self.y[i]
+
+
+class Base(LightningModule):
+    def __init__(self, sync_dist: bool = True) -> None:
+        super().__init__()
+        self.sync_dist = sync_dist
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+
+    def forward(self, x):
+        return self.net(x).squeeze(-1)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = F.mse_loss(self(x), y)
+        self.log("train_loss", loss, sync_dist=self.sync_dist, batch_size=len(x))
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=1e-2)
+
+
+class Plain(Base):
+    """No exposure at all (with an unshuffled, evenly divisible dataset and synced logging)."""
+
+
+class WithDropout(Base):
+    def __init__(self, p: float = 0.1) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Dropout(p), nn.Linear(16, 1))
+
+
+class WithBatchNorm(Base):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Tanh(), nn.Linear(16, 1))
+
+
+class Unsynced(Base):
+    def __init__(self) -> None:
+        super().__init__(sync_dist=False)
+
+
+class TwoOptimizers(Base):
+    """Manual optimization with two optimizers (a GAN-like alternation)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        opt_a, opt_b = self.optimizers()
+        for opt in (opt_a, opt_b):
+            loss = F.mse_loss(self(x), y)
+            opt.zero_grad()
+            self.manual_backward(loss)
+            opt.step()
+        self.log("train_loss", loss, sync_dist=True, batch_size=len(x))
+
+    def configure_optimizers(self):
+        first, second = self.net[0].parameters(), self.net[2].parameters()
+        return torch.optim.Adam(first, lr=1e-2), torch.optim.SGD(second, lr=1e-2)
+
+
+class MaskedTokens(LightningModule):
+    """Next-token-like loss: cross entropy averaged over the valid tokens of each rank's batch."""
+
+    def __init__(self, vocab: int = 11) -> None:
+        super().__init__()
+        self.vocab = vocab
+        self.emb = nn.Embedding(vocab, 16)
+        self.out = nn.Linear(16, vocab)
+
+    def training_step(self, batch, batch_idx):
+        x, _ = batch  # x: (b, 8) float -> tokens, with a per-sample valid length
+        tokens = (x.abs() * 3).long().clamp(max=self.vocab - 1)
+        length = 2 + tokens[:, 0] % 6
+        targets = tokens.roll(-1, dims=1)
+        targets[torch.arange(8, device=x.device)[None, :] >= length[:, None]] = -100
+        logits = self.out(self.emb(tokens))
+        loss = F.cross_entropy(logits.reshape(-1, self.vocab), targets.reshape(-1), ignore_index=-100)
+        self.log("train_loss", loss, sync_dist=True, batch_size=len(x))
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=1e-2)
+
+
+class OnlyCuda(Base):
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.mse_loss(self(x.cuda()), y.cuda())
+
+
+class NoTrainingStep(LightningModule):
+    pass
+
+
+class Empty(Regression):
+    def setup(self, stage: str) -> None:
+        self.train_set = TensorDataset(torch.zeros(0, 8), torch.zeros(0))

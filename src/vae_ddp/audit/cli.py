@@ -1,0 +1,218 @@
+"""The ``vae-ddp audit`` command line (jsonargparse, as LightningCLI parses class paths).
+
+    vae-ddp audit --model MODEL --data DATA [--model.init_args.* / --data.init_args.*]
+                  [--devices 2] [--steps 4] [--dtype float64] [--accelerator cpu] [--out DIR]
+
+MODEL and DATA are ``package.module.Class`` or ``path/to/file.py:Class``. DATA's
+``batch_size`` is the global batch size (one device's batch); each DDP rank gets
+``batch_size / devices``. Exit codes: 0 the fixed run is within 2x the one-device floor,
+1 it is not (something unexplained, or a factor the audit cannot fix by itself, such as a
+loss averaged over a variable number of items; or a run failed), 2 bad input (one line,
+before any training).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+from pathlib import Path
+from typing import Literal, Optional
+
+from vae_ddp.errors import UserError
+
+__all__ = ["main", "check"]
+
+
+def _parser():
+    from jsonargparse import ArgumentParser
+    from pytorch_lightning import LightningDataModule, LightningModule
+
+    p = ArgumentParser(prog="vae-ddp audit", exit_on_error=False, description=(
+        "Train your LightningModule on one device and with DDP from the same weights and global batch, "
+        "and find which factor makes them differ."))
+    p.add_subclass_arguments(LightningModule, "model", required=True)
+    p.add_subclass_arguments(LightningDataModule, "data", required=True)
+    p.add_argument("--devices", type=int, default=2, help="DDP world size N (default: 2)")
+    p.add_argument("--steps", type=int, default=4, help="optimizer steps per run (default: 4)")
+    p.add_argument("--dtype", type=Literal["float64", "float32"], default="float64",
+                   help="float64 (default: rounding hides nothing) or float32")
+    p.add_argument("--accelerator", type=Literal["cpu", "gpu"], default="cpu")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=str, default="runs/audit", help="output folder (default: runs/audit)")
+    return p
+
+
+def _resolve_files(argv: list[str]) -> tuple[list[str], dict[str, Optional[str]]]:
+    """Turn ``--model path/file.py:Class`` into an importable class path; remember the files."""
+    from vae_ddp.audit.spec import resolve_class_arg
+
+    out, files = [], {"model": None, "data": None}
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        for key in ("model", "data"):
+            if a == f"--{key}" and i + 1 < len(argv) and ".py:" in argv[i + 1]:
+                try:
+                    path, files[key] = resolve_class_arg(argv[i + 1])
+                except ValueError as err:
+                    raise UserError(f"--{key}: {err}") from None
+                except Exception as err:  # the user's file fails to import
+                    raise UserError(f"--{key}: {argv[i + 1]} does not import: {type(err).__name__}: {err}") from None
+                out += [a, path]
+                i += 2
+                break
+            if a.startswith(f"--{key}=") and ".py:" in a:
+                path, files[key] = resolve_class_arg(a.split("=", 1)[1])
+                out.append(f"--{key}={path}")
+                i += 1
+                break
+        else:
+            out.append(a)
+            i += 1
+    return out, files
+
+
+def _check_class_paths(argv: list[str]) -> None:
+    """``--model X`` / ``--data X`` must name an importable LightningModule / LightningDataModule."""
+    from importlib import import_module
+
+    from pytorch_lightning import LightningDataModule, LightningModule
+
+    base = {"model": LightningModule, "data": LightningDataModule}
+    for i, a in enumerate(argv[:-1]):
+        key = a[2:] if a in ("--model", "--data") else None
+        if key is None or argv[i + 1].startswith(("{", "-")) or argv[i + 1].endswith((".yaml", ".yml", ".json")):
+            continue
+        path = argv[i + 1]
+        module, _, name = path.rpartition(".")
+        try:
+            cls = getattr(import_module(module), name) if module else None
+        except Exception as err:  # noqa: BLE001 - the user's module fails to import
+            raise UserError(f"--{key} {path} does not import ({type(err).__name__}: {err}): give "
+                            "package.module.Class or path/to/file.py:Class") from None
+        if not (isinstance(cls, type) and issubclass(cls, base[key])):
+            raise UserError(f"--{key} {path} is not a {base[key].__name__} subclass: give "
+                            "package.module.Class or path/to/file.py:Class")
+
+
+def _one_line(message: str) -> str:
+    """jsonargparse's multi-line error as one line: its first line and its innermost reason."""
+    lines = [ln.strip(" -") for ln in message.splitlines() if ln.strip(" -")]
+    if not lines:
+        return "invalid arguments: see vae-ddp audit --help"
+    detail = [ln for ln in lines[1:] if not ln.startswith(("Subtypes", "Errors", "Given value", "Expected a <class 'NoneType'>",
+                                                           "Does not validate against any"))]
+    return lines[0].rstrip(":") + (f": {detail[-1]}" if detail else "")
+
+
+def check(run, data_cls: type, model_cls: type) -> list[dict]:
+    """Bad input before any training: one [`UserError`][vae_ddp.errors.UserError] line each.
+
+    Returns the findings of the one-process checks ([`static_findings`][vae_ddp.audit.static.static_findings])."""
+    from vae_ddp.audit.static import static_findings
+
+    import torch
+    from pytorch_lightning import LightningModule
+
+    if run.devices < 2:
+        raise UserError(f"--devices must be at least 2 (the DDP world size to compare with one device), got {run.devices}")
+    if run.steps < 1:
+        raise UserError(f"--steps must be at least 1, got {run.steps}")
+    if model_cls.training_step is LightningModule.training_step:
+        raise UserError(f"{model_cls.__name__} has no training_step: the audit trains it, so define one")
+    if "batch_size" not in inspect.signature(data_cls).parameters:
+        raise UserError(f"{data_cls.__name__} takes no batch_size argument: the audit sets the per-device batch "
+                        "through it (batch_size = global batch / devices)")
+    if run.global_batch_size % run.devices:
+        raise UserError(f"global batch size {run.global_batch_size} (--data.init_args.batch_size) is not divisible "
+                        f"by {run.devices} devices: pick a multiple of {run.devices}")
+    if run.accelerator == "gpu" and torch.cuda.device_count() < run.devices:
+        raise UserError(f"--accelerator gpu with {run.devices} devices needs that many CUDA devices, this machine "
+                        f"has {torch.cuda.device_count()}: use --accelerator cpu")
+    dm = data_cls(**dict(run.data.get("init_args", {}), batch_size=run.global_batch_size))
+    try:
+        dm.prepare_data()
+        dm.setup("fit")
+        batch = next(iter(dm.train_dataloader()))
+    except StopIteration:
+        raise UserError(f"{data_cls.__name__}.train_dataloader() yields no batch: give it data") from None
+    except Exception as err:  # noqa: BLE001 - the user's datamodule: its first line
+        first = str(err).splitlines()[0] if str(err) else ""
+        raise UserError(f"{data_cls.__name__} yields no batch ({type(err).__name__}: {first}): check its setup() "
+                        "and train_dataloader()") from None
+    model = model_cls(**run.model.get("init_args", {}))
+    if model.automatic_optimization:  # manual optimization needs the trainer's optimizers: no dry run
+        dtype = torch.float64 if run.dtype == "float64" else torch.float32
+        try:
+            with torch.random.fork_rng():
+                model.to(dtype=dtype).training_step(_cast(batch, dtype), 0)
+        except Exception as err:  # noqa: BLE001 - the user's code: report its first line
+            where = "on CPU" if run.accelerator == "cpu" else "on the CPU dry run"
+            raise UserError(f"{model_cls.__name__}.training_step fails {where} on one batch "
+                            f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}): fix the model "
+                            "so that it runs on CPU, or use --accelerator gpu") from None
+    return static_findings(model, dm, batch, run.devices)
+
+
+def _cast(batch, dtype):
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return batch.to(dtype) if batch.is_floating_point() else batch
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_cast(b, dtype) for b in batch)
+    if isinstance(batch, dict):
+        return {k: _cast(v, dtype) for k, v in batch.items()}
+    return batch
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    from vae_ddp.studies.launch import RunFailed
+
+    if os.getcwd() not in sys.path:  # class paths relative to the working directory, as `python -m` allows
+        sys.path.insert(0, os.getcwd())
+    try:
+        argv, files = _resolve_files(argv)
+        _check_class_paths(argv)
+        parser = _parser()
+        try:
+            cfg = parser.parse_args(argv)
+        except Exception as err:  # jsonargparse's ArgumentError: one line of it
+            raise UserError(_one_line(str(err))) from None
+        from vae_ddp.audit.spec import AuditRun, import_class
+        from vae_ddp.audit.study import audit
+
+        d = cfg.as_dict()
+        model = {"class_path": d["model"]["class_path"], "init_args": dict(d["model"].get("init_args") or {})}
+        data = {"class_path": d["data"]["class_path"], "init_args": dict(d["data"].get("init_args") or {})}
+        model_cls, data_cls = import_class(model["class_path"]), import_class(data["class_path"])
+        gbs = data["init_args"].get("batch_size")
+        if gbs is None:
+            default = inspect.signature(data_cls).parameters.get("batch_size")
+            gbs = None if default is None or default.default is inspect.Parameter.empty else default.default
+        run = AuditRun(model=model, data=data, model_file=files["model"], data_file=files["data"],
+                       devices=cfg.devices, global_batch_size=int(gbs or 0), steps=cfg.steps, dtype=cfg.dtype,
+                       accelerator=cfg.accelerator, seed=cfg.seed)
+        static = check(run, data_cls, model_cls)
+        out = Path(cfg.out)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            probe = out / ".write-test"
+            probe.write_text("")
+            probe.unlink()
+        except OSError as err:
+            raise UserError(f"--out {out} is not writable ({err.strerror}): choose another folder") from None
+        result = audit(run, out, static=static)
+    except UserError as err:
+        print(f"vae-ddp audit: error: {err}", file=sys.stderr)
+        return 2
+    except RunFailed as err:
+        print(f"vae-ddp audit: error: {err}", file=sys.stderr)
+        return 1
+    return 0 if result["within_floor"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""Checks of the audit made in one process, before any training, on the first global batch.
+
+- ``reduction``: is the loss a mean over samples? With the same weights, the gradient of
+  the global batch must equal the mean of the gradients of its N per-rank chunks (what
+  DDP's gradient all-reduce averages). A loss averaged over a variable number of items
+  per rank (tokens with ``ignore_index``, valid pixels, boxes) breaks it. Measured in
+  eval mode (BatchNorm with running statistics, no dropout) so only the reduction differs.
+- ``noise`` (augmentation): does the dataset return different values for the same index
+  on two reads? Random augmentation in ``__getitem__`` is drawn in the DataLoader workers
+  from seeds that derive from the same base seed on every rank, and per sample differently
+  for every world size.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from pytorch_lightning import LightningDataModule, LightningModule
+
+__all__ = ["reduction_gap", "dataset_is_random", "static_findings"]
+
+
+def _cast(batch: Any, dtype: torch.dtype) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(dtype) if batch.is_floating_point() else batch
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_cast(b, dtype) for b in batch)
+    if isinstance(batch, dict):
+        return {k: _cast(v, dtype) for k, v in batch.items()}
+    return batch
+
+
+def _chunk(batch: Any, n: int) -> list[Any]:
+    if isinstance(batch, torch.Tensor):
+        return list(batch.chunk(n))
+    if isinstance(batch, (list, tuple)):
+        parts = [_chunk(b, n) if isinstance(b, torch.Tensor) else [b] * n for b in batch]
+        return [type(batch)(p[i] for p in parts) for i in range(n)]
+    if isinstance(batch, dict):
+        parts = {k: _chunk(v, n) if isinstance(v, torch.Tensor) else [v] * n for k, v in batch.items()}
+        return [{k: v[i] for k, v in parts.items()} for i in range(n)]
+    raise TypeError(f"cannot split a batch of type {type(batch).__name__}")
+
+
+def _grad(model: LightningModule, batch: Any) -> torch.Tensor:
+    model.zero_grad(set_to_none=True)
+    with torch.random.fork_rng():
+        out = model.training_step(batch, 0)
+    loss = out["loss"] if isinstance(out, dict) else out
+    loss.backward()
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                      for p in model.parameters()])
+
+
+def reduction_gap(model: LightningModule, batch: Any, n: int) -> Optional[float]:
+    """``max |g(batch) - mean_r g(chunk_r)| / max |g(batch)|`` in float64 and eval mode; None
+    for manual optimization (``training_step`` steps the optimizers itself)."""
+    if not model.automatic_optimization:
+        return None
+    model = model.double()
+    was_training = model.training
+    model.eval()
+    try:
+        batch = _cast(batch, torch.float64)
+        full = _grad(model, batch)
+        parts = torch.stack([_grad(model, c) for c in _chunk(batch, n)]).mean(0)
+    finally:
+        model.train(was_training)
+        model.zero_grad(set_to_none=True)
+    scale = float(full.abs().max())
+    return float((full - parts).abs().max()) / scale if scale > 0 else 0.0
+
+
+def dataset_is_random(dm: LightningDataModule) -> bool:
+    """Two reads of sample 0 of the training set differ (random augmentation in ``__getitem__``)."""
+    ds = dm.train_dataloader().dataset
+    if len(ds) == 0:
+        return False
+    with torch.random.fork_rng():
+        a, b = ds[0], ds[0]
+    ta, tb = _flatten(a), _flatten(b)
+    return any(not torch.equal(x, y) for x, y in zip(ta, tb))
+
+
+def _flatten(sample: Any) -> list[torch.Tensor]:
+    if isinstance(sample, torch.Tensor):
+        return [sample]
+    if isinstance(sample, (list, tuple)):
+        return [t for s in sample for t in _flatten(s)]
+    if isinstance(sample, dict):
+        return [t for s in sample.values() for t in _flatten(s)]
+    return []
+
+
+#: A relative gradient gap above this is a loss that is not a per-sample mean (float64 rounding is ~1e-15).
+REDUCTION_TOLERANCE = 1e-9
+
+
+def static_findings(model: LightningModule, dm: LightningDataModule, batch: Any, n: int) -> list[dict]:
+    """The findings of both checks, as ``{"factor", "evidence", "fix", "page", "fixable": False}``."""
+    out = []
+    gap = reduction_gap(model, batch, n)
+    if gap is not None and gap > REDUCTION_TOLERANCE:
+        out.append({"factor": "reduction", "fixable": False, "page": "factors/reduction.md",
+                    "evidence": f"the loss is not a mean over samples: the gradient of the global batch differs from "
+                                f"the mean of its {n} per-rank chunks' gradients by {gap:.3g} (relative), e.g. a mean "
+                                "over a variable number of tokens per rank",
+                    "fix": "average over the global item count: all-reduce the number of items (tokens, pixels, "
+                           "boxes) and divide the summed loss by it (times the world size, as DDP averages)"})
+    if dataset_is_random(dm):
+        out.append({"factor": "noise", "fixable": False, "page": "factors/noise.md",
+                    "evidence": "the dataset draws random augmentation in __getitem__: the same draws on every rank "
+                                "(worker seeds derive from the same base seed) and a different draw per sample for "
+                                "every world size",
+                    "fix": "draw each sample's augmentation from a torch.Generator seeded with (seed, epoch, index)"})
+    return out

@@ -1,0 +1,63 @@
+"""Run a small foreign LightningModule under 2-rank DDP (gloo) with DDPAudit; rank 0 writes the findings.
+
+Usage: python tests/scripts/audit_callback.py OUT_JSON {exposed,clean}
+  exposed: BatchNorm, dropout with the shared seed, unsynced logging, 101 samples (padding)
+  clean:   no BatchNorm, per-rank seed, sync_dist logging, 96 samples, contiguous global-batch sampler
+"""
+
+import json
+import sys
+import warnings
+
+import pytorch_lightning as pl
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from vae_ddp.audit import DDPAudit
+from vae_ddp.fixes import GlobalBatchDistributedSampler, PerRankSeed
+from vae_ddp.utils import quiet
+
+
+class Net(pl.LightningModule):
+    def __init__(self, batchnorm: bool, sync: bool) -> None:
+        super().__init__()
+        layers = [nn.Linear(8, 16)] + ([nn.BatchNorm1d(16)] if batchnorm else []) + [nn.ReLU(), nn.Linear(16, 1)]
+        self.net = nn.Sequential(*layers)
+        self.sync = sync
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = nn.functional.mse_loss(self.net(x).squeeze(-1), y)
+        self.log("train_loss", loss, sync_dist=self.sync, batch_size=len(x))
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def main(out: str, mode: str) -> None:
+    quiet()
+    warnings.filterwarnings("ignore", message="DDPAudit")
+    pl.seed_everything(0, verbose=False)
+    exposed = mode == "exposed"
+    n = 101 if exposed else 96
+    ds = TensorDataset(torch.randn(n, 8), torch.randn(n))
+    audit = DDPAudit()
+    callbacks = [audit] if exposed else [PerRankSeed(0), audit]
+    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_steps=2, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         use_distributed_sampler=exposed, callbacks=callbacks)
+    if exposed:
+        dl = DataLoader(ds, batch_size=8, shuffle=True)
+    else:
+        rank = trainer.global_rank
+        dl = DataLoader(ds, batch_size=8, sampler=GlobalBatchDistributedSampler(ds, 16, num_replicas=2, rank=rank))
+    trainer.fit(Net(batchnorm=exposed, sync=not exposed), dl)
+    if trainer.is_global_zero:
+        with open(out, "w") as f:
+            json.dump(audit.state(), f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

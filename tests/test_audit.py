@@ -1,0 +1,114 @@
+"""`vae-ddp audit` on small LightningModules that are not this project's VAE (examples/audit_models.py).
+
+Each audit trains the module on one device and with 2-rank DDP (gloo) for a few steps in
+float64 and must give the expected diagnosis: which factor is exposed, which bites, and
+whether the fixed run comes within 2x the one-device floor.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+M = "examples.audit_models"
+
+
+def audit(tmp_path: Path, model: str, *args: str, data: str = f"{M}.Regression") -> tuple[int, dict, str]:
+    out = tmp_path / "audit"
+    proc = subprocess.run([sys.executable, "-m", "vae_ddp.cli", "audit", "--model", model, "--data", data,
+                           "--steps", "3", "--out", str(out), *args],
+                          capture_output=True, text=True, timeout=900, cwd=ROOT)
+    result = json.loads((out / "audit.json").read_text()) if (out / "audit.json").exists() else {}
+    return proc.returncode, result, proc.stdout + proc.stderr
+
+
+def by_factor(result: dict) -> dict:
+    return {f["factor"]: f for f in result["findings"]}
+
+
+def test_no_exposure(tmp_path):
+    code, result, log = audit(tmp_path, f"{M}.Plain")
+    assert code == 0, log[-3000:]
+    assert set(result) >= {"devices", "steps", "dtype", "floor", "divergence_default", "divergence_fixed",
+                           "findings", "unexplained"}
+    assert result["devices"] == 2 and result["steps"] == 3 and result["dtype"] == "float64"
+    assert not result["unexplained"] and not any(f["bites"] for f in result["findings"])
+    assert "no factor makes a difference here" in log
+
+
+def test_batchnorm(tmp_path):
+    code, result, log = audit(tmp_path, f"{M}.WithBatchNorm")
+    f = by_factor(result)
+    assert code == 0, log[-3000:]
+    assert f["batchnorm"]["exposed"] and f["batchnorm"]["bites"]
+    assert result["findings"][0]["factor"] == "batchnorm"  # ranked first: the largest contribution
+    assert result["divergence_default"] > 1e3 * result["floor"]
+
+
+def test_dropout(tmp_path):
+    code, result, log = audit(tmp_path, f"{M}.WithDropout")
+    f = by_factor(result)
+    assert f["noise"]["exposed"] and f["optimizer"]["exposed"], log[-3000:]
+    assert code == 0 and f["noise"]["bites"], log[-3000:]
+
+
+def test_masked_token_mean(tmp_path):
+    code, result, log = audit(tmp_path, f"{M}.MaskedTokens")
+    f = by_factor(result)
+    assert f["reduction"]["exposed"] and "not a mean over samples" in f["reduction"]["evidence"], log[-3000:]
+    assert code == 1 and not result["unexplained"]  # explained, but only the user can fix it
+
+
+def test_unsynced_logging(tmp_path):
+    code, result, log = audit(tmp_path, f"{M}.Unsynced")
+    f = by_factor(result)
+    assert code == 0, log[-3000:]
+    assert f["logging"]["exposed"] and "train_loss" in f["logging"]["evidence"]
+    assert f["logging"]["contribution"] is None  # logging changes the logged curve, not the parameters
+
+
+def test_padding(tmp_path):
+    code, result, log = audit(tmp_path, f"{M}.Plain", "--data.init_args.n", "37", "--steps", "6")
+    f = by_factor(result)
+    assert code == 0, log[-3000:]
+    assert f["reduction"]["exposed"] and "1 repeated of 37" in f["reduction"]["evidence"]
+
+
+def test_two_optimizers(tmp_path):
+    code, result, log = audit(tmp_path, f"{M}.TwoOptimizers")
+    assert code == 0, log[-3000:]
+    assert result["divergence_fixed"] <= 2 * result["floor"]
+
+
+def test_augmentation_with_workers(tmp_path):
+    code, result, log = audit(tmp_path, f"{M}.Plain", "--data.init_args.augment", "true",
+                              "--data.init_args.num_workers", "1")
+    f = by_factor(result)
+    assert f["noise"]["exposed"] and "augmentation" in f["noise"]["evidence"], log[-3000:]
+    assert code == 1 and not result["unexplained"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "no.such.Module"], "--model"),
+    (["--model", f"{M}.NoTrainingStep"], "has no training_step"),
+    (["--model", f"{M}.Plain", "--data", f"{M}.Empty"], "yields no batch"),
+    (["--model", f"{M}.Plain", "--data.init_args.batch_size", "15"], "not divisible by 2"),
+    (["--model", f"{M}.OnlyCuda"], "fails on CPU"),
+    (["--model", "examples/missing.py:Net"], "does not exist"),
+])
+def test_bad_input(tmp_path, args, message):
+    argv = list(args)
+    if "--data" not in argv:
+        argv[2:2] = ["--data", f"{M}.Regression"]  # the class before its init args
+    proc = subprocess.run([sys.executable, "-m", "vae_ddp.cli", "audit", *argv, "--out", str(tmp_path / "a")],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and "self.log" not in ln and "warn" not in ln.lower()]
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "a" / "runs").exists()  # nothing trained
