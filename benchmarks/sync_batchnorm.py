@@ -49,7 +49,7 @@ class _Loss(nn.Module):
 
 def _g(v: float) -> str:
     """3 significant digits, no exponent for the values of this table."""
-    return f"{v:.3g}" if abs(v) < 1e4 else f"{v:.0f}"
+    return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
 
 
 def _quartiles(values: list[float]) -> tuple[float, float, float]:
