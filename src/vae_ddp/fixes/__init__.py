@@ -4,14 +4,14 @@
 - [`vae_ddp.fixes.randomness`][vae_ddp.fixes.randomness]: any random draw of a training step made for the global batch ([`GlobalBatchRandomness`][vae_ddp.fixes.randomness.GlobalBatchRandomness], [`global_batch_draw`][vae_ddp.fixes.randomness.global_batch_draw], [`GlobalBatchStream`][vae_ddp.fixes.randomness.GlobalBatchStream]).
 - [`vae_ddp.fixes.dropout`][vae_ddp.fixes.dropout]: dropout masks of the global batch ([`GlobalBatchDropout`][vae_ddp.fixes.dropout.GlobalBatchDropout]).
 - [`vae_ddp.fixes.augmentation`][vae_ddp.fixes.augmentation]: random augmentation keyed by sample and epoch ([`SeededAugmentation`][vae_ddp.fixes.augmentation.SeededAugmentation]).
-- [`vae_ddp.fixes.batchnorm`][vae_ddp.fixes.batchnorm]: BatchNorm over the global batch on CPU/gloo ([`GlooSyncBatchNorm`][vae_ddp.fixes.batchnorm.GlooSyncBatchNorm]).
+- [`vae_ddp.fixes.batchnorm`][vae_ddp.fixes.batchnorm]: BatchNorm over the global batch on any backend, gloo on CPUs included ([`GlobalSyncBatchNorm`][vae_ddp.fixes.batchnorm.GlobalSyncBatchNorm]).
 - [`vae_ddp.fixes.sampler`][vae_ddp.fixes.sampler]: the single-device batch split across ranks ([`GlobalBatchDistributedSampler`][vae_ddp.fixes.sampler.GlobalBatchDistributedSampler]).
 - [`vae_ddp.fixes.item_count`][vae_ddp.fixes.item_count]: means over a variable number of items (tokens) ([`global_item_mean`][vae_ddp.fixes.item_count.global_item_mean], [`global_token_cross_entropy`][vae_ddp.fixes.item_count.global_token_cross_entropy]).
 - [`vae_ddp.fixes.evaluation`][vae_ddp.fixes.evaluation]: validation without padded duplicates ([`unrepeated_sampler`][vae_ddp.fixes.evaluation.unrepeated_sampler]).
 """
 
 from vae_ddp.fixes.augmentation import SeededAugmentation
-from vae_ddp.fixes.batchnorm import GlobalBatchNorm, GlooSyncBatchNorm
+from vae_ddp.fixes.batchnorm import GlobalBatchNorm, GlobalSyncBatchNorm, GlooSyncBatchNorm
 from vae_ddp.fixes.dropout import GlobalBatchDropout
 from vae_ddp.fixes.evaluation import padded_duplicates, unrepeated_sampler
 from vae_ddp.fixes.item_count import global_item_count, global_item_mean, global_token_cross_entropy
@@ -20,7 +20,8 @@ from vae_ddp.fixes.randomness import GlobalBatchRandomness, GlobalBatchStream, g
 from vae_ddp.fixes.sampler import GlobalBatchDistributedSampler
 from vae_ddp.fixes.registry import Factor, exposures, factors, register  # noqa: F401  (the factor registry)
 
-__all__ = ["GlobalBatchNoise", "PerRankSeed", "GlobalBatchNorm", "GlooSyncBatchNorm", "GlobalBatchDistributedSampler",
+__all__ = ["GlobalBatchNoise", "PerRankSeed", "GlobalBatchNorm", "GlobalSyncBatchNorm", "GlooSyncBatchNorm",
+           "GlobalBatchDistributedSampler",
            "GlobalBatchRandomness", "GlobalBatchStream", "global_batch_draw", "GlobalBatchDropout",
            "SeededAugmentation", "global_item_count", "global_item_mean", "global_token_cross_entropy",
            "unrepeated_sampler", "padded_duplicates"]

@@ -120,7 +120,7 @@ def _check_batchnorm(trainer, module, datamodule) -> Optional[str]:
     bns = [m for m in module.modules() if isinstance(m, _BatchNorm) and not isinstance(m, (SyncBatchNorm, GlobalBatchNorm))]
     if n > 1 and bns and getattr(trainer.strategy, "_layer_sync", None) is None:
         return (f"{len(bns)} BatchNorm layers normalise over the per-device batch: Trainer(sync_batchnorm=True) "
-                f"on GPUs, plugins=[GlooSyncBatchNorm()] on CPU")
+                f"on GPUs, plugins=[GlobalSyncBatchNorm()] on CPU")
     return None
 
 
@@ -174,13 +174,13 @@ def _parts_noise(spec, seed: int) -> FixParts:
 
 
 def _parts_batchnorm(spec, seed: int) -> FixParts:
-    from vae_ddp.fixes.batchnorm import GlooSyncBatchNorm
+    from vae_ddp.fixes.batchnorm import GlobalSyncBatchNorm
 
     if spec.config != "ddp":
         return FixParts()
     if spec.accelerator == "gpu":
         return FixParts(trainer={"sync_batchnorm": True})  # torch.nn.SyncBatchNorm (GPU only)
-    return FixParts(plugins=[GlooSyncBatchNorm()])
+    return FixParts(plugins=[GlobalSyncBatchNorm()])
 
 
 def _parts_sampler(spec, seed: int) -> FixParts:
@@ -246,7 +246,7 @@ register(Factor(
     parts=_parts_noise, off_label="noise back to default"))
 register(Factor(
     key="batchnorm", name="BatchNorm statistics", page="factors/batchnorm.md",
-    changes="Trainer(sync_batchnorm=True) on GPUs; plugin GlooSyncBatchNorm (a LayerSync) on CPU",
+    changes="Trainer(sync_batchnorm=True) on GPUs; plugin GlobalSyncBatchNorm (a LayerSync) on CPU",
     check=_check_batchnorm, field="sync_bn", default=False, fixed=True, choices=(True,), parts=_parts_batchnorm,
     off_label="BatchNorm back to per-rank"))
 register(Factor(
