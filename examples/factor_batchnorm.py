@@ -4,7 +4,7 @@ One optimizer step through Lightning DDP (2 gloo processes, float64), with the n
 the sample order already made identical to one device's, so that BatchNorm is the only
 difference. It compares, with one process computing the same global batch: the output of
 the encoder's first BatchNorm layer, and the all-reduced gradient that Adam receives. Then
-the same with [`GlooSyncBatchNorm`][vae_ddp.fixes.batchnorm.GlooSyncBatchNorm].
+the same with [`GlobalSyncBatchNorm`][vae_ddp.fixes.batchnorm.GlobalSyncBatchNorm].
 
 `--model small` (the default: seconds) or `resnet18` (the report's model);
 `--global-batch-size` (default 16; the report's is 256, i.e. 2 ranks x 128).
@@ -24,13 +24,13 @@ import torch
 from matplotlib.figure import Figure
 
 from vae_ddp.data import make_datamodule
-from vae_ddp.fixes import GlobalBatchDistributedSampler, GlobalBatchNoise, GlooSyncBatchNorm
+from vae_ddp.fixes import GlobalBatchDistributedSampler, GlobalBatchNoise, GlobalSyncBatchNorm
 from vae_ddp.model import VAE
 from vae_ddp.probes import GradientProbe
 from vae_ddp.utils import quiet
 
 SEED = 0
-MODES = (("default", "per rank (default)"), ("sync_bn", "GlooSyncBatchNorm"))
+MODES = (("default", "per rank (default)"), ("sync_bn", "GlobalSyncBatchNorm"))
 GROUPS = (("grad_rel_diff_fc_mu_fc_var", "fc_mu / fc_var"), ("grad_rel_diff_encoder_decoder", "encoder / decoder"))
 
 
@@ -45,7 +45,7 @@ def ddp_step(sync_bn: bool, datamodule, enc_type: str):
     model = VAE(enc_type=enc_type)
     outputs = []
 
-    class HookFirstBN(pl.Callback):  # at train start: after GlooSyncBatchNorm replaced the layers
+    class HookFirstBN(pl.Callback):  # at train start: after GlobalSyncBatchNorm replaced the layers
         def on_train_start(self, trainer, pl_module):
             first_bn(pl_module).register_forward_hook(lambda m, i, o: outputs.append(o.detach().clone()))
 
@@ -53,7 +53,7 @@ def ddp_step(sync_bn: bool, datamodule, enc_type: str):
     trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_steps=1, precision="64-true",
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, use_distributed_sampler=False,
-                         plugins=[GlooSyncBatchNorm()] if sync_bn else None,
+                         plugins=[GlobalSyncBatchNorm()] if sync_bn else None,
                          callbacks=[GlobalBatchNoise(SEED), probe, HookFirstBN()])
     trainer.fit(model, datamodule=datamodule)
     bn_out = trainer.strategy.all_gather(outputs[0])  # (2, B/2, C, H, W): rank 0's rows, then rank 1's
@@ -166,7 +166,7 @@ def main(argv=None) -> dict:
             "Measured here": f"gradient off by {result['default']['grad_rel_diff_all']:.2e} (relative; "
                              f"{result['default']['grad_rel_diff_fc_mu_fc_var']:.2e} for fc_mu/fc_var) after one "
                              f"step; {result['sync_bn']['grad_rel_diff_all']:.2e} with the fix",
-            "Fix": "`Trainer(sync_batchnorm=True)` (GPU), `plugins=[GlooSyncBatchNorm()]` (CPU)",
+            "Fix": "`Trainer(sync_batchnorm=True)` (GPU), `plugins=[GlobalSyncBatchNorm()]` (CPU)",
         }
     if pl.utilities.rank_zero_only.rank == 0:
         args.out.mkdir(parents=True, exist_ok=True)

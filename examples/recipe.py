@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from vae_ddp.fixes import GlobalBatchDistributedSampler, GlobalBatchNoise, GlooSyncBatchNorm
+from vae_ddp.fixes import GlobalBatchDistributedSampler, GlobalBatchNoise, GlobalSyncBatchNorm
 
 
 # --8<-- [start:module]
@@ -103,7 +103,7 @@ class DigitsGlobalBatches(Digits):
 #: The numbers are those of the ``# change N`` comments above (a test checks that they agree).
 CHANGES = [
     (1, "BatchNorm statistics", "`Trainer(sync_batchnorm=True)` (GPUs)",
-     "`Trainer(plugins=[GlooSyncBatchNorm()])` (CPU/gloo, where SyncBatchNorm refuses)", "factors/batchnorm.md"),
+     "`Trainer(plugins=[GlobalSyncBatchNorm()])` (CPU/gloo, where SyncBatchNorm refuses)", "factors/batchnorm.md"),
     (2, "Logging", "`self.log(..., sync_dist=True, batch_size=len(batch[0]))`", "-", "factors/logging.md"),
     (3, "Data order and sampling", "`DistributedSampler(ds, num_replicas=world_size, rank=rank, seed=seed, "
      "drop_last=True)` at every world size, 1 included; `Trainer(use_distributed_sampler=False)`",
@@ -145,7 +145,7 @@ def train(devices: int, dtype: str, steps: int, seed: int, helpers: bool = False
     if accelerator == "gpu":
         sync_bn = {"sync_batchnorm": True}  # change 1: BatchNorm statistics of the global batch
     else:
-        sync_bn = {"plugins": [GlooSyncBatchNorm()]}  # change 1 on CPU/gloo (SyncBatchNorm needs CUDA)
+        sync_bn = {"plugins": [GlobalSyncBatchNorm()]}  # change 1 on CPU/gloo (SyncBatchNorm needs CUDA)
     trainer = pl.Trainer(accelerator=accelerator, devices=devices, strategy="ddp" if devices > 1 else "auto",
                          use_distributed_sampler=False,  # change 3: keep the sampler above
                          precision="64-true" if dtype == "float64" else "32-true", max_steps=steps,

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from vae_ddp.fixes import GlobalBatchDistributedSampler, GlobalBatchNorm, GlooSyncBatchNorm
+from vae_ddp.fixes import GlobalBatchDistributedSampler, GlobalBatchNorm, GlobalSyncBatchNorm
 
 BN_CHECK = r"""
 import os, sys, torch, torch.distributed as dist
@@ -55,10 +55,10 @@ def test_global_batchnorm_over_gloo_equals_batchnorm_on_the_concatenated_batch(t
 
 def test_convert_and_revert_share_parameters_and_keep_classes():
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.BatchNorm1d(4 * 30 * 30))
-    converted = GlooSyncBatchNorm().apply(model)
+    converted = GlobalSyncBatchNorm().apply(model)
     assert isinstance(converted[1], GlobalBatchNorm) and isinstance(converted[3], GlobalBatchNorm)
     assert converted[1].weight is model[1].weight and converted[1].running_var is model[1].running_var
-    reverted = GlooSyncBatchNorm().revert(converted)
+    reverted = GlobalSyncBatchNorm().revert(converted)
     assert type(reverted[1]) is nn.BatchNorm2d and type(reverted[3]) is nn.BatchNorm1d
     # without a process group it is plain BatchNorm
     x = torch.randn(5, 3, 32, 32)

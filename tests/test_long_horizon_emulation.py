@@ -1,6 +1,6 @@
 """The long-horizon study emulates default DDP noise on one device (SharedNoise). This checks
 that the emulation computes what real DDP computes: 2 gloo ranks with BatchNorm over the global
-batch (GlooSyncBatchNorm), the global batch dealt in contiguous chunks
+batch (GlobalSyncBatchNorm), the global batch dealt in contiguous chunks
 (GlobalBatchDistributedSampler) and Lightning's default noise (every rank seeded alike), in
 float64, against one device with SharedNoise; and that independent noise does not."""
 

@@ -131,12 +131,12 @@ def test_batchnorm_check_sees_the_layers_and_the_plugin():
     import pytorch_lightning as pl
     from torch import nn
 
-    from vae_ddp.fixes import GlooSyncBatchNorm
+    from vae_ddp.fixes import GlobalSyncBatchNorm
 
     bn = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))
     check = registry.get("batchnorm").check
     plain = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False)
-    synced = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False, plugins=[GlooSyncBatchNorm()])
+    synced = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False, plugins=[GlobalSyncBatchNorm()])
     assert check(plain, bn, None).startswith("1 BatchNorm layers")
     assert check(synced, bn, None) is None
     assert check(plain, nn.Sequential(nn.Conv2d(3, 4, 3)), None) is None

@@ -60,7 +60,7 @@ class Command:
 
 
 #: RunSpec fields that are set by the studies, not by the command line.
-INTERNAL = frozenset({"config", "seeds", "label", "save_params", "record_indices"})
+INTERNAL = frozenset({"config", "seeds", "label", "save_params", "record_indices", "permute_seed"})
 _COMMANDS: dict[str, Callable[[], Command]] = {}
 
 

@@ -153,7 +153,7 @@ class DDPAudit(Callback):
             self.findings.append(Finding(
                 "batchnorm", f"{len(local)} BatchNorm layer(s) normalise with per-rank statistics ({shown})",
                 "Trainer(sync_batchnorm=True) on GPUs; on CPU/gloo "
-                "Trainer(plugins=[vae_ddp.fixes.GlooSyncBatchNorm()])", "factors/batchnorm.md"))
+                "Trainer(plugins=[vae_ddp.fixes.GlobalSyncBatchNorm()])", "factors/batchnorm.md"))
 
     def _check_sampler(self, trainer: Trainer) -> None:
         train = _samplers(trainer.train_dataloader)

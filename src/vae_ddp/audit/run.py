@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader
 
 from vae_ddp.audit.callback import DDPAudit
 from vae_ddp.audit.spec import AuditRun, import_class
-from vae_ddp.fixes.batchnorm import GlooSyncBatchNorm
+from vae_ddp.fixes.batchnorm import GlobalSyncBatchNorm
 from vae_ddp.fixes.randomness import GlobalBatchRandomness, current_stream
 from vae_ddp.fixes.sampler import GlobalBatchDistributedSampler
 from vae_ddp.utils import quiet
@@ -97,7 +97,7 @@ def build(run: AuditRun) -> tuple[LightningModule, pl.LightningDataModule, Train
         if run.accelerator == "gpu":
             extra["sync_batchnorm"] = True
         else:
-            extra["plugins"] = [GlooSyncBatchNorm()]
+            extra["plugins"] = [GlobalSyncBatchNorm()]
     callbacks.append(DDPAudit(warn=False))
     trainer = Trainer(
         accelerator=run.accelerator, devices=run.devices, strategy="ddp" if run.devices > 1 else "auto",

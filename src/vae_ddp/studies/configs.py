@@ -67,7 +67,7 @@ class RunSpec:
         noise: ``default`` (same stream on every rank), ``per_rank`` ([`PerRankSeed`][vae_ddp.fixes.noise.PerRankSeed])
             or ``global`` ([`GlobalBatchNoise`][vae_ddp.fixes.noise.GlobalBatchNoise]).
         sync_bn: BatchNorm over the global batch (GPU: ``sync_batchnorm=True``; CPU:
-            [`GlooSyncBatchNorm`][vae_ddp.fixes.batchnorm.GlooSyncBatchNorm]).
+            [`GlobalSyncBatchNorm`][vae_ddp.fixes.batchnorm.GlobalSyncBatchNorm]).
         sampler: ``default`` (RandomSampler / Lightning's DistributedSampler) or
             ``global`` ([`GlobalBatchDistributedSampler`][vae_ddp.fixes.sampler.GlobalBatchDistributedSampler]).
         sync_dist_logging: ``self.log(..., sync_dist=True)``.
