@@ -110,7 +110,7 @@ def check(run, data_cls: type, model_cls: type) -> list[dict]:
     """Bad input before any training: one [`UserError`][vae_ddp.errors.UserError] line each.
 
     Returns the findings of the one-process checks ([`static_findings`][vae_ddp.audit.static.static_findings])."""
-    from vae_ddp.audit.static import static_findings
+    from vae_ddp.audit.static import _cast, static_findings
 
     import torch
     from pytorch_lightning import LightningModule
@@ -153,18 +153,6 @@ def check(run, data_cls: type, model_cls: type) -> list[dict]:
                             f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}): fix the model "
                             "so that it runs on CPU, or use --accelerator gpu") from None
     return static_findings(model, dm, batch, run.devices)
-
-
-def _cast(batch, dtype):
-    import torch
-
-    if isinstance(batch, torch.Tensor):
-        return batch.to(dtype) if batch.is_floating_point() else batch
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_cast(b, dtype) for b in batch)
-    if isinstance(batch, dict):
-        return {k: _cast(v, dtype) for k, v in batch.items()}
-    return batch
 
 
 def main(argv: Optional[list[str]] = None) -> int:
