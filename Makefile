@@ -40,8 +40,10 @@ test: setup browser  ## the test suite (reduced studies; CPU, gloo), the docs bu
 test-full: setup browser  ## the full-size studies too (tens of minutes on 2 cores)
 	VAE_DDP_FULL=1 $(PY) -m pytest
 
-bench: setup  ## step-time benchmarks (medians and ratios)
+bench: setup  ## benchmarks (medians and ratios): step time per fix, CPU sync BatchNorm, DDPAudit overhead
 	$(PY) benchmarks/step_time.py
+	$(PY) benchmarks/sync_batchnorm.py
+	$(PY) benchmarks/audit_overhead.py
 
 docs: setup  ## build the site strictly into site/, running every example of docs/examples.yml (cached)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
