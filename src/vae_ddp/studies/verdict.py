@@ -7,7 +7,7 @@ configuration has which factor, from:
 - ``docs/results/seeds-full/seeds.json`` (the seed study): its ``"verdict"`` object
   (``{"ddp": {"train_kl": "equivalent" | "different" | "inconclusive", ...}}``) and
   ``"verdict_lines"`` when present, else its Welch p-values (``summary``);
-- ``docs/results/long-horizon/long_horizon.json`` when present (``"verdict"``, ``"summary"``);
+- ``docs/results/long-horizon/long-horizon.json`` when present (``"verdict"``, ``"summary"``);
 - ``docs/results/report-scale/report_scale.json`` (the report's scale, one step): the
   order of the reasons and their sizes.
 
@@ -42,7 +42,7 @@ def load(root: Path) -> dict[str, dict | None]:
     """The committed results under ``root/docs/results`` (None where a file is absent)."""
     res = Path(root) / "docs" / "results"
     return {"seeds": _read(res / "seeds-full" / "seeds.json"),
-            "long_horizon": _read(res / "long-horizon" / "long_horizon.json"),
+            "long_horizon": _read(res / "long-horizon" / "long-horizon.json"),
             "report_scale": _read(res / "report-scale" / "report_scale.json")}
 
 
@@ -77,7 +77,9 @@ def decide(seeds: dict, long_horizon: dict | None = None) -> dict[str, Any]:
         if long_horizon["verdict"] == "different":
             kind = "different"
     other = [q for q, w in (seeds.get("verdict", {}).get("ddp", {})).items() if w == "different"]
-    if kind == "equivalent" and other:
+    kl_ok = seeds.get("verdict", {}).get("ddp", {}).get("train_kl") == "equivalent"
+    lh_kl = ((long_horizon or {}).get("comparison", {}).get("train_kl", {}).get("verdict") == "different")
+    if kl_ok and other and not lh_kl:
         worse = _rel(seeds, "ddp", other[0])
         fixed = seeds["verdict"].get("ddp+fixed", {})
         tail = " (equivalent with the fixes)" if fixed and all(w == "equivalent" for w in fixed.values()) else ""
