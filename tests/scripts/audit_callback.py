@@ -1,7 +1,7 @@
 """Run a small foreign LightningModule under 2-rank DDP (gloo) with DDPAudit; rank 0 writes the findings.
 
 Usage: python tests/scripts/audit_callback.py OUT_JSON {exposed,clean}
-  exposed: BatchNorm, dropout with the shared seed, unsynced logging, 101 samples (padding)
+  exposed: BatchNorm, dropout drawn with the shared seed, unsynced logging, 101 samples (padding)
   clean:   no BatchNorm, per-rank seed, sync_dist logging, 96 samples, contiguous global-batch sampler
 """
 
@@ -22,7 +22,8 @@ from vae_ddp.utils import quiet
 class Net(pl.LightningModule):
     def __init__(self, batchnorm: bool, sync: bool) -> None:
         super().__init__()
-        layers = [nn.Linear(8, 16)] + ([nn.BatchNorm1d(16)] if batchnorm else []) + [nn.ReLU(), nn.Linear(16, 1)]
+        layers = [nn.Linear(8, 16)] + ([nn.BatchNorm1d(16), nn.Dropout(0.1)] if batchnorm else []) + [
+            nn.ReLU(), nn.Linear(16, 1)]
         self.net = nn.Sequential(*layers)
         self.sync = sync
 
