@@ -82,7 +82,7 @@ class RunSpec:
         optimizer: ``adam`` (the report's) or ``sgd``.
         permute_seed: one device only: permute the samples inside each batch with this seed,
             each keeping its noise (the same loss, summed in another order: the reordering
-            floor of [`equivalence`][vae_ddp.studies.equivalence.equivalence]). None: off.
+            floor of `equivalence`). None: off.
         label: name used in progress lines and results.
     """
 
