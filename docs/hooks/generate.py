@@ -85,6 +85,10 @@ def load_registry(root: Path) -> list[dict[str, Any]]:
         if e["name"] in names:
             raise PluginError(f"{where}: name {e['name']!r} is registered twice")
         names.add(e["name"])
+        for key in ("args", "full_args"):
+            odd = [a for a in e.get(key) or [] if not isinstance(a, (str, int, float))]
+            if odd:  # e.g. an unquoted {cifar}, which YAML reads as a mapping
+                raise PluginError(f"{where}: `{key}` holds {odd[0]!r}: quote it (\"{{cifar}}\")")
         e["args"] = [str(a) for a in e.get("args") or []]
         e["full_args"] = [str(a) for a in e["full_args"]] if "full_args" in e else e["args"]
         e["timeout"] = float(e.get("timeout", 600))
