@@ -249,6 +249,11 @@ def test_code_blocks(example, eval_example):
     os.chdir(ROOT)
     try:
         eval_example.run_print_check(example)
+    except Exception as exc:  # noqa: BLE001
+        # The block runs as code compiled by pytest-examples; on CPython 3.11.7, rendering a
+        # traceback through its frames crashed pytest itself (INTERNALERROR: "generator raised
+        # StopIteration" in traceback.extract_tb) and ended the whole session. One message instead.
+        pytest.fail(f"{example}: {type(exc).__name__}: {exc}", pytrace=False)
     finally:
         os.chdir(cwd)
 
