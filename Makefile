@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 OUT ?= runs
 
-.PHONY: setup browser demo test test-full docs docs-serve legacy legacy-test bench clean
+.PHONY: setup browser demo test test-full docs docs-serve legacy legacy-test bench bench-docs clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,10 @@ bench: setup  ## benchmarks (medians and ratios): step time per fix, CPU sync Ba
 	$(PY) benchmarks/step_time.py
 	$(PY) benchmarks/sync_batchnorm.py
 	$(PY) benchmarks/audit_overhead.py
+
+bench-docs: setup  ## the timings the site shows, rewritten into docs/results/ (run on an idle machine, then commit)
+	$(PY) benchmarks/step_time.py --models small --out docs/results/step-time
+	$(PY) benchmarks/audit_overhead.py --out docs/results/audit-overhead
 
 docs: setup  ## build the site strictly into site/, running every example of docs/examples.yml (cached)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site

@@ -1,6 +1,7 @@
 """What the passive `DDPAudit` callback costs: step time of 2-rank DDP (gloo) with and without it.
 
-    python benchmarks/audit_overhead.py [--steps 30] [--repeats 3] [--out DIR]
+    python benchmarks/audit_overhead.py [--steps 60] [--repeats 5] [--out DIR]
+    python benchmarks/audit_overhead.py --out docs/results/audit-overhead   # the docs' numbers
 
 Each repeat trains the same small module (examples/audit_models.py: WithBatchNorm, global batch
 64) twice in one launch, with and without the callback, in alternating order; the median step
@@ -86,20 +87,32 @@ def main(argv=None) -> dict:
     ratios = [w / wo for w, wo in zip(medians["with DDPAudit"], medians["without"])]
     result = {"steps": args.steps, "repeats": args.repeats, "median_step_s": medians, "ratios": ratios,
               "overhead": statistics.median(ratios) - 1}
-    lines = ["| variant | median step time (ms), per repeat |", "|---|---|"]
-    for v in variants:
-        lines.append(f"| {v} | {', '.join(f'{1000 * t:.3g}' for t in medians[v])} |")
-    lines += ["", f"- overhead of DDPAudit: {100 * result['overhead']:+.2g}% of the step time (median of "
-                  f"{args.repeats} paired ratios, range {100 * (min(ratios) - 1):+.2g}% to {100 * (max(ratios) - 1):+.2g}%; "
-                  f"{args.steps} steps per run, 5 warm-up steps left out)"]
-    text = "\n".join(lines)
+    text = render(result)
     print(text)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "audit_overhead.json").write_text(json.dumps(result, indent=1))
         (args.out / "tables.md").write_text(text + "\n")
+        (args.out / "command.md").write_text(command_md(result, args.out.as_posix()))
     return result
 
+
+def render(result: dict) -> str:
+    """The table and the overhead line of ``audit_overhead.json`` (what ``--out`` writes into ``tables.md``)."""
+    medians, ratios = result["median_step_s"], result["ratios"]
+    lines = ["| variant | median step time (ms), per repeat |", "|---|---|"]
+    for v, times in medians.items():
+        lines.append(f"| {v} | {', '.join(f'{1000 * t:.3g}' for t in times)} |")
+    lines += ["", f"- overhead of DDPAudit: {100 * result['overhead']:+.2g}% of the step time (median of "
+                  f"{result['repeats']} paired ratios, range {100 * (min(ratios) - 1):+.2g}% to "
+                  f"{100 * (max(ratios) - 1):+.2g}%; {result['steps']} steps per run, 5 warm-up steps left out)"]
+    return "\n".join(lines)
+
+
+def command_md(result: dict, out: str) -> str:
+    """The command line that wrote ``out`` (``command.md`` for the page)."""
+    return (f"```bash\npython benchmarks/audit_overhead.py --steps {result['steps']} --repeats {result['repeats']} "
+            f"--out {out}\n```\n")
 
 if __name__ == "__main__":
     main()

@@ -2,6 +2,7 @@
 
     python benchmarks/step_time.py                        # small model and ResNet-18 VAE, CPU, gloo
     python benchmarks/step_time.py --models small --steps 30 --repeats 5
+    python benchmarks/step_time.py --models small --out docs/results/step-time   # the docs' numbers
 
 For every model it trains, through Lightning, ``single``, default ``ddp`` (2 processes),
 ``ddp`` with each fix of the factor registry alone and with all of them. Each variant is
@@ -78,18 +79,20 @@ def summarise(runs: dict[str, list[float]], ref: str = "ddp", tolerance: float =
     return out
 
 
-def render(model: str, summary: dict, args: argparse.Namespace, load: tuple[float, float] = (0.0, 0.0),
+def render(model: str, summary: dict, settings: dict, load: tuple[float, float] = (0.0, 0.0),
            cores: int = 0) -> str:
-    """The table and the lines that say what it resolves; ``load``: the 1-minute load average
-    before and after the runs (``os.getloadavg``), stated when it exceeds half the cores."""
+    """The table and the lines that say what it resolves; ``settings``: ``global_batch_size``,
+    ``repeats``, ``warmup``, ``steps``; ``load``: the 1-minute load average before and after the
+    runs (``os.getloadavg``), stated when it exceeds half the cores."""
     rows = []
     for name, s in summary.items():
         ratio = "1" if s["verdict"] == "reference" else (
             f"{s['ratio_median']:.2f} ({s['ratio_min']:.2f} to {s['ratio_max']:.2f})")
         rows.append([name, sig3(s["median_s"] * 1000), f"{sig3(s['min_s'] * 1000)} to {sig3(s['max_s'] * 1000)}",
                      ratio, s["verdict"] if s["verdict"] != "reference" else "-"])
-    title = (f"{model} VAE, global batch {args.global_batch_size}, CPU (gloo, 2 processes for ddp); "
-             f"{args.repeats} runs per variant, median step after {args.warmup} warm-up steps of {args.steps}")
+    title = (f"{model} VAE, global batch {settings['global_batch_size']}, CPU (gloo, 2 processes for ddp); "
+             f"{settings['repeats']} runs per variant, median step after {settings['warmup']} warm-up steps of "
+             f"{settings['steps']}")
     table = format_table(["variant", "median step (ms)", "range over runs (ms)", "/ default ddp (range)",
                           "vs default ddp"], rows, title=title)
     spreads = [s["ratio_max"] - s["ratio_min"] for n, s in summary.items() if s["verdict"] != "reference"]
@@ -108,6 +111,25 @@ def render(model: str, summary: dict, args: argparse.Namespace, load: tuple[floa
     return table + "\n\n" + "\n".join(lines)
 
 
+def render_all(results: dict) -> str:
+    """Every model's table of ``step_time.json`` (what ``--out`` writes into ``tables.md``)."""
+    tables = []
+    for model, summary in results["models"].items():
+        load = summary["_load_average"]
+        tables.append(render(model, {k: v for k, v in summary.items() if not k.startswith("_")}, results["settings"],
+                             (load["before"], load["after"]), load["cores"]))
+    return "\n\n".join(tables)
+
+
+def command_md(results: dict, out: str) -> str:
+    """The command line that wrote ``out`` (``command.md`` for the page)."""
+    s = results["settings"]
+    return ("```bash\n# DIR: the CIFAR-10 subset (ImageFolder tree)\n"
+            f"python benchmarks/step_time.py --models {' '.join(results['models'])} --steps {s['steps']} "
+            f"--warmup {s['warmup']} --repeats {s['repeats']} --global-batch-size {s['global_batch_size']} "
+            f"--data-dir DIR --out {out}\n```\n")
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=["small", "resnet18"], choices=["small", "resnet18"])
@@ -122,9 +144,10 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
     if args.steps - args.warmup < 3 or args.repeats < 2:
         p.error("need --steps at least --warmup + 3 and --repeats at least 2")
-    results: dict = {}
+    settings = {"steps": args.steps, "warmup": args.warmup, "repeats": args.repeats,
+                "global_batch_size": args.global_batch_size}
+    results: dict = {"settings": settings, "models": {}}
     specs = variants()
-    tables: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         for model in args.models:
             base = RunSpec(model=model, steps=args.steps, global_batch_size=args.global_batch_size, devices=2,
@@ -137,18 +160,17 @@ def main(argv=None) -> dict:
                     spec = dataclasses.replace(base, **specs[name], label=name).validate()
                     out = Path(tmp) / model / f"{name.replace(' ', '_')}-{r}"
                     runs[name].append(run_median(spec, out, args.warmup))
-            results[model] = summarise(runs)
-            load = (load_before, os.getloadavg()[0])
-            results[model]["_load_average"] = {"before": load[0], "after": load[1], "cores": os.cpu_count()}
-            tables.append(render(model, {k: v for k, v in results[model].items() if not k.startswith("_")}, args, load))
-            print(tables[-1])
-            print()
+            summary = summarise(runs)
+            summary["_load_average"] = {"before": load_before, "after": os.getloadavg()[0], "cores": os.cpu_count()}
+            results["models"][model] = summary
+    text = render_all(results)
+    print(text)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "step_time.json").write_text(json.dumps(results, indent=1))
-        write_tables(args.out, "\n\n".join(tables))
+        write_tables(args.out, text)
+        (args.out / "command.md").write_text(command_md(results, args.out.as_posix()))
     return results
-
 
 if __name__ == "__main__":
     main()

@@ -1,7 +1,6 @@
 """The step-time benchmark's summary: paired ratios per round and a verdict only where every
 round agrees (the arithmetic on given run medians; timing itself is a benchmark, not a test)."""
 
-import argparse
 import importlib.util
 from pathlib import Path
 
@@ -29,9 +28,36 @@ def test_verdicts_need_every_round(bench):
     assert s["ddp + noisy"]["ratio_min"] == pytest.approx(0.9) and s["ddp + noisy"]["ratio_max"] == pytest.approx(1.15)
     assert s["ddp + quick"]["verdict"] == "faster" and s["ddp + quick"]["ratio_median"] == pytest.approx(0.5)
     assert s["ddp"]["median_s"] == pytest.approx(0.150) and s["ddp"]["min_s"] == pytest.approx(0.100)
-    args = argparse.Namespace(global_batch_size=32, repeats=3, warmup=3, steps=12)
-    text = bench.render("small", s, args, load=(30.0, 31.0), cores=2)
+    settings = dict(global_batch_size=32, repeats=3, warmup=3, steps=12)
+    text = bench.render("small", s, settings, load=(30.0, 31.0), cores=2)
     flat = " ".join(text.split())
     assert "| ddp + noisy | 150 | 90 to 230 | 1.00 (0.90 to 1.15) | not resolved |" in flat
     assert "vary by up to 0.25 between rounds" in text and "load average 30.0 to 31.0 on 2 cores" in text
     assert "ddp + slow slower (1.50x); ddp + quick faster (0.50x)" in text
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"{name}_bench", ROOT / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("name, folder, page", [("step_time", "step-time", "recipe.md"),
+                                                ("audit_overhead", "audit-overhead", "audit.md")])
+def test_committed_benchmark_is_what_the_benchmark_renders(name, folder, page):
+    """Timings are measured by `make bench` on an idle machine and committed under
+    docs/results/ (the docs build would time them on a shared CPU): the page includes exactly
+    what the benchmark renders from its own JSON, with the command that wrote it."""
+    import json
+
+    out = ROOT / "docs" / "results" / folder
+    result = json.loads((out / f"{name}.json").read_text())
+    bench = _load(name)
+    rendered = bench.render_all(result) if name == "step_time" else bench.render(result)
+    assert (out / "tables.md").read_text() == rendered + "\n"
+    assert (out / "command.md").read_text() == bench.command_md(result, f"docs/results/{folder}")
+    text = (ROOT / "docs" / page).read_text()
+    assert f'--8<-- "docs/results/{folder}/tables.md"' in text
+    assert f'--8<-- "docs/results/{folder}/command.md"' in text
+

@@ -2,7 +2,7 @@
 
 From the same seed (same initial weights), the same global batch and the same number of
 optimizer steps, through Lightning's own ``Trainer`` and launcher (every run in its own
-process tree, see [`vae_ddp.audit.run`][vae_ddp.audit.run]):
+process tree per world size, see [`vae_ddp.audit.run`][vae_ddp.audit.run]):
 
 1. ``single``: one device, every fix that applies on one device on (the single-device
    global batches of the sampler fix, the global-batch noise) — the reference;
@@ -10,9 +10,10 @@ process tree, see [`vae_ddp.audit.run`][vae_ddp.audit.run]):
    summation order): ``max |theta_floor - theta_single|`` is what rounding alone does;
 3. ``ddp``: N ranks with Lightning's defaults; its [`DDPAudit`][vae_ddp.audit.callback.DDPAudit]
    findings tell which factors the run is exposed to;
-4. ``ddp+fixed``: N ranks with every fix on; ``ddp-<factor>``: every fix but one, for each
-   exposed factor that has an automatic fix (the ablation): the divergence that comes back
-   when that fix is removed is the factor's contribution.
+4. ``ddp+fixed``: N ranks with every fix on; ``ddp-<factor>``: every fix but one (the
+   ablation, run in the same launch for every factor with an automatic fix, reported for the
+   exposed ones): the divergence that comes back when that fix is removed is the factor's
+   contribution.
 
 The residual of ``ddp+fixed`` is judged as a multiple of the floor: within 2x the audit
 passes (exit 0); well above, the difference is "unexplained: not one of the known factors"
@@ -30,7 +31,7 @@ import torch
 
 from vae_ddp.audit.spec import FIXABLE, AuditRun
 from vae_ddp.fixes import registry
-from vae_ddp.studies.launch import launch
+from vae_ddp.studies.launch import RunGroup, launch
 from vae_ddp.studies.table import format_table
 
 __all__ = ["audit", "FLOOR_RATIO"]
@@ -82,16 +83,19 @@ def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, pr
                 print(f"[audit] {spec.label}: {spec.devices} process(es), fixes: {', '.join(spec.fixes) or 'none'}"
                       f"{', samples permuted in each batch' if spec.permute else ''}", flush=True)
         where = out_dir / "runs" / tag
-        batch = _Batch(specs)
-        info = launch(batch, where, quiet=True, entry=[sys.executable, "-m", "vae_ddp.audit.run"])
+        info = launch(RunGroup(specs), where, quiet=True, entry=[sys.executable, "-m", "vae_ddp.audit.run"])
         return {s.label: (torch.load(where / f"{s.label}.pt"), info[s.label]) for s in specs}
 
     one = launch_all("one-device", [base.replace(label="single", devices=1, fixes=fixes),
                                     base.replace(label="floor", devices=1, fixes=fixes, permute=True)])
     single = one["single"][0]
     floor = _diff(one["floor"][0], single)
+    # The ablation (every fix but one) runs in the same launch for every fixable factor; only
+    # the factors found exposed below are reported (a launch costs more than a few short runs).
     first = launch_all("ddp", [base.replace(label="ddp", devices=n, fixes=[]),
-                               base.replace(label="ddp+fixed", devices=n, fixes=fixes)])
+                               base.replace(label="ddp+fixed", devices=n, fixes=fixes),
+                               *(base.replace(label=f"ddp-{f}", devices=n, fixes=[g for g in fixes if g != f])
+                                 for f in fixes)])
     default, info = first["ddp"]
     fixed = first["ddp+fixed"][0]
     found = {f["factor"]: f for f in info["findings"]}
@@ -103,11 +107,7 @@ def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, pr
                      fix=found[f["factor"]]["fix"] + "; " + f["fix"])
         found[f["factor"]] = f
     ablated = [f for f in fixes if f in found]
-    contributions: dict[str, Optional[float]] = {}
-    if ablated:
-        runs = launch_all("ablation", [base.replace(label=f"ddp-{f}", devices=n, fixes=[g for g in fixes if g != f])
-                                       for f in ablated])
-        contributions = {f: _diff(runs[f"ddp-{f}"][0], single) for f in ablated}
+    contributions: dict[str, Optional[float]] = {f: _diff(first[f"ddp-{f}"][0], single) for f in ablated}
     div_default, div_fixed = _diff(default, single), _diff(fixed, single)
     ratio = div_fixed / floor if floor > 0 else (0.0 if div_fixed == 0 else float("inf"))
     within = ratio <= FLOOR_RATIO
@@ -184,16 +184,3 @@ def render(result: dict) -> str:
                      + (f"; the factors that make a difference: {', '.join(bite)}" if bite
                         else "; no factor makes a difference here"))
     return "\n".join(lines)
-
-
-class _Batch:
-    """Several [`AuditRun`][vae_ddp.audit.spec.AuditRun]s of one world size, in the shape
-    [`launch`][vae_ddp.studies.launch.launch] expects of a spec."""
-
-    def __init__(self, specs: list[AuditRun]) -> None:
-        self.specs = specs
-        self.accelerator, self.world_size = specs[0].accelerator, specs[0].devices
-        self.label = ", ".join(s.label for s in specs)
-
-    def to_json(self) -> str:
-        return json.dumps([json.loads(s.to_json()) for s in self.specs])

@@ -20,7 +20,7 @@ import torch
 from vae_ddp.fixes import registry
 from vae_ddp.studies.configs import RunSpec
 from vae_ddp.studies.equivalence import max_abs_diff
-from vae_ddp.studies.launch import launch
+from vae_ddp.studies.launch import launch_by_world_size
 from vae_ddp.studies.table import format_table, write_tables
 
 __all__ = ["ablation", "variants"]
@@ -48,15 +48,17 @@ def ablation(base: RunSpec, out_dir: Path) -> dict:
     ref_spec = dataclasses.replace(exact, config="single", label="single").validate()
     specs = {name: dataclasses.replace(exact, config="ddp", label=name, **kw).validate()
              for name, kw in variants().items()}
-    ref_run = launch(ref_spec, out_dir / "runs" / "single")["runs"][0]
-    ref = torch.load(out_dir / "runs" / "single" / ref_run["params"])["state_dict"]
+    # one launch per world size: single, then every ddp variant in the same processes
+    results = launch_by_world_size([ref_spec, *specs.values()], out_dir / "runs")
+    (ref_result, ref_dir), variant_results = results[0], results[1:]
+    ref_run = ref_result["runs"][0]
+    ref = torch.load(ref_dir / ref_run["params"])["state_dict"]
     rv, rr = ref_run["val_records"][-1], ref_run["records"]
     result = {"settings": dataclasses.asdict(ref_spec), "variants": {}}
     rows = []
-    for i, (name, spec) in enumerate(specs.items()):
-        out = out_dir / "runs" / f"variant{i}"
-        run = launch(spec, out)["runs"][0]
-        params = torch.load(out / run["params"])["state_dict"]
+    for (name, spec), (res, where) in zip(specs.items(), variant_results):
+        run = res["runs"][0]
+        params = torch.load(where / run["params"])["state_dict"]
         v, recs = run["val_records"][-1], run["records"]
         entry = {
             "fixes": spec.fixes(),

@@ -23,7 +23,7 @@ import json
 from pathlib import Path
 
 from vae_ddp.studies.configs import RunSpec
-from vae_ddp.studies.launch import launch
+from vae_ddp.studies.launch import launch_by_world_size
 from vae_ddp.studies.plots import plot_curves, plot_report_style
 from vae_ddp.studies.table import format_table, write_tables
 
@@ -131,9 +131,11 @@ def compare(base: RunSpec, configs: list[str], out_dir: Path, exact: bool = Fals
     for spec in specs:
         print(f"== {spec.label}: {spec.world_size} process(es), per-device batch {spec.per_device_batch_size}, "
               f"global batch {spec.global_batch_size}", flush=True)
-        run = launch(spec, out_dir / "runs" / spec.label)["runs"][0]
+    # one launch per world size (single and dp share one process)
+    for spec, (result, where) in zip(specs, launch_by_world_size(specs, out_dir / "runs")):
+        run = result["runs"][0]
         if run.get("params"):
-            params = out_dir / "runs" / spec.label / run["params"]
+            params = where / run["params"]
         val_by_step = {v["step"]: v for v in run["val_records"]}
         for r in run["records"]:
             rec = {"config": spec.config, "label": spec.label, **r}

@@ -30,7 +30,7 @@ from torch import Tensor
 
 from vae_ddp.errors import UserError
 from vae_ddp.studies.configs import RunSpec
-from vae_ddp.studies.launch import launch
+from vae_ddp.studies.launch import launch_by_world_size
 from vae_ddp.studies.table import format_table, write_tables
 
 __all__ = ["equivalence", "max_abs_diff", "param_diffs", "WithinBatchPermutation", "FLOOR_FACTOR", "verdict"]
@@ -122,9 +122,11 @@ class WithinBatchPermutation(Callback):
         return eps[self._perm.to(eps.device)]
 
 
-def _final(spec: RunSpec, out: Path) -> tuple[dict, dict]:
-    run = launch(spec, out)["runs"][0]
-    return torch.load(out / run["params"])["state_dict"], run["records"][-1]
+def _final(result: tuple[dict, Path]) -> tuple[dict, dict]:
+    """Final ``state_dict`` and last training record of one spec's result of
+    [`launch_by_world_size`][vae_ddp.studies.launch.launch_by_world_size]."""
+    run = result[0]["runs"][0]
+    return torch.load(result[1] / run["params"])["state_dict"], run["records"][-1]
 
 
 def _ratio(d: float, floor: float) -> Optional[float]:
@@ -204,11 +206,13 @@ def equivalence(base: RunSpec, world_sizes: list[int], out_dir: Path, permutatio
     permuted = [dataclasses.replace(single, label=f"single, permuted {k}", permute_seed=k)
                 for k in range(1, permutations + 1)]
     ddps = [dataclasses.replace(exact, config="ddp", devices=n, label=f"ddp-{n}").validate() for n in world_sizes]
-    ref, ref_last = _final(single, out_dir / "runs" / "single")
+    # one launch per world size: single and the permuted runs share one process
+    launched = launch_by_world_size([single, *permuted, *ddps], out_dir / "runs")
+    ref, ref_last = _final(launched[0])
     floor_by_param: dict[str, float] = {}
     floor_runs, rows = [], []
-    for spec in permuted:
-        perm, perm_last = _final(spec, out_dir / "runs" / f"single-permuted-{spec.permute_seed}")
+    for spec, run in zip(permuted, launched[1:]):
+        perm, perm_last = _final(run)
         by_param = param_diffs(perm, ref)
         for k, v in by_param.items():
             floor_by_param[k] = max(v, floor_by_param.get(k, 0.0))
@@ -220,8 +224,8 @@ def equivalence(base: RunSpec, world_sizes: list[int], out_dir: Path, permutatio
     result = {"dtype": base.dtype, "optimizer": base.optimizer, "steps": base.steps, "model": base.model,
               "floor_factor": FLOOR_FACTOR, "floor": floor, "floor_runs": floor_runs,
               "single": dataclasses.asdict(single), "world_sizes": {}}
-    for spec in ddps:
-        params, last = _final(spec, out_dir / "runs" / spec.label)
+    for spec, run in zip(ddps, launched[1 + len(permuted):]):
+        params, last = _final(run)
         by_param = param_diffs(params, ref)
         d = max(by_param.values(), default=0.0)
         ratio = _ratio(d, floor)

@@ -20,7 +20,7 @@ from typing import Optional
 
 from vae_ddp.studies.configs import RunSpec
 
-__all__ = ["launch", "RunFailed"]
+__all__ = ["launch", "launch_group", "launch_by_world_size", "RunGroup", "RunFailed"]
 
 _ERROR_LINE = re.compile(r"^(\[rank\d+\]: )?[A-Za-z_][\w.]*(Error|Exception)(:|$)")
 
@@ -29,7 +29,35 @@ class RunFailed(RuntimeError):
     """A training run exited non-zero; ``str()`` holds its label, exit code and stderr tail."""
 
 
-def launch(spec: RunSpec, out_dir: Path, timeout: Optional[float] = None, quiet: bool = False,
+class RunGroup:
+    """Several specs of one world size, trained one after the other in one process tree.
+
+    A launch costs a few seconds before training starts (each process imports torch and
+    Lightning; under DDP the launcher then starts the other ranks, which import them again),
+    which is most of the time of the short runs the studies make. Lightning reuses the
+    process group for the next ``fit`` of the same processes. ``specs`` are anything with
+    ``to_json()``, ``label``, ``world_size`` and ``accelerator`` (a [`RunSpec`][vae_ddp.studies.configs.RunSpec]
+    or the audit's runs); the group has the same attributes, so [`launch`][vae_ddp.studies.launch.launch]
+    takes it in place of one spec and the child receives the JSON list of the specs.
+
+    Raises:
+        ValueError: no spec, or specs of different world sizes or accelerators.
+    """
+
+    def __init__(self, specs: list) -> None:
+        if not specs:
+            raise ValueError("a run group needs at least one spec")
+        if len({(s.world_size, s.accelerator) for s in specs}) > 1:
+            raise ValueError("a run group trains in one process tree: its specs need one world size and accelerator")
+        self.specs = list(specs)
+        self.world_size, self.accelerator = specs[0].world_size, specs[0].accelerator
+        self.label = ", ".join(s.label for s in specs)
+
+    def to_json(self) -> str:
+        return json.dumps([json.loads(s.to_json()) for s in self.specs])
+
+
+def launch(spec: "RunSpec | RunGroup", out_dir: Path, timeout: Optional[float] = None, quiet: bool = False,
            entry: Optional[list[str]] = None) -> dict:
     """Run ``spec`` (already validated) in a child process; return its ``run.json``.
 
@@ -65,3 +93,36 @@ def launch(spec: RunSpec, out_dir: Path, timeout: Optional[float] = None, quiet:
         head = f"run '{spec.label}' {what}" + (f"; first error: {first}" if first else "")
         raise RunFailed(f"{head}\n(full stderr of all ranks: {log}; it ends with:)\n" + "\n".join(lines[-8:]))
     return json.loads((out_dir / "run.json").read_text())
+
+
+def launch_group(specs: list[RunSpec], out_dir: Path, timeout: Optional[float] = None, quiet: bool = False) -> list[dict]:
+    """Train ``specs`` (one world size) in one launch of the study runner; return the
+    ``run.json`` of each, in order (``{"spec", "runs"}``; a run's ``params`` file name is
+    relative to ``out_dir``).
+
+    Raises:
+        RunFailed: as [`launch`][vae_ddp.studies.launch.launch].
+        ValueError: specs of different world sizes.
+    """
+    return launch(RunGroup(specs), out_dir, timeout=timeout, quiet=quiet)["group"]
+
+
+def launch_by_world_size(specs: list[RunSpec], out_dir: Path, timeout: Optional[float] = None,
+                         quiet: bool = False) -> list[tuple[dict, Path]]:
+    """Train ``specs`` with one launch per world size (a [`RunGroup`][vae_ddp.studies.launch.RunGroup]
+    each, in the order the world sizes first appear) under ``out_dir/<N>-process/``.
+
+    Returns:
+        for each spec, in the order given: its ``{"spec", "runs"}`` and the folder its runs'
+        ``params`` file names are relative to.
+    """
+    groups: dict[tuple[int, str], list[int]] = {}
+    for i, spec in enumerate(specs):
+        groups.setdefault((spec.world_size, spec.accelerator), []).append(i)
+    found: list[Optional[tuple[dict, Path]]] = [None] * len(specs)
+    for (n, accelerator), idx in groups.items():
+        suffix = "" if accelerator == "cpu" else f"-{accelerator}"
+        where = Path(out_dir) / f"{n}-process{'es' if n > 1 else ''}{suffix}"
+        for i, result in zip(idx, launch_group([specs[i] for i in idx], where, timeout=timeout, quiet=quiet)):
+            found[i] = (result, where)
+    return found  # type: ignore[return-value]

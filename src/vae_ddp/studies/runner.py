@@ -100,13 +100,26 @@ def train_one(spec: RunSpec, seed: int, out_dir: Optional[Path] = None, progress
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    """``SPEC_JSON OUT_DIR``: one spec, ``OUT_DIR/run.json`` = ``{"spec", "runs"}``. ``SPEC_JSON``
+    may be a JSON list of specs of one world size (a [`RunGroup`][vae_ddp.studies.launch.RunGroup]):
+    they train one after the other in these processes, spec ``k`` saving its parameters under
+    ``OUT_DIR/k/``, and ``run.json`` = ``{"group": [{"spec", "runs"}, ...]}``."""
     argv = sys.argv[1:] if argv is None else argv
-    spec, out_dir = RunSpec.from_json(argv[0]), Path(argv[1])
+    payload, out_dir = json.loads(argv[0]), Path(argv[1])
+    specs = [RunSpec(**p) for p in payload] if isinstance(payload, list) else [RunSpec(**payload)]
     quiet()
     out_dir.mkdir(parents=True, exist_ok=True)
-    runs = [train_one(spec, seed, out_dir) for seed in spec.seeds]
+    results = []
+    for k, spec in enumerate(specs):
+        where = out_dir / str(k) if isinstance(payload, list) else out_dir
+        where.mkdir(parents=True, exist_ok=True)
+        runs = [train_one(spec, seed, where) for seed in spec.seeds]
+        if isinstance(payload, list):
+            runs = [r and dict(r, params=r["params"] and f"{k}/{r['params']}") for r in runs]
+        results.append({"spec": json.loads(spec.to_json()), "runs": runs})
     if int(os.environ.get("LOCAL_RANK", "0")) == 0 and int(os.environ.get("NODE_RANK", "0")) == 0:
-        (out_dir / "run.json").write_text(json.dumps({"spec": json.loads(spec.to_json()), "runs": runs}))
+        out = {"group": results} if isinstance(payload, list) else results[0]
+        (out_dir / "run.json").write_text(json.dumps(out))
     close_process_group()
     return 0
 

@@ -38,7 +38,7 @@ from matplotlib.figure import Figure
 
 from vae_ddp.errors import UserError
 from vae_ddp.studies.configs import RunSpec
-from vae_ddp.studies.launch import launch
+from vae_ddp.studies.launch import launch_by_world_size
 from vae_ddp.studies.stats import compare_metrics
 
 __all__ = ["seed_study", "analyse", "reanalyse", "render", "verdict_lines", "STUDY_CONFIGS", "MARGIN_SD"]
@@ -104,12 +104,20 @@ def seed_study(base: RunSpec, configs: list[str], num_seeds: int, out_dir: Path,
     val_every = base.val_every if base.val_every else base.steps
     specs = [_spec(dataclasses.replace(base, seeds=seeds, val_every=val_every), c).validate() for c in configs]
     runs, t0 = {}, time.perf_counter()
-    for i, spec in enumerate(specs):
-        print(f"== {spec.label}: {num_seeds} seeds x {spec.steps} steps", flush=True)
-        runs[spec.label] = launch(spec, out_dir / "runs" / spec.label, quiet=True)["runs"]
+    # one launch per world size (single and dp share one process; the ddp variants another)
+    by_size: dict[int, list[RunSpec]] = {}
+    for spec in specs:
+        by_size.setdefault(spec.world_size, []).append(spec)
+    done = 0
+    for n, group in by_size.items():
+        print(f"== {', '.join(s.label for s in group)}: {num_seeds} seeds x {base.steps} steps each", flush=True)
+        for spec, (result, _) in zip(group, launch_by_world_size(group, out_dir / "runs", quiet=True)):
+            runs[spec.label] = result["runs"]
+        done += len(group)
         elapsed = time.perf_counter() - t0
-        print(f"   done; {elapsed / 60:.1f} min so far, about {elapsed / (i + 1) * (len(specs) - i - 1) / 60:.1f} "
+        print(f"   done; {elapsed / 60:.1f} min so far, about {elapsed / done * (len(specs) - done) / 60:.1f} "
               f"min to go", flush=True)
+    runs = {s.label: runs[s.label] for s in specs}  # in the order of --configs
     summary = {}
     for c, rs in runs.items():
         assert [r["seed"] for r in rs] == seeds  # values are listed in seed order: the pairing
