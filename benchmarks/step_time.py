@@ -83,7 +83,7 @@ def render(model: str, summary: dict, settings: dict, load: tuple[float, float] 
            cores: int = 0) -> str:
     """The table and the lines that say what it resolves; ``settings``: ``global_batch_size``,
     ``repeats``, ``warmup``, ``steps``; ``load``: the 1-minute load average before and after the
-    runs (``os.getloadavg``), stated when it exceeds half the cores."""
+    runs (``os.getloadavg``); the one before is stated when it exceeds half the cores."""
     rows = []
     for name, s in summary.items():
         ratio = "1" if s["verdict"] == "reference" else (
@@ -98,11 +98,11 @@ def render(model: str, summary: dict, settings: dict, load: tuple[float, float] 
     spreads = [s["ratio_max"] - s["ratio_min"] for n, s in summary.items() if s["verdict"] != "reference"]
     resolved = [n for n, s in summary.items() if s["verdict"] in ("faster", "slower")]
     cores = cores or os.cpu_count() or 1
-    busy = max(load) > cores / 2
+    busy = load[0] > cores / 2  # before the runs: other work (the runs themselves load the cores)
     lines = [f"- The ratios to default ddp vary by up to {max(spreads):.2f} between rounds: differences smaller "
              f"than that are not resolved by this run" + (
-                 f"; the CPU was loaded while it ran (load average {min(load):.1f} to {max(load):.1f} on {cores} "
-                 f"cores), which widens the spread." if busy else ".")]
+                 f"; other work loaded the CPU when it started (load average {load[0]:.1f} on {cores} cores), "
+                 f"which widens the spread." if busy else ".")]
     if resolved:
         lines.append("- Resolved in every round: " + "; ".join(
             f"{n} {summary[n]['verdict']} ({summary[n]['ratio_median']:.2f}x)" for n in resolved) + ".")

@@ -101,14 +101,19 @@ def test_augmentation_with_workers(tmp_path):
     (["--model", f"{M}.OnlyCuda"], "fails on CPU"),
     (["--model", "examples/missing.py:Net"], "does not exist"),
 ])
-def test_bad_input(tmp_path, args, message):
+def test_bad_input(tmp_path, args, message, capsys, monkeypatch):
+    """In this process (each is found before anything is launched): exit code 2, one line."""
+    from vae_ddp.cli import main
+
     argv = list(args)
     if "--data" not in argv:
         argv[2:2] = ["--data", f"{M}.Regression"]  # the class before its init args
-    proc = subprocess.run([sys.executable, "-m", "vae_ddp.cli", "audit", *argv, "--out", str(tmp_path / "a")],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and "self.log" not in ln and "warn" not in ln.lower()]
-    assert len(lines) == 1 and message in lines[0], proc.stderr
-    assert "Traceback" not in proc.stderr
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the audit puts the working directory on it
+    code = main(["audit", *argv, "--out", str(tmp_path / "a")])
+    err = capsys.readouterr().err
+    assert code == 2, err[-2000:]
+    lines = [ln for ln in err.splitlines() if ln.strip() and "self.log" not in ln and "warn" not in ln.lower()]
+    assert len(lines) == 1 and message in lines[0], err
+    assert "Traceback" not in err
     assert not (tmp_path / "a" / "runs").exists()  # nothing trained

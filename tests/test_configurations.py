@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from vae_ddp.studies.configs import RunSpec
-from vae_ddp.studies.launch import RunFailed, launch
+from vae_ddp.studies.launch import RunFailed, RunGroup, launch, launch_group
 
 
 def _spec(cifar_dir, **kw) -> RunSpec:
@@ -19,10 +19,36 @@ def _spec(cifar_dir, **kw) -> RunSpec:
     return RunSpec(**base).validate()
 
 
+@pytest.fixture(scope="module")
+def one_process(cifar_dir, tmp_path_factory) -> dict[str, dict]:
+    """single, dp and single again, one after the other in one process (a RunGroup, as the
+    studies launch them): {label: run}."""
+    specs = [_spec(cifar_dir, config="single"), _spec(cifar_dir, config="dp"),
+             _spec(cifar_dir, config="single", label="single again")]
+    group = launch_group(specs, tmp_path_factory.mktemp("group"), quiet=True)
+    return {g["spec"]["label"]: g["runs"][0] for g in group}
+
+
+def test_a_run_group_leaks_nothing_from_one_run_into_the_next(one_process):
+    """The same spec trained before and after another run in the same process: the same
+    records, bit for bit (seeding, samplers and fixes are per run)."""
+    first, again = one_process["single"], one_process["single again"]
+    keys = ("loss", "kl", "recon_loss")
+    assert [[r[k] for k in keys] for r in first["records"]] == [[r[k] for k in keys] for r in again["records"]]
+
+
+def test_a_run_group_needs_one_world_size(cifar_dir):
+    with pytest.raises(ValueError, match="one world size"):
+        RunGroup([_spec(cifar_dir, config="single"), _spec(cifar_dir, config="ddp")])
+
+
 @pytest.mark.parametrize("config", ["single", "ddp", "dp"])
-def test_configuration_trains_on_real_cifar(config, cifar_dir, tmp_path):
+def test_configuration_trains_on_real_cifar(config, cifar_dir, tmp_path, request):
     spec = _spec(cifar_dir, config=config)
-    run = launch(spec, tmp_path, quiet=True)["runs"][0]
+    if config == "ddp":
+        run = launch(spec, tmp_path, quiet=True)["runs"][0]
+    else:
+        run = request.getfixturevalue("one_process")[spec.label]
     losses = [r["loss"] for r in run["records"]]
     assert len(losses) == spec.steps
     assert all(r["global_batch_size"] == 32 for r in run["records"])

@@ -422,6 +422,11 @@ def _search(browser, server, query: str) -> list[str]:
     box.press_sequentially(query, delay=20)
     page.locator(".md-search-result__item").first.wait_for(state="visible", timeout=20000)
     time.sleep(0.5)  # the result list is filled in one go after the worker answers
+    # Material renders the results ten at a time as the list scrolls: scroll until all are there
+    count = -1
+    while count != (count := page.locator(".md-search-result__item").count()):
+        page.eval_on_selector(".md-search__scrollwrap", "el => el.scrollTo(0, el.scrollHeight)")
+        time.sleep(0.3)
     paths = page.eval_on_selector_all(".md-search-result__item > a", "els => els.map(e => new URL(e.href).pathname)")
     page.close()
     return sorted(set(paths))

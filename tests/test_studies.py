@@ -216,16 +216,18 @@ def test_what_runs_of_one_seed_share_with_single(tmp_path):
     as its page says: the initial weights always; the data order only for dp (one process, the
     same RandomSampler seeded from the same global stream); DDP's sampler deals another order."""
     from vae_ddp.studies.configs import RunSpec
-    from vae_ddp.studies.launch import launch
+    from vae_ddp.studies.launch import launch_by_world_size
     from vae_ddp.studies.runner import build_model
     from vae_ddp.studies.seeds import SHARED_WITH_SINGLE
     import pytorch_lightning as pl
 
-    first = {}
-    for config in ("single", "dp", "ddp"):
-        spec = RunSpec(config=config, devices=2, steps=2, global_batch_size=16, data="digits", seeds=[5],
-                       record_indices=True, dp_mode="emulate").validate()
-        first[config] = launch(spec, tmp_path / config, quiet=True)["runs"][0]["records"][0]["indices"]
+    configs = ("single", "dp", "ddp")
+    specs = [RunSpec(config=c, devices=2, steps=2, global_batch_size=16, data="digits", seeds=[5],
+                     record_indices=True, dp_mode="emulate").validate() for c in configs]
+    # as the study launches them: single and dp one after the other in one process, ddp in its own
+    launched = launch_by_world_size(specs, tmp_path, quiet=True)
+    first = {c: res["runs"][0]["records"][0]["indices"] for c, (res, _) in zip(configs, launched)}
+    for config, spec in zip(configs, specs):
         pl.seed_everything(5, verbose=False)
         weights = build_model(spec, 5).state_dict()
         if config == "single":

@@ -1,23 +1,13 @@
 """Other training features under the recipe (examples/training_features.py): DDP on 2 gloo
 processes with every fix against one device, float64, a tiny model that is not the VAE."""
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def result(tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("features")
-    proc = subprocess.run([sys.executable, "examples/training_features.py", "--out", str(out), "--steps", "8"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=900, check=False)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    return json.loads((out / "training_features.json").read_text())
+def result(generated) -> dict:
+    """The run the "Training features" page shows (docs registry entry ``training_features``)."""
+    return generated("training_features")
 
 
 @pytest.fixture(scope="module")

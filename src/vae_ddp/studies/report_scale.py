@@ -32,8 +32,8 @@ global-batch KL of two different batches; plus the spread ratio
 per-sample relative variance ``var / mean^2`` of the one-sample Monte Carlo KL estimate
 and of the reconstruction (MSE) term, from ``spread_batches`` extra forward passes.
 
-``python -m vae_ddp.studies.report_scale SPEC_JSON OUT_DIR`` is the child-process entry
-of one run (started by [`launch`][vae_ddp.studies.launch.launch]); the study itself is
+``python -m vae_ddp.studies.report_scale SPECS_JSON OUT_DIR`` is the child-process entry of
+the runs of one world size (started by [`launch`][vae_ddp.studies.launch.launch]); the study itself is
 [`report_scale`][vae_ddp.studies.report_scale.report_scale].
 """
 
@@ -145,31 +145,42 @@ def _spread(trainer, module, skip: int, batches: int) -> dict:
     return out
 
 
-def _worker(spec_json: str, out_dir: str) -> int:
-    """One frozen-weights run: writes ``grads.pt`` and ``run.json`` (rank 0)."""
+def _worker(specs_json: str, out_dir: str) -> int:
+    """Frozen-weights runs of one world size, one after the other in these processes (a
+    [`RunGroup`][vae_ddp.studies.launch.RunGroup]): ``OUT_DIR/worker.json`` lists, per spec,
+    its ``folder`` and ``spread_batches``; rank 0 writes ``grads.pt`` and ``run.json`` into
+    each folder, and ``OUT_DIR/run.json``."""
     import pytorch_lightning as pl
 
     from vae_ddp.data import make_datamodule
     from vae_ddp.recording import GlobalBatchRecorder
-    from vae_ddp.studies.runner import build_model, build_trainer
+    from vae_ddp.studies.runner import build_model, build_trainer, close_process_group
     from vae_ddp.utils import quiet
 
-    spec, out = RunSpec.from_json(spec_json), Path(out_dir)
-    opts = json.loads((out / "worker.json").read_text())
+    specs, out = [RunSpec(**d) for d in json.loads(specs_json)], Path(out_dir)
+    jobs = json.loads((out / "worker.json").read_text())
     quiet()
-    seed = spec.seeds[0]
-    pl.seed_everything(seed, verbose=False)
-    dm = make_datamodule(spec.data, spec.data_dir, batch_size=spec.per_device_batch_size,
-                         max_samples=spec.max_samples, sampler=spec.sampler, sampler_seed=seed)
-    model = build_model(spec, seed)
-    recorder = GlobalBatchRecorder(spec.steps, 0, spec.label, progress=True)
-    frozen = _FrozenGradients()
-    trainer = build_trainer(spec, seed, [recorder, frozen])
-    trainer.fit(model, datamodule=dm)
-    spread = _spread(trainer, model, spec.steps, opts["spread_batches"]) if opts["spread_batches"] else None
-    if trainer.is_global_zero:
-        torch.save(frozen.grads, out / "grads.pt")
-        (out / "run.json").write_text(json.dumps({"records": recorder.records, "spread": spread}))
+    is_zero = False
+    for spec, job in zip(specs, jobs):
+        seed = spec.seeds[0]
+        pl.seed_everything(seed, verbose=False)
+        dm = make_datamodule(spec.data, spec.data_dir, batch_size=spec.per_device_batch_size,
+                             max_samples=spec.max_samples, sampler=spec.sampler, sampler_seed=seed)
+        model = build_model(spec, seed)
+        recorder = GlobalBatchRecorder(spec.steps, 0, spec.label, progress=True)
+        frozen = _FrozenGradients()
+        trainer = build_trainer(spec, seed, [recorder, frozen])
+        trainer.fit(model, datamodule=dm)
+        spread = _spread(trainer, model, spec.steps, job["spread_batches"]) if job["spread_batches"] else None
+        is_zero = trainer.is_global_zero
+        if is_zero:
+            folder = Path(job["folder"])
+            folder.mkdir(parents=True, exist_ok=True)
+            torch.save(frozen.grads, folder / "grads.pt")
+            (folder / "run.json").write_text(json.dumps({"records": recorder.records, "spread": spread}))
+    if is_zero:
+        (out / "run.json").write_text(json.dumps({"folders": [job["folder"] for job in jobs]}))
+    close_process_group()
     return 0
 
 
@@ -256,7 +267,7 @@ def report_scale(
         UserError: bad settings (before any run starts).
     """
     from vae_ddp.errors import UserError
-    from vae_ddp.studies.launch import launch
+    from vae_ddp.studies.launch import RunGroup, launch
 
     names = list(VARIANTS) if variants is None else list(variants)
     unknown = [n for n in names if n not in VARIANTS]
@@ -276,18 +287,30 @@ def report_scale(
         raise UserError(f"{n_train} training images are too few for {grad_steps} steps of {global_batch_size}: "
                         "lower --grad-steps or use more data")
 
-    def run(spec: RunSpec, folder: str, spread: int) -> tuple[list, dict]:
-        d = out / "runs" / folder
-        d.mkdir(parents=True, exist_ok=True)
-        (d / "worker.json").write_text(json.dumps({"spread_batches": spread}))
-        print(f"== {spec.label}: {spec.world_size} process(es) x per-device batch {spec.per_device_batch_size}",
-              flush=True)
-        info = launch(spec, d, entry=[sys.executable, "-m", "vae_ddp.studies.report_scale"])
-        grads = torch.load(d / "grads.pt")
-        (d / "grads.pt").unlink()  # ~80 MB per step for ResNet-18: keep only the numbers
-        return grads, info
+    def run_all(jobs: list[tuple[RunSpec, str, int]]) -> dict[str, tuple[list, dict]]:
+        """Train ``(spec, folder, spread_batches)`` jobs, one launch per world size; {folder: (grads, info)}."""
+        found = {}
+        by_size: dict[int, list] = {}
+        for job in jobs:
+            by_size.setdefault(job[0].world_size, []).append(job)
+        for n, group in by_size.items():
+            d = out / "runs" / f"{n}-process{'es' if n > 1 else ''}"
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "worker.json").write_text(json.dumps([{"folder": str(d / folder), "spread_batches": spread}
+                                                       for _, folder, spread in group]))
+            for spec, _, _ in group:
+                print(f"== {spec.label}: {spec.world_size} process(es) x per-device batch "
+                      f"{spec.per_device_batch_size}", flush=True)
+            launch(RunGroup([spec for spec, _, _ in group]), d, entry=[sys.executable, "-m", "vae_ddp.studies.report_scale"])
+            for _, folder, _ in group:
+                grads = torch.load(d / folder / "grads.pt")
+                (d / folder / "grads.pt").unlink()  # ~80 MB per step for ResNet-18: keep only the numbers
+                found[folder] = (grads, json.loads((d / folder / "run.json").read_text()))
+        return found
 
-    ref, _ = run(ref_spec, "single", 0)
+    runs = run_all([(ref_spec, "single", 0)] + [(specs[name], f"variant{i}", spread_batches if name == DEFAULT_VARIANT else 0)
+                                                for i, name in enumerate(names)])
+    ref, _ = runs["single"]
     pairs = list(itertools.combinations(range(len(ref)), 2))
     noise = _mean_dicts([_norms(ref[i], ref[j]) for i, j in pairs])
     result: dict[str, Any] = {
@@ -298,7 +321,7 @@ def report_scale(
     }
     for i, name in enumerate(names):
         spec = specs[name]
-        grads, info = run(spec, f"variant{i}", spread_batches if name == DEFAULT_VARIANT else 0)
+        grads, info = runs[f"variant{i}"]
         per_step = [_norms(g, r) for g, r in zip(grads, ref)]
         diff = _mean_dicts(per_step)
         result["variants"][name] = {

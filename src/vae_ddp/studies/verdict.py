@@ -73,7 +73,7 @@ def decide(seeds: dict, long_horizon: dict | None = None) -> dict[str, Any]:
         kind = "different" if ps[worst] < 0.05 else "inconclusive"
         lines = [f"ddp vs single, final values over {scope}: smallest Welch p = {ps[worst]:.2f} ({worst})"]
     if long_horizon:
-        lines.append(long_horizon["summary"])
+        lines.append(_long_horizon_line(long_horizon))
         if long_horizon["verdict"] == "different":
             kind = "different"
     other = [q for q, w in (seeds.get("verdict", {}).get("ddp", {})).items() if w == "different"]
@@ -103,17 +103,49 @@ def _rel(seeds: dict, config: str, metric: str) -> str:
     return f"{abs(rel):.2g}% {'higher' if rel > 0 else 'lower'}"
 
 
+_TERMS = {"train_kl": ("KL", "train"), "val_kl": ("KL", "val"), "train_recon_loss": ("reconstruction", "train"),
+          "val_recon_loss": ("reconstruction", "val")}
+
+
+def _signed(summary: dict, metric: str) -> str:
+    """``+3.1%`` / ``-2.0%``: the difference of means relative to the reference's mean."""
+    v = summary[metric]["vs_single"] if "vs_single" in summary[metric] else summary[metric]
+    return f"{v['diff'] / v['mean_b'] * 100:+.2g}%"
+
+
+def _compact(verdicts: dict[str, str], summary: dict) -> str:
+    """``KL equivalent (train, val); reconstruction +3.1% (train), +2.6% (val)``: one clause per
+    term, the verdict of each final quantity (train/val) and the size of each difference."""
+    clauses = []
+    for term in ("KL", "reconstruction"):
+        qs = [(q, w) for q, w in verdicts.items() if _TERMS.get(q, (q, q))[0] == term]
+        eq = [_TERMS[q][1] for q, w in qs if w == "equivalent"]
+        diff = [f"{_signed(summary, q)} ({_TERMS[q][1]})" for q, w in qs if w == "different"]
+        unsure = [_TERMS[q][1] for q, w in qs if w == "inconclusive"]
+        parts = ([f"equivalent ({', '.join(eq)})"] if eq else []) + ([", ".join(diff)] if diff else []) + \
+            ([f"inconclusive ({', '.join(unsure)})"] if unsure else [])
+        if parts:
+            clauses.append(f"{term} " + ", ".join(parts))
+    return "; ".join(clauses)
+
+
 def _short(seeds: dict, config: str, scope: str | None) -> str:
-    """One sentence per configuration: which final quantities are equivalent to single's, which differ."""
-    v = seeds["verdict"][config]
-    eq = [_NAMES.get(q, q) for q, w in v.items() if w == "equivalent"]
-    diff = [f"{_NAMES.get(q, q)} {_rel(seeds, config, q)}" for q, w in v.items() if w == "different"]
-    unsure = [_NAMES.get(q, q) for q, w in v.items() if w == "inconclusive"]
-    parts = ([f"equivalent to one device in {', '.join(eq)}"] if eq else []) + \
-        ([f"different in {', '.join(diff)}"] if diff else []) + ([f"inconclusive in {', '.join(unsure)}"] if unsure else [])
+    """One sentence per configuration: which final quantities are equivalent to single's, which
+    differ and by how much."""
     margin = seeds.get("margin_sd", 1)
-    where = f" ({scope}; equivalence margin ±{margin:g} seed-to-seed SD, Holm-corrected)" if scope else ""
-    return f"**{config}**{where}: " + "; ".join(parts)
+    where = f" vs one device ({scope}; margin ±{margin:g} seed-to-seed SD, Holm)" if scope else ""
+    return f"**{config}**{where}: " + _compact(seeds["verdict"][config], seeds["summary"][config])
+
+
+def _long_horizon_line(lh: dict) -> str:
+    """The long-horizon check in the box's words (from its ``comparison``), else its summary."""
+    comp = lh.get("comparison")
+    if not comp:
+        return lh["summary"]
+    s = lh.get("settings", {})
+    steps = s.get("steps")
+    head = f"**shared vs independent noise**{f' after {steps:,} steps' if steps else ''}"
+    return f"{head}: " + _compact({q: c["verdict"] for q, c in comp.items()}, comp)
 
 
 def _reasons(rs: dict) -> list[str]:
@@ -126,10 +158,10 @@ def _reasons(rs: dict) -> list[str]:
         label = row["factor"][0].upper() + row["factor"][1:]
         name = f"[{label}]({page})" if page else label
         if row["kind"] == "gradient":
-            size = f"one step's gradient off by {_g(row['ratio'])}x the batch-to-batch noise"
+            size = f"gradient off by {_g(row['ratio'])}x the batch-to-batch noise"
         else:
             sp = rs.get("spread") or {}
-            size = f"logged KL off the global-batch KL by {_g(row['ratio'])}x the batch-to-batch change"
+            size = f"logged KL off the global batch's by {_g(row['ratio'])}x the batch-to-batch change"
             if sp.get("kl_spread_ratio"):
                 size += f", spread x{_g(sp['kl_spread_ratio'])}"
         out.append(f"{name}: {what}; {size}.")
@@ -164,7 +196,7 @@ def verdict_box(results: dict[str, dict | None]) -> str:
             s["global_batch_size"] == 256 and s["world_size"] == 2) else "measured at "
         body.append(f"**Why the DDP curves looked different**, largest measured effect first ({where}"
                     f"{s['model']} VAE, {s['world_size']} ranks x {b}, "
-                    f"[one step at the same weights](#the-reports-scale)):")
+                    f"[one step from the same weights](#the-reports-scale)):")
         body.append("")
         body += [f"{i}. {r}" for i, r in enumerate(_reasons(rs), 1)]
     body += ["", "**The change** for your own LightningModule ([recipe](recipe.md)):", "", *FIX.splitlines()]
