@@ -130,6 +130,7 @@ class GlobalBatchRecorder(Callback):
         every = max(1, self.total_steps // 10)
         if self.progress and (step % every == 0 or step == self.total_steps):
             rate = step / max(time.perf_counter() - self._t0, 1e-9)
+            speed = f"{rate:.1f} steps/s" if rate >= 1 else f"{1 / rate:.1f} s/step"
             print(f"[{self.label}] step {step}/{self.total_steps}  loss {rec['loss']:.4f}  kl {rec['kl']:.4f}  "
-                  f"recon {rec['recon_loss']:.4f}  ({rate:.1f} steps/s)", flush=True)
+                  f"recon {rec['recon_loss']:.4f}  ({speed})", flush=True)
             sys.stdout.flush()

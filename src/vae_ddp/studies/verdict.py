@@ -92,6 +92,8 @@ def decide(seeds: dict, long_horizon: dict | None = None) -> dict[str, Any]:
     return {"kind": kind, "title": title, "lines": lines, "scope": scope}
 
 
+_MODEL_NAMES = {"resnet18": "ResNet-18"}
+
 _NAMES = {"train_kl": "training KL", "val_kl": "validation KL", "train_recon_loss": "training reconstruction",
           "val_recon_loss": "validation reconstruction"}
 
@@ -195,7 +197,7 @@ def verdict_box(results: dict[str, dict | None]) -> str:
         where = "the report's scale: " if report else "measured with the report's batch, not its model: " if (
             s["global_batch_size"] == 256 and s["world_size"] == 2) else "measured at "
         body.append(f"**Why the DDP curves looked different**, largest measured effect first ({where}"
-                    f"{s['model']} VAE, {s['world_size']} ranks x {b}, "
+                    f"{_MODEL_NAMES.get(s['model'], s['model'])} VAE, {s['world_size']} ranks x {b}, "
                     f"[one step from the same weights](#the-reports-scale)):")
         body.append("")
         body += [f"{i}. {r}" for i, r in enumerate(_reasons(rs), 1)]
