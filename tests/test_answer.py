@@ -175,16 +175,23 @@ def test_verdict_reads_the_statistics_contract_and_falls_back_to_p_values():
     contract = {**_seeds(0.01), "verdict": {"ddp": {"train_kl": "equivalent"}}, "verdict_lines": ["ddp: equivalent"]}
     d = decide(contract)
     assert d["kind"] == "equivalent" and "not a bug" in d["title"]
-    assert d["lines"][0].startswith("**ddp** (10 seeds x 150 steps") and "equivalent to one device in training KL" in d["lines"][0]
+    assert d["lines"][0].startswith("**ddp** vs one device (10 seeds x 150 steps"), d["lines"][0]
+    assert d["lines"][0].endswith(": KL equivalent (train)"), d["lines"][0]
     # a quantity that differs is named in the title with its size, from the data
     worse = {**contract, "verdict": {"ddp": {"train_kl": "equivalent", "val_kl": "different"},
                                      "ddp+fixed": {"train_kl": "equivalent", "val_kl": "equivalent"}},
              "summary": {"ddp": {"val_kl": {"vs_single": {"p": 0.001, "diff": 0.03, "mean_b": 1.0}}}}}
     d = decide(worse)
     assert "validation KL ends 3% higher (equivalent with the fixes)" in d["title"], d["title"]
-    assert "different in validation KL 3% higher" in d["lines"][0]
+    assert d["lines"][0].endswith(": KL equivalent (train), +3% (val)"), d["lines"][0]
     d = decide(contract, {"verdict": "different", "summary": "KL drifts after 2,000 steps."})
     assert d["kind"] == "different" and d["lines"][-1] == "KL drifts after 2,000 steps."
+    # with its comparison, the long-horizon check is stated in the same words as the seed study
+    lh = {"verdict": "different", "summary": "-", "settings": {"steps": 2000},
+          "comparison": {"train_kl": {"verdict": "inconclusive"},
+                         "train_recon_loss": {"verdict": "different", "diff": -0.02, "mean_b": 1.0}}}
+    assert decide(contract, lh)["lines"][-1] == ("**shared vs independent noise** after 2,000 steps: "
+                                                "KL inconclusive (train); reconstruction -2% (train)")
 
 
 def test_verdict_box_orders_reasons_by_the_report_scale_measurement():

@@ -136,7 +136,7 @@ def _short(seeds: dict, config: str, scope: str | None) -> str:
     differ and by how much."""
     margin = seeds.get("margin_sd", 1)
     where = f" vs one device ({scope}; margin ±{margin:g} seed-to-seed SD, Holm)" if scope else ""
-    return f"**{config}**{where}: " + _compact(seeds["verdict"][config], seeds["summary"][config])
+    return f"**{config}**{where}: " + _compact(seeds["verdict"][config], seeds["summary"].get(config, {}))
 
 
 def _long_horizon_line(lh: dict) -> str:
