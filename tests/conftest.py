@@ -1,5 +1,9 @@
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -69,3 +73,54 @@ def generated(request):
         return json.loads((out / (filename or f"{name}.json")).read_text())
 
     return get
+
+
+# --------------------------------------------------------------------------- the site build
+_SITE: dict = {}
+
+
+def _start_site_build() -> None:
+    out = Path(tempfile.mkdtemp(prefix="vae-ddp-site-"))
+    log = open(out.with_suffix(".log"), "w+")
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+    proc = subprocess.Popen([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out / "site")],
+                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+    _SITE.update(proc=proc, out=out, log=log, t0=time.monotonic())
+
+
+def pytest_collection_finish(session):
+    """The site build (``mkdocs build --strict``, which runs every example of the docs registry)
+    is the longest step of the suite: when the session has a test that reads the built site,
+    start it now, beside the other tests. The docs hook locks each example, so an example a
+    test asks for while the build runs it is run once and read by both."""
+    if session.config.option.collectonly:
+        return
+    if any("site" in getattr(item, "fixturenames", ()) for item in session.items):
+        _start_site_build()
+
+
+def site_build(timeout: float = 3600) -> tuple[Path, str, float]:
+    """Wait for the site build (start it if the session did not) and return the built site's
+    folder, the build's output and its duration in seconds."""
+    if not _SITE:
+        _start_site_build()
+    proc = _SITE["proc"]
+    try:
+        proc.wait(timeout=max(1.0, timeout - (time.monotonic() - _SITE["t0"])))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    _SITE.setdefault("seconds", time.monotonic() - _SITE["t0"])
+    _SITE["log"].seek(0)
+    log = _SITE["log"].read()
+    assert proc.returncode == 0, f"mkdocs build --strict failed:\n{log[-8000:]}"
+    return _SITE["out"] / "site", log, _SITE["seconds"]
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _SITE:
+        if _SITE["proc"].poll() is None:
+            _SITE["proc"].kill()
+        _SITE["log"].close()
+        shutil.rmtree(_SITE["out"], ignore_errors=True)
+        Path(_SITE["log"].name).unlink(missing_ok=True)

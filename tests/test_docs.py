@@ -17,8 +17,6 @@ import http.server
 import importlib.util
 import os
 import re
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -35,16 +33,13 @@ pytestmark = pytest.mark.docs
 # --------------------------------------------------------------------------- the build
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory) -> Path:
-    """The site, built once with ``mkdocs build --strict`` into a temporary folder."""
-    out = tmp_path_factory.mktemp("site")
-    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
-    t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600)
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"mkdocs build --strict failed:\n{log[-8000:]}"
-    print(f"mkdocs build --strict: {time.monotonic() - t0:.0f} s")
+def site() -> Path:
+    """The site, built once with ``mkdocs build --strict`` (started when the session starts,
+    beside the other tests: see ``tests/conftest.py``)."""
+    from conftest import site_build
+
+    out, log, seconds = site_build()
+    print(f"mkdocs build --strict: {seconds:.0f} s")
     print("\n".join(ln for ln in log.splitlines() if "generate:" in ln))  # per-entry times (pytest -rA)
     return out
 

@@ -196,7 +196,21 @@ def render_output(e: dict[str, Any], out: Path) -> str:
 
 
 def run_entry(root: Path, e: dict[str, Any]) -> str:
-    """Run one entry unless its stamp matches; return 'cached' or 'ran'."""
+    """Run one entry unless its stamp matches; return 'cached' or 'ran'.
+
+    An exclusive lock per entry (``docs/generated/.locks/<name>``) makes a second process
+    that asks for the same entry (a test beside the site build, pytest-xdist workers) wait
+    and then read the cached run instead of running it again into the same folder."""
+    import fcntl
+
+    locks = root / GENERATED / ".locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with open(locks / e["name"], "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _run_entry(root, e)
+
+
+def _run_entry(root: Path, e: dict[str, Any]) -> str:
     out_rel = f"{GENERATED}/{e['name']}"
     out = root / out_rel
     argv = command_of(e, out_rel)

@@ -192,7 +192,7 @@ def _subparser(name: str, cmd: Command, spec_cls: type = RunSpec):
         if pname == "base":
             continue
         if pname == "out_dir":
-            p.add_argument("--out", dest="out_dir", type=Path, default=Path(cmd.out), help=f"output folder")
+            p.add_argument("--out", dest="out_dir", type=Path, default=Path(cmd.out), help="output folder")
             continue
         hint = cmd.types.get(pname, hints.get(pname, Any))  # unannotated: parsed as YAML
         default = cmd.defaults.get(pname, None if param.default is inspect.Parameter.empty else param.default)

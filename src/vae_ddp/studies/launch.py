@@ -1,4 +1,5 @@
-"""Start a run in its own process tree and collect what rank 0 wrote.
+"""Start a run, or a group of runs of one world size, in its own process tree and collect
+what rank 0 wrote.
 
 Each run is ``python -m vae_ddp.studies.runner SPEC_JSON OUT_DIR``; Lightning's DDP launcher then
 starts the other ranks by re-running that command. If any rank fails, Lightning ends the
