@@ -25,15 +25,14 @@ from torch.utils.data import DistributedSampler
 from vae_ddp.data import DigitsDataModule
 from vae_ddp.model import VAE
 from vae_ddp.studies.configs import RunSpec
-from vae_ddp.studies.launch import launch
+from vae_ddp.studies.launch import launch_by_world_size
 
 METRICS = ("kl", "recon_loss", "loss")
 MODES = (("default", "`self.log(...)`"), ("sync_dist", "`self.log(..., sync_dist=True)`"))
 
 
-def logged_vs_global(spec: RunSpec, out: Path) -> dict:
+def logged_vs_global(records: list[dict]) -> dict:
     """Per metric: |logged on rank 0 - global batch| (mean, max) and the per-step curves."""
-    records = launch(spec.validate(), out, quiet=True)["runs"][0]["records"]
     res = {}
     for m in METRICS:
         diffs = [abs(r[f"logged_{m}"] - r[m]) for r in records]
@@ -95,9 +94,10 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
     base = RunSpec(config="ddp", devices=2, steps=args.steps, global_batch_size=64, latent_dim=16, lr=1e-3)
     result = {"steps": args.steps, "global_batch_size": 64, "world_size": 2}
-    with tempfile.TemporaryDirectory() as tmp:
-        result["default"] = logged_vs_global(base, Path(tmp) / "default")
-        result["sync_dist"] = logged_vs_global(dataclasses.replace(base, sync_dist_logging=True), Path(tmp) / "sync")
+    specs = [base.validate(), dataclasses.replace(base, sync_dist_logging=True).validate()]
+    with tempfile.TemporaryDirectory() as tmp:  # both runs in one launch
+        default, synced = (result["runs"][0]["records"] for result, _ in launch_by_world_size(specs, Path(tmp), quiet=True))
+    result["default"], result["sync_dist"] = logged_vs_global(default), logged_vs_global(synced)
     result["validation"] = validation_share()
     d, s = result["default"]["kl"], result["sync_dist"]["kl"]
     result["summary"] = {

@@ -29,7 +29,7 @@ from matplotlib.figure import Figure
 
 from vae_ddp.studies.configs import RunSpec
 from vae_ddp.data import DigitsDataModule
-from vae_ddp.studies.launch import launch
+from vae_ddp.studies.launch import launch_by_world_size
 from vae_ddp.model import VAE
 
 GROUPS = ("fc_mu/fc_var", "encoder", "decoder")
@@ -79,9 +79,9 @@ def adam_state(steps: int, seeds: list[int], tmp: Path) -> dict:
     base = RunSpec(steps=steps, global_batch_size=64, devices=2, latent_dim=16, save_params=True, lr=1e-3,
                    seeds=seeds)
     res = {}
-    for name, kw in VARIANTS.items():
-        out = tmp / name.replace(" ", "_")
-        runs = launch(dataclasses.replace(base, **kw).validate(), out, quiet=True)["runs"]
+    specs = [dataclasses.replace(base, label=name, **kw).validate() for name, kw in VARIANTS.items()]
+    for name, (result, out) in zip(VARIANTS, launch_by_world_size(specs, tmp, quiet=True)):
+        runs = result["runs"]
         per_group = {grp: [] for grp in GROUPS}
         for run in runs:
             for n, t in torch.load(out / run["params"])["adam_v"].items():

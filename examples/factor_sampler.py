@@ -28,7 +28,7 @@ from torch.utils.data import DistributedSampler
 
 from vae_ddp.data import DigitsDataModule
 from vae_ddp.studies.configs import RunSpec
-from vae_ddp.studies.launch import launch
+from vae_ddp.studies.launch import launch_by_world_size
 
 COMPARISONS = (
     ("default", "one device: RandomSampler (Lightning's default)"),
@@ -37,10 +37,11 @@ COMPARISONS = (
 )
 
 
-def step_batches(spec: RunSpec, tmp: Path) -> list[list[int]]:
-    """The dataset indices of each optimizer step's global batch (rank 0's rows, then rank 1's, ...)."""
-    records = launch(spec.validate(), tmp / spec.config / spec.sampler, quiet=True)["runs"][0]["records"]
-    return [r["indices"] for r in records]
+def step_batches(specs: list[RunSpec], tmp: Path) -> list[list[list[int]]]:
+    """Per spec: the dataset indices of each optimizer step's global batch (rank 0's rows, then
+    rank 1's, ...); one launch per world size."""
+    launched = launch_by_world_size([s.validate() for s in specs], tmp, quiet=True)
+    return [[r["indices"] for r in result["runs"][0]["records"]] for result, _ in launched]
 
 
 def compare(one: list[list[int]], ddp: list[list[int]]) -> dict:
@@ -91,12 +92,10 @@ def main(argv=None) -> dict:
     base = RunSpec(steps=args.steps, global_batch_size=gb, devices=world, record_indices=True, latent_dim=8,
                    seeds=[seed])
     result = {"global_batch_size": gb, "world_size": world, "steps": args.steps, "comparisons": {}}
-    runs = {}
+    keys = [(config, sampler) for sampler in ("default", "global") for config in ("single", "ddp")]
     with tempfile.TemporaryDirectory() as tmp:
-        for sampler in ("default", "global"):
-            for config in ("single", "ddp"):
-                runs[config, sampler] = step_batches(dataclasses.replace(base, config=config, sampler=sampler),
-                                                     Path(tmp))
+        specs = [dataclasses.replace(base, config=c, sampler=s, label=f"{c}, {s}") for c, s in keys]
+        runs = dict(zip(keys, step_batches(specs, Path(tmp))))
     dm = DigitsDataModule()
     dm.setup()
     # --8<-- [start:one-replica]
