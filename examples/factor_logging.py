@@ -96,7 +96,7 @@ def main(argv=None) -> dict:
     result = {"steps": args.steps, "global_batch_size": 64, "world_size": 2}
     specs = [base.validate(), dataclasses.replace(base, sync_dist_logging=True).validate()]
     with tempfile.TemporaryDirectory() as tmp:  # both runs in one launch
-        default, synced = (result["runs"][0]["records"] for result, _ in launch_by_world_size(specs, Path(tmp), quiet=True))
+        default, synced = (run["runs"][0]["records"] for run, _ in launch_by_world_size(specs, Path(tmp), quiet=True))
     result["default"], result["sync_dist"] = logged_vs_global(default), logged_vs_global(synced)
     result["validation"] = validation_share()
     d, s = result["default"]["kl"], result["sync_dist"]["kl"]
