@@ -38,7 +38,7 @@ from matplotlib.figure import Figure
 
 from vae_ddp.errors import UserError
 from vae_ddp.studies.configs import RunSpec
-from vae_ddp.studies.launch import launch_by_world_size
+from vae_ddp.studies.launch import launch_group
 from vae_ddp.studies.stats import compare_metrics
 
 __all__ = ["seed_study", "analyse", "reanalyse", "render", "verdict_lines", "STUDY_CONFIGS", "MARGIN_SD"]
@@ -111,7 +111,7 @@ def seed_study(base: RunSpec, configs: list[str], num_seeds: int, out_dir: Path,
     done = 0
     for n, group in by_size.items():
         print(f"== {', '.join(s.label for s in group)}: {num_seeds} seeds x {base.steps} steps each", flush=True)
-        for spec, (result, _) in zip(group, launch_by_world_size(group, out_dir / "runs", quiet=True)):
+        for spec, result in zip(group, launch_group(group, out_dir / "runs" / f"{n}-process{'es' if n > 1 else ''}", quiet=True)):
             runs[spec.label] = result["runs"]
         done += len(group)
         elapsed = time.perf_counter() - t0
