@@ -71,7 +71,9 @@ class TinyLM(pl.LightningModule):
     def train_dataloader(self):
         # built inside fit, so the sampler finds the process group (world size and rank)
         sampler = GlobalBatchDistributedSampler(self.data, GLOBAL_BATCH)
-        return DataLoader(self.data, batch_size=GLOBAL_BATCH // sampler.num_replicas, sampler=sampler, num_workers=2)
+        # workers from a forkserver: forking a rank that runs threads can hang a worker (vae_ddp.workers)
+        return DataLoader(self.data, batch_size=GLOBAL_BATCH // sampler.num_replicas, sampler=sampler, num_workers=2,
+                          multiprocessing_context="forkserver")
 
     def configure_optimizers(self):
         return torch.optim.Adam(self.parameters(), lr=1e-2)

@@ -111,8 +111,10 @@ class Tiny(pl.LightningModule):
     def train_dataloader(self):
         world, rank = self.trainer.world_size, self.trainer.global_rank
         sampler = GlobalBatchDistributedSampler(self.dataset, GLOBAL_BATCH, num_replicas=world, rank=rank, seed=SEED)
-        return DataLoader(self.dataset, batch_size=GLOBAL_BATCH // world, sampler=sampler,
-                          num_workers=self.workers if world > 1 else 0)
+        workers = self.workers if world > 1 else 0
+        # workers from a forkserver: forking a rank that runs threads can hang a worker (vae_ddp.workers)
+        return DataLoader(self.dataset, batch_size=GLOBAL_BATCH // world, sampler=sampler, num_workers=workers,
+                          multiprocessing_context="forkserver" if workers else None)
 
     def configure_optimizers(self):
         if self.automatic_optimization:

@@ -21,10 +21,11 @@ def cifar_dir() -> Path:
 
 
 def run_cli(*args: str, timeout: float = 600):
-    import subprocess
+    """``vae-ddp ARGS`` under a guard: on timeout every process of the run ends."""
+    from vae_ddp import guard
 
-    return subprocess.run([sys.executable, "-m", "vae_ddp.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)
+    return guard.run([sys.executable, "-m", "vae_ddp.cli", *args], capture_output=True, text=True,
+                     timeout=timeout, cwd=ROOT)
 
 
 def pytest_collection_modifyitems(config, items):

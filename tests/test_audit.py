@@ -8,11 +8,12 @@ whether the fixed run comes within 2x the one-device floor.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from vae_ddp import guard
 
 ROOT = Path(__file__).resolve().parents[1]
 M = "examples.audit_models"
@@ -20,9 +21,8 @@ M = "examples.audit_models"
 
 def audit(tmp_path: Path, model: str, *args: str, data: str = f"{M}.Regression") -> tuple[int, dict, str]:
     out = tmp_path / "audit"
-    proc = subprocess.run([sys.executable, "-m", "vae_ddp.cli", "audit", "--model", model, "--data", data,
-                           "--steps", "3", "--out", str(out), *args],
-                          capture_output=True, text=True, timeout=900, cwd=ROOT)
+    proc = guard.run([sys.executable, "-m", "vae_ddp.cli", "audit", "--model", model, "--data", data,
+                      "--steps", "3", "--out", str(out), *args], capture_output=True, text=True, timeout=600, cwd=ROOT)
     result = json.loads((out / "audit.json").read_text()) if (out / "audit.json").exists() else {}
     return proc.returncode, result, proc.stdout + proc.stderr
 
@@ -91,6 +91,10 @@ def test_augmentation_with_workers(tmp_path):
     f = by_factor(result)
     assert f["noise"]["exposed"] and "augmentation" in f["noise"]["evidence"], log[-3000:]
     assert code == 1 and not result["unexplained"]
+    # the user's loader forks its worker from a rank that runs threads: the audit says so and
+    # starts it from a forkserver instead (a forked worker hung 1 audit in 7)
+    assert any("forkserver" in n and "threads" in n for n in result["notes"]), result["notes"]
+    assert "- note: the DataLoader forks its 1 worker(s)" in log
 
 
 @pytest.mark.parametrize("args, message", [

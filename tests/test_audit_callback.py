@@ -1,17 +1,18 @@
 """DDPAudit on a foreign module under real 2-rank DDP (gloo): what it finds and what it does not."""
 
 import json
-import subprocess
 import sys
 from pathlib import Path
+
+from vae_ddp import guard
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _findings(tmp_path, mode):
     out = tmp_path / f"{mode}.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "scripts" / "audit_callback.py"), str(out), mode],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    proc = guard.run([sys.executable, str(ROOT / "tests" / "scripts" / "audit_callback.py"), str(out), mode],
+                     capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return {f["factor"]: f for f in json.loads(out.read_text())}
 

@@ -118,13 +118,14 @@ def test_cifar10_without_network_says_how_to_get_it(tmp_path, capsys, monkeypatc
 
 
 def test_lightningcli_example_with_a_missing_data_folder(tmp_path):
-    import subprocess
     import sys
     from pathlib import Path
 
+    from vae_ddp import guard
+
     root = Path(__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, str(root / "examples" / "vae.py"), "fit", "--data.data_dir",
-                           str(tmp_path / "missing")], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    proc = guard.run([sys.executable, str(root / "examples" / "vae.py"), "fit", "--data.data_dir",
+                      str(tmp_path / "missing")], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     errors = [ln for ln in proc.stderr.splitlines() if "error" in ln.lower()]
     assert len(errors) == 1 and errors[0].startswith(

@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 CHROMIUM = "/usr/bin/chromium"
 
-pytestmark = pytest.mark.docs
+# the first test to ask for the site waits for the whole build (every registered example)
+pytestmark = [pytest.mark.docs, pytest.mark.timeout(3000)]
 
 
 # --------------------------------------------------------------------------- the build

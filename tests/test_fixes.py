@@ -1,12 +1,12 @@
 """The fixes as library pieces, without a training run."""
 
-import subprocess
 import sys
 
 import pytest
 import torch
 from torch import nn
 
+from vae_ddp import guard
 from vae_ddp.fixes import GlobalBatchDistributedSampler, GlobalBatchNorm, GlobalSyncBatchNorm
 
 BN_CHECK = r"""
@@ -45,12 +45,11 @@ def test_global_batchnorm_over_gloo_equals_batchnorm_on_the_concatenated_batch(t
         port = str(s.getsockname()[1])
     script = tmp_path / "bn_check.py"
     script.write_text(BN_CHECK)
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), "2", port], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for r in range(2)]
-    outs = [p.communicate(timeout=120) for p in procs]
-    for p, (out, err) in zip(procs, outs):
-        assert p.returncode == 0, err[-2000:]
-        assert all(float(v) < 1e-12 for v in out.split()), out
+    procs = guard.run_all([[sys.executable, str(script), str(r), "2", port] for r in range(2)], timeout=120,
+                          capture_output=True, text=True)
+    for p in procs:
+        assert p.returncode == 0, p.stderr[-2000:]
+        assert all(float(v) < 1e-12 for v in p.stdout.split()), p.stdout
 
 
 def test_convert_and_revert_share_parameters_and_keep_classes():

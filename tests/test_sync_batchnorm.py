@@ -2,7 +2,6 @@
 
 import json
 import socket
-import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -11,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from vae_ddp import guard
 from vae_ddp.fixes import GlobalBatchNorm, GlobalSyncBatchNorm, GlooSyncBatchNorm
 
 SCRIPT = Path(__file__).parent / "scripts" / "sync_bn_check.py"
@@ -25,12 +25,11 @@ def free_port() -> str:
 @pytest.fixture(scope="module")
 def two_rank_result() -> dict:
     port = free_port()
-    procs = [subprocess.Popen([sys.executable, str(SCRIPT), str(r), "2", port], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for r in range(2)]
-    outs = [p.communicate(timeout=300) for p in procs]
-    for p, (_, err) in zip(procs, outs):
-        assert p.returncode == 0, err[-3000:]
-    return json.loads(outs[0][0])
+    procs = guard.run_all([[sys.executable, str(SCRIPT), str(r), "2", port] for r in range(2)], timeout=300,
+                          capture_output=True, text=True)
+    for p in procs:
+        assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(procs[0].stdout)
 
 
 @pytest.mark.parametrize("variant", ["1d (B, C)", "1d (B, C, L)", "2d", "2d channels-last", "3d", "affine=False",

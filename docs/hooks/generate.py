@@ -229,7 +229,9 @@ def _run_entry(root: Path, e: dict[str, Any]) -> str:
     t0 = time.monotonic()
     merged = e["output"] == "log"  # Lightning logs to stderr or stdout depending on the terminal
     # A session of its own: on timeout the whole tree (DDP ranks, study runs) is killed, not only argv[0].
-    with subprocess.Popen(argv, cwd=root, env=env, stdout=subprocess.PIPE, text=True, start_new_session=True,
+    from vae_ddp.guard import guarded  # a watchdog on the example's ranks (dumps their stacks if they hang)
+
+    with subprocess.Popen(guarded(argv), cwd=root, env=env, stdout=subprocess.PIPE, text=True, start_new_session=True,
                           stderr=subprocess.STDOUT if merged else subprocess.PIPE) as child:
         try:
             stdout, stderr = child.communicate(timeout=e["timeout"])

@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, Dataset, random_split
 
 from vae_ddp.errors import UserError
 from vae_ddp.fixes.sampler import GlobalBatchDistributedSampler
+from vae_ddp.workers import loader_kwargs
 
 __all__ = ["ImageTensorDataset", "CIFAR10DataModule", "ImageFolderDataModule", "DigitsDataModule", "DATASETS",
            "make_datamodule", "check_data", "CIFAR10_MEAN", "CIFAR10_STD"]
@@ -109,12 +110,13 @@ class _InMemoryDataModule(LightningDataModule):
             sampler = GlobalBatchDistributedSampler(self.dataset_train, self.batch_size * world, num_replicas=world,
                                                     rank=rank, shuffle=self.shuffle, seed=self.sampler_seed)
             return DataLoader(self.dataset_train, batch_size=self.batch_size, sampler=sampler,
-                              num_workers=self.num_workers)
+                              **loader_kwargs(self.num_workers, self.dataset_train))
         return DataLoader(self.dataset_train, batch_size=self.batch_size, shuffle=self.shuffle,
-                          drop_last=self.drop_last, num_workers=self.num_workers)
+                          drop_last=self.drop_last, **loader_kwargs(self.num_workers, self.dataset_train))
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.dataset_val, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers)
+        return DataLoader(self.dataset_val, batch_size=self.batch_size, shuffle=False,
+                          **loader_kwargs(self.num_workers, self.dataset_val))
 
 
 class DigitsDataModule(_InMemoryDataModule):

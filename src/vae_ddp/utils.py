@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import warnings
 
-__all__ = ["quiet"]
+__all__ = ["quiet", "close_process_group"]
 
 
 def quiet() -> None:
@@ -14,3 +14,21 @@ def quiet() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
     warnings.filterwarnings("ignore", message=".*`max_epochs` was not set.*")
+
+
+def close_process_group() -> None:
+    """Destroy the default process group after a successful run, on every rank.
+
+    Lightning 2.6 leaves it alive after ``fit`` (it destroys it only on an exception); gloo's
+    worker threads are then destroyed during interpreter finalization, which now and then
+    aborts the process with "terminate called without an active exception" after the run
+    has finished (pytorch/pytorch#190489: calling ``destroy_process_group`` avoids it). The
+    barrier lets every rank finish its last collective before rank 0, which hosts the
+    TCPStore, tears down. Not called after a failure (a rank may be inside a collective;
+    pytorch/torchtitan#1342).
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

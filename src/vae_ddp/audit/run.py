@@ -25,7 +25,8 @@ from vae_ddp.audit.spec import AuditRun, import_class
 from vae_ddp.fixes.batchnorm import GlobalSyncBatchNorm
 from vae_ddp.fixes.randomness import GlobalBatchRandomness, current_stream
 from vae_ddp.fixes.sampler import GlobalBatchDistributedSampler
-from vae_ddp.utils import quiet
+from vae_ddp.utils import close_process_group, quiet
+from vae_ddp.workers import make_fork_safe
 
 __all__ = ["build", "main"]
 
@@ -107,7 +108,37 @@ def build(run: AuditRun) -> tuple[LightningModule, pl.LightningDataModule, Train
         use_distributed_sampler="sampler" not in run.fixes, callbacks=callbacks, **extra)
     if "sampler" in run.fixes:
         _deal_global_batches(dm, run, trainer.global_rank)
+    _fork_safe_workers(dm)
     return model, dm, trainer
+
+
+#: What the audit's runs noticed about the user's loaders in this process (one line each).
+NOTES: list[str] = []
+
+
+def _fork_safe_workers(dm: pl.LightningDataModule) -> None:
+    """Wrap the datamodule's ``train_dataloader`` so that its loaders start their workers with
+    ``forkserver`` unless the user chose a start method (see [`vae_ddp.workers`][vae_ddp.workers]):
+    a worker forked from a rank that runs threads can hang at start, and the audit must end."""
+    original = dm.train_dataloader
+
+    def train_dataloader():
+        loaders = original()
+        for dl in _loaders(loaders):
+            note = make_fork_safe(dl, preload=("vae_ddp.audit.spec",))
+            if note and note not in NOTES:
+                NOTES.append(note)
+        return loaders
+
+    dm.train_dataloader = train_dataloader
+
+
+def _loaders(loaders: Any) -> list[DataLoader]:
+    if isinstance(loaders, DataLoader):
+        return [loaders]
+    if isinstance(loaders, dict):
+        loaders = list(loaders.values())
+    return [dl for dl in loaders if isinstance(dl, DataLoader)] if isinstance(loaders, (list, tuple)) else []
 
 
 def _deal_global_batches(dm: pl.LightningDataModule, run: AuditRun, rank: int) -> None:
@@ -121,7 +152,9 @@ def _deal_global_batches(dm: pl.LightningDataModule, run: AuditRun, rank: int) -
                                                 rank=rank, seed=run.seed)
         return DataLoader(dl.dataset, batch_size=run.global_batch_size // run.devices, sampler=sampler,
                           collate_fn=dl.collate_fn, num_workers=dl.num_workers, pin_memory=dl.pin_memory,
-                          worker_init_fn=dl.worker_init_fn, generator=dl.generator)
+                          worker_init_fn=dl.worker_init_fn, generator=dl.generator,
+                          multiprocessing_context=dl.multiprocessing_context,
+                          persistent_workers=dl.persistent_workers)
 
     dm.train_dataloader = train_dataloader
 
@@ -137,9 +170,10 @@ def main(argv: list[str]) -> int:
         if trainer.is_global_zero:
             audit = next(c for c in trainer.callbacks if isinstance(c, DDPAudit))
             torch.save({n: p.detach().cpu() for n, p in model.named_parameters()}, out / f"{run.label}.pt")
-            info[run.label] = {"findings": audit.state(), "steps": trainer.global_step}
+            info[run.label] = {"findings": audit.state(), "steps": trainer.global_step, "notes": list(NOTES)}
     if info:
         (out / "run.json").write_text(json.dumps(info))
+    close_process_group()
     return 0
 
 

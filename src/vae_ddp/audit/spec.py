@@ -10,8 +10,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib
+import importlib.abc
 import importlib.util
 import json
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,11 +51,35 @@ def _import_file(path: Path):
     name = _module_name(path)
     if name in sys.modules:
         return sys.modules[name]
+    # Processes started from this one (DataLoader workers, a forkserver) find the module by
+    # its name through _UserFiles, which reads this variable.
+    files = json.loads(os.environ.get(_ENV_FILES) or "{}")
+    files[name] = str(path.resolve())
+    os.environ[_ENV_FILES] = json.dumps(files)
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+_ENV_FILES = "VAE_DDP_USER_FILES"
+
+
+class _UserFiles(importlib.abc.MetaPathFinder):
+    """Finds the modules that ``path/to/file.py:Class`` arguments were imported as, by name, in
+    any process that inherits ``$VAE_DDP_USER_FILES``: a dataset class of the user's file is
+    pickled by that name for a DataLoader worker, which must import it again."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if not fullname.startswith("_vae_ddp_user_"):
+            return None
+        file = json.loads(os.environ.get(_ENV_FILES) or "{}").get(fullname)
+        return importlib.util.spec_from_file_location(fullname, file) if file else None
+
+
+if not any(isinstance(f, _UserFiles) for f in sys.meta_path):
+    sys.meta_path.append(_UserFiles())
 
 
 def import_class(class_path: str, file: Optional[str] = None) -> type:

@@ -68,7 +68,9 @@ def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, pr
     Returns:
         ``{"devices", "steps", "dtype", "floor", "divergence_default", "divergence_fixed",
         "ratio_to_floor", "findings": [{"factor", "exposed", "evidence", "contribution", "fix",
-        "page"}], "unexplained": bool, "largest_differences": [...]}``; ``contribution`` is the
+        "page"}], "unexplained": bool, "largest_differences": [...], "notes": [str]}`` (``notes``:
+        what the runs noticed beside the factors, e.g. DataLoader workers forked from a
+        multithreaded process, which the audit started with ``forkserver`` instead); ``contribution`` is the
         divergence with every fix but this factor's (None where there is no automatic fix or
         the factor changes no parameter, e.g. logging).
     """
@@ -130,6 +132,8 @@ def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, pr
               "findings": findings, "within_floor": within, "unexplained": unexplained,
               "largest_differences": _largest(fixed, single) if unexplained else [],
               "model": base.model, "data": base.data, "global_batch_size": base.global_batch_size}
+    notes = [n for runs in (one, first) for _, i in runs.values() for n in i.get("notes", [])]
+    result["notes"] = list(dict.fromkeys(notes))
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "audit.json").write_text(json.dumps(result, indent=1))
     text = render(result)
@@ -183,4 +187,5 @@ def render(result: dict) -> str:
         lines.append(f"- explained: with the fixes, DDP matches one device within {FLOOR_RATIO:g}x the floor"
                      + (f"; the factors that make a difference: {', '.join(bite)}" if bite
                         else "; no factor makes a difference here"))
+    lines += [f"- note: {n}" for n in result.get("notes", [])]
     return "\n".join(lines)

@@ -1,5 +1,5 @@
-"""Start a run, or a group of runs of one world size, in its own process tree and collect
-what rank 0 wrote.
+"""Start a run, or a group of runs of one world size, in its own process tree (under a
+[guard][vae_ddp.guard]: own process group, watchdog, no orphans) and collect what rank 0 wrote.
 
 Each run is ``python -m vae_ddp.studies.runner SPEC_JSON OUT_DIR``; Lightning's DDP launcher then
 starts the other ranks by re-running that command. If any rank fails, Lightning ends the
@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from vae_ddp import guard
 from vae_ddp.studies.configs import RunSpec
 
 __all__ = ["launch", "launch_group", "launch_by_world_size", "RunGroup", "RunFailed"]
@@ -59,15 +60,21 @@ class RunGroup:
 
 
 def launch(spec: "RunSpec | RunGroup", out_dir: Path, timeout: Optional[float] = None, quiet: bool = False,
-           entry: Optional[list[str]] = None) -> dict:
-    """Run ``spec`` (already validated) in a child process; return its ``run.json``.
+           entry: Optional[list[str]] = None, stall: Optional[float] = None) -> dict:
+    """Run ``spec`` (already validated) in a child process tree under a guard
+    ([`vae_ddp.guard`][vae_ddp.guard]); return its ``run.json``.
 
     Progress lines stream to this process's stdout (unless ``quiet``); stderr goes to
     ``out_dir/stderr.log``. ``entry`` replaces ``[python, -m, vae_ddp.studies.runner]`` (tests use
-    it to inject a failing rank).
+    it to inject a failing rank). ``stall``: seconds without progress of any rank before the
+    watchdog dumps every rank's stacks into ``stderr.log`` and ends the tree (default
+    ``$VAE_DDP_WATCHDOG_S`` or 300). On ``timeout``, SIGINT/SIGTERM of this process, or its
+    death, every process of the run ends.
 
     Raises:
-        RunFailed: non-zero exit (any rank failed) or ``timeout`` seconds exceeded.
+        RunFailed: non-zero exit (any rank failed), no progress for ``stall`` seconds (the
+            message names each rank and the frame it was stuck in) or ``timeout`` seconds
+            exceeded.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -81,13 +88,17 @@ def launch(spec: "RunSpec | RunGroup", out_dir: Path, timeout: Optional[float] =
     cmd = (entry or [sys.executable, "-m", "vae_ddp.studies.runner"]) + [spec.to_json(), str(out_dir)]
     with open(log, "w") as err:
         try:
-            proc = subprocess.run(cmd, stdout=subprocess.DEVNULL if quiet else None, stderr=err, env=env,
-                                  timeout=timeout, start_new_session=False)
+            # under a guard: its own process group, a watchdog, nothing left behind (vae_ddp.guard)
+            proc = guard.run(cmd, stdout=subprocess.DEVNULL if quiet else None, stderr=err, env=env,
+                             timeout=timeout, stall=stall)
             code = proc.returncode
         except subprocess.TimeoutExpired:
             code = None
     if code != 0 or not (out_dir / "run.json").exists():
         lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+        if code in (guard.STALLED, guard.TIMED_OUT) and lines and lines[-1].startswith("vae-ddp guard:"):
+            head = f"run '{spec.label}': {lines[-1][len('vae-ddp guard: '):]}"
+            raise RunFailed(f"{head}\n(every rank's stacks: {log})")
         # the first exception line is the rank that failed first; the others follow from it
         first = next((ln for ln in lines if _ERROR_LINE.match(ln)), None)
         what = "timed out" if code is None else f"exited with code {code}"

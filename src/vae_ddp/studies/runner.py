@@ -25,7 +25,7 @@ from vae_ddp.model import VAE
 from vae_ddp.studies.configs import RunSpec
 from vae_ddp.studies.dp import DataParallelVAE
 from vae_ddp.recording import GlobalBatchRecorder
-from vae_ddp.utils import quiet
+from vae_ddp.utils import close_process_group, quiet
 
 __all__ = ["build_model", "build_trainer", "build_datamodule", "fix_parts", "train_one", "close_process_group"]
 
@@ -122,24 +122,6 @@ def main(argv: Optional[list[str]] = None) -> int:
         (out_dir / "run.json").write_text(json.dumps(out))
     close_process_group()
     return 0
-
-
-def close_process_group() -> None:
-    """Destroy the default process group after a successful run, on every rank.
-
-    Lightning 2.6 leaves it alive after ``fit`` (it destroys it only on an exception); gloo's
-    worker threads are then destroyed during interpreter finalization, which now and then
-    aborts the process with "terminate called without an active exception" after the run
-    has finished (pytorch/pytorch#190489: calling ``destroy_process_group`` avoids it). The
-    barrier lets every rank finish its last collective before rank 0, which hosts the
-    TCPStore, tears down. Not called after a failure (a rank may be inside a collective;
-    pytorch/torchtitan#1342).
-    """
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

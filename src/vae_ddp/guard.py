@@ -1,0 +1,438 @@
+"""Every process tree this project starts ends: a guard process, a watchdog and a heartbeat.
+
+A launch (a study's run, the audit's runs, a docs example, a test's ranks) runs as::
+
+    python -m vae_ddp.guard [--timeout S] [--stall S] -- CMD ...
+
+The guard is a small standard-library process between the caller and ``CMD``:
+
+- the guard starts a session (process group) of its own, in which ``CMD`` and every process
+  it starts (the DDP ranks Lightning re-launches, their DataLoader workers, a forkserver)
+  run: a ``killpg`` of the group ends them all, the guard included; on Linux the guard is
+  also the subreaper of the tree, so a process that leaves the group is still found;
+- the guard ends that group (SIGTERM, then SIGKILL after ``--grace`` seconds) when ``CMD``
+  exits (nothing is left behind: no stray rank, no worker), when the guard receives SIGTERM,
+  SIGINT or SIGHUP, when ``--timeout`` passes, and when its own parent dies, even by SIGKILL,
+  which no handler sees (the guard polls its parent's pid, and asks Linux for SIGTERM on the
+  parent's death, ``prctl(PR_SET_PDEATHSIG)``);
+- the **watchdog**: when no rank makes progress for ``--stall`` seconds (default
+  ``$VAE_DDP_WATCHDOG_S`` or 300), the guard sends SIGUSR1 to the group, which makes every
+  rank dump the Python stacks of all its threads (``faulthandler.register``), prints them,
+  ends the group and fails with one line naming each rank and the frame its main thread
+  was stuck in (exit code 125).
+
+Progress is a heartbeat: every Lightning ``Trainer`` created under a guard gets the
+``vae_ddp.heartbeat.Heartbeat`` callback through Lightning's external-callback entry point
+(``pytorch_lightning.callbacks_factory``, see ``pyproject.toml``), which touches a file per
+process at setup and after every training and validation batch. Code that trains without
+Lightning calls [`beat`][vae_ddp.guard.beat].
+
+Exit codes of the guard: ``CMD``'s own code (128 + N when a signal N ended it), 124 on
+``--timeout``, 125 when the watchdog fired, 128 + N when the guard itself was ended by
+signal N (or its parent died: 128 + SIGTERM).
+
+[`run`][vae_ddp.guard.run] and [`run_all`][vae_ddp.guard.run_all] are ``subprocess.run`` for such trees:
+on their own timeout, on an exception or on KeyboardInterrupt they ask the guard to end the
+tree and wait for it.
+
+This module imports only the standard library (the guard starts in tens of milliseconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+__all__ = ["run", "run_all", "guarded", "beat", "under_guard", "STALLED", "TIMED_OUT", "DEFAULT_STALL_S"]
+
+#: Exit code of the guard when ``--timeout`` passed.
+TIMED_OUT = 124
+#: Exit code of the guard when the watchdog fired (no progress for ``--stall`` seconds).
+STALLED = 125
+#: Seconds without progress before the watchdog fires, unless ``$VAE_DDP_WATCHDOG_S`` says otherwise.
+DEFAULT_STALL_S = 300.0
+
+_ENV_DIR = "VAE_DDP_HEARTBEAT_DIR"
+_ENV_STALL = "VAE_DDP_WATCHDOG_S"
+_POLL_S = 0.25
+
+
+def under_guard() -> bool:
+    """Whether this process runs under a guard (its heartbeat directory is set)."""
+    return bool(os.environ.get(_ENV_DIR))
+
+
+def default_stall() -> float:
+    """Seconds without progress before the watchdog fires: ``$VAE_DDP_WATCHDOG_S`` or 300."""
+    return float(os.environ.get(_ENV_STALL) or DEFAULT_STALL_S)
+
+
+def guarded(cmd: Sequence[str], timeout: Optional[float] = None, stall: Optional[float] = None,
+            grace: float = 10.0, startup: Optional[float] = None) -> list[str]:
+    """The command line that runs ``cmd`` under a guard."""
+    args = [sys.executable, "-m", "vae_ddp.guard", "--grace", str(grace)]
+    for flag, value in (("--timeout", timeout), ("--stall", stall), ("--startup", startup)):
+        if value is not None:
+            args += [flag, str(value)]
+    return args + ["--", *map(str, cmd)]
+
+
+# --------------------------------------------------------------------------- the caller's side
+def _end(procs: list[subprocess.Popen], grace: float) -> None:
+    """Ask each guard to end its tree (SIGTERM), wait, then SIGKILL what is left."""
+    for p in procs:
+        if p.poll() is None:
+            try:
+                p.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + grace + 5
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def run_all(cmds: Sequence[Sequence[str]], timeout: Optional[float] = None, stall: Optional[float] = None,
+            grace: float = 10.0, startup: Optional[float] = None, **popen: Any) -> list[subprocess.CompletedProcess]:
+    """Run ``cmds`` at the same time, each under its own guard, and wait for all of them.
+
+    ``popen`` goes to ``subprocess.Popen`` (``cwd``, ``env``, ``text``; ``capture_output=True``
+    collects stdout and stderr through temporary files, so that several chatty processes
+    cannot block each other on a full pipe). On ``timeout`` (seconds, for all together), an
+    exception or KeyboardInterrupt every tree is ended before this returns or raises.
+
+    Raises:
+        subprocess.TimeoutExpired: ``timeout`` passed (every tree has been ended).
+    """
+    capture = popen.pop("capture_output", False)
+    text = popen.pop("text", False)
+    files: list[tuple[Any, Any]] = []
+    procs: list[subprocess.Popen] = []
+    try:
+        for cmd in cmds:
+            if capture:
+                out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+                files.append((out, err))
+                popen.update(stdout=out, stderr=err)
+            procs.append(subprocess.Popen(guarded(cmd, stall=stall, grace=grace, startup=startup), **popen))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for p in procs:
+            p.wait(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        _end(procs, grace)
+        raise subprocess.TimeoutExpired(list(cmds[0]), timeout) from None
+    except BaseException:
+        _end(procs, grace)
+        raise
+    done = []
+    for i, (cmd, p) in enumerate(zip(cmds, procs)):
+        out = err = None
+        if capture:
+            streams = []
+            for f in files[i]:
+                f.seek(0)
+                data = f.read()
+                f.close()
+                streams.append(data.decode(errors="replace") if text else data)
+            out, err = streams
+        done.append(subprocess.CompletedProcess(list(cmd), p.returncode, out, err))
+    return done
+
+
+def run(cmd: Sequence[str], timeout: Optional[float] = None, stall: Optional[float] = None, grace: float = 10.0,
+        startup: Optional[float] = None, **popen: Any) -> subprocess.CompletedProcess:
+    """``subprocess.run(cmd, timeout=...)`` for a process tree: ``cmd`` runs under a guard, and
+    on ``timeout``, an exception or KeyboardInterrupt the whole tree is ended (never only its
+    first process, which is what ``subprocess.run`` kills). ``stall``: the watchdog's limit
+    (default ``$VAE_DDP_WATCHDOG_S`` or 300 s); ``startup``: the time allowed before the first
+    heartbeat (default: ``stall``). Returns the ``CompletedProcess`` of ``cmd``
+    (its ``returncode`` is the guard's: see the module docstring).
+
+    Raises:
+        subprocess.TimeoutExpired: ``timeout`` passed (the tree has been ended).
+    """
+    return run_all([cmd], timeout=timeout, stall=stall, grace=grace, startup=startup, **popen)[0]
+
+
+# --------------------------------------------------------------------------- the ranks' side
+_STATE: dict[str, Any] = {}
+
+
+def beat(rank: Optional[int] = None) -> None:
+    """Tell the guard (if any) that this process made progress; the first call also makes the
+    process dump its stacks on SIGUSR1. ``rank``: the global rank (default ``$RANK`` or 0)."""
+    where = os.environ.get(_ENV_DIR)
+    if not where:
+        return
+    pid = os.getpid()
+    if _STATE.get("pid") != pid:  # first beat of this process (a forked child starts again)
+        _register(Path(where), pid, rank)
+    os.utime(_STATE["beat"])
+
+
+def _register(where: Path, pid: int, rank: Optional[int]) -> None:
+    import faulthandler
+    import threading
+
+    if rank is None:
+        rank = int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")))
+    where.mkdir(parents=True, exist_ok=True)
+    stacks = open(where / f"stacks-{pid}.txt", "w")  # kept open: faulthandler writes to its descriptor
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True, chain=False)
+    (where / f"proc-{pid}.json").write_text(json.dumps(
+        {"pid": pid, "rank": rank, "main_thread": threading.main_thread().ident, "argv": sys.argv}))
+    path = where / f"beat-{pid}"
+    path.touch()
+    _STATE.update(pid=pid, beat=path, stacks=stacks)
+
+
+# --------------------------------------------------------------------------- the guard
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+
+
+def _stdlib_dirs() -> tuple[str, ...]:
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    return tuple({paths["stdlib"], sysconfig.get_paths(vars={"base": sys.base_prefix})["stdlib"]})
+
+
+def _where_stuck(dump: str, main_thread: Optional[int]) -> Optional[str]:
+    """The innermost frame of the main thread's stack in a faulthandler dump, preferring the
+    innermost one outside Python's standard library."""
+    blocks = [b for b in re.split(r"\n(?=(?:Current thread|Thread) 0x)", "\n" + dump) if b.strip()]
+    wanted = f"0x{main_thread:016x}" if main_thread is not None else None
+    block = next((b for b in blocks if wanted and wanted in b.strip().splitlines()[0]), blocks[0] if blocks else None)
+    if block is None:
+        return None
+    frames = [m for m in (_FRAME.match(ln) for ln in block.splitlines()) if m]
+    if not frames:
+        return None
+    stdlib = _stdlib_dirs()
+    inner = next((m for m in frames if "site-packages" in m["file"] or not m["file"].startswith(stdlib)), frames[0])
+    short = inner["file"]
+    for marker in ("site-packages/", "/src/", "/examples/", "/tests/"):
+        if marker in short:
+            short = short.split(marker, 1)[1]
+            break
+    return f"{inner['func']} ({short}:{inner['line']})"
+
+
+class _Guard:
+    def __init__(self, cmd: list[str], timeout: Optional[float], stall: float, grace: float,
+                 startup: Optional[float] = None) -> None:
+        self.cmd, self.timeout, self.stall, self.grace = cmd, timeout, stall, grace
+        self.startup = stall if startup is None else startup
+        self.signal: Optional[int] = None
+        self.code: Optional[int] = None
+        self.parent = os.getppid()
+        self.dir = Path(tempfile.mkdtemp(prefix="vae-ddp-guard-"))
+
+    def _on_signal(self, signum, frame) -> None:
+        self.signal = signum
+
+    def _stalled(self) -> bool:
+        """No heartbeat for ``stall`` seconds (before the first one: for ``startup`` seconds)."""
+        newest = None
+        for f in self.dir.glob("beat-*"):
+            try:
+                newest = max(newest or 0.0, f.stat().st_mtime)
+            except FileNotFoundError:
+                pass
+        if newest is None:
+            return time.time() - self.wall0 > self.startup
+        return time.time() - max(newest, self.wall0) > self.stall
+
+    def _reap(self) -> None:
+        """Collect every exited child: the command (its exit code kept) and, the guard being a
+        subreaper on Linux, any orphaned descendant."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid == self.pid and self.code is None:
+                self.code = os.waitstatus_to_exitcode(status)
+
+    def _tree(self) -> set[int]:
+        """Live processes of the command: the guard's process group and every descendant of the
+        guard (a process that left the group is still found), the guard excepted. Empty set
+        where there is no ``/proc`` (then ``_kill`` signals the group)."""
+        me, found = os.getpid(), set()
+        parents: dict[int, int] = {}
+        try:
+            entries = [d for d in Path("/proc").iterdir() if d.name.isdigit()]
+        except OSError:
+            return found
+        for d in entries:
+            try:
+                state, ppid, pgrp = (d / "stat").read_text().rsplit(")", 1)[1].split()[:3]
+            except (OSError, ValueError):
+                continue
+            if state in ("Z", "X"):
+                continue
+            parents[int(d.name)] = int(ppid)
+            if int(pgrp) == me:
+                found.add(int(d.name))
+        frontier = {me}
+        while frontier:
+            frontier = {pid for pid, ppid in parents.items() if ppid in frontier} - found
+            found |= frontier
+        found.discard(me)
+        return found
+
+    def _kill(self, sig: int) -> None:
+        tree = self._tree()
+        if not tree and not Path("/proc").is_dir():
+            try:
+                os.killpg(os.getpgrp(), sig)  # the guard's own handler takes SIGTERM
+            except (ProcessLookupError, PermissionError):
+                pass
+        for pid in tree:
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def _end_tree(self) -> None:
+        """SIGTERM every process of the command, SIGKILL what is left after the grace period."""
+        self._reap()
+        if not self._tree():
+            return
+        self._kill(signal.SIGTERM)
+        deadline = time.monotonic() + self.grace
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+            self._reap()
+            if not self._tree():
+                return
+        self._kill(signal.SIGKILL)
+        for _ in range(50):
+            self._reap()
+            if not self._tree():
+                return
+            time.sleep(0.1)
+
+    def _dump(self) -> str:
+        """SIGUSR1 to every process (faulthandler dumps in each rank), then one phrase per rank."""
+        procs = []
+        for info in self.dir.glob("proc-*.json"):
+            try:
+                procs.append(json.loads(info.read_text()))
+            except (OSError, ValueError):
+                pass
+        for p in procs:  # only the processes that registered a dump: SIGUSR1 would end the others
+            try:
+                os.kill(p["pid"], signal.SIGUSR1)
+            except (ProcessLookupError, PermissionError):
+                pass
+        time.sleep(2.0)
+        parts, names = [], []
+        for p in sorted(procs, key=lambda p: (p["rank"], p["pid"])):
+            stacks = self.dir / f"stacks-{p['pid']}.txt"
+            dump = stacks.read_text(errors="replace") if stacks.exists() else ""
+            parts.append(f"--- rank {p['rank']} (pid {p['pid']}) ---\n{dump.rstrip() or '(no stacks: not responding)'}")
+            where = _where_stuck(dump, p.get("main_thread"))
+            names.append(f"rank {p['rank']} in {where or 'an unknown frame (no stack dumped)'}")
+        sys.stderr.write("\n".join(parts) + ("\n" if parts else ""))
+        return "; ".join(names) or "no process had started training (no heartbeat, no stacks)"
+
+    def main(self) -> int:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, self._on_signal)
+        _prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: SIGTERM when the parent dies, even by SIGKILL
+        _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: orphaned ranks and workers become the guard's children
+        if os.getppid() != self.parent:  # the parent died before prctl
+            return 128 + signal.SIGTERM
+        if os.getpgrp() != os.getpid():
+            os.setsid()  # a session of its own: the command and all it starts share the guard's group
+        env = dict(os.environ, **{_ENV_DIR: str(self.dir)})
+        self.t0, self.wall0 = time.monotonic(), time.time()
+        try:
+            child = subprocess.Popen(self.cmd, env=env)
+        except OSError as err:
+            sys.stderr.write(f"vae-ddp guard: cannot start {self.cmd[0]}: {err}\n")
+            return 127
+        self.pid = child.pid
+        child.returncode = 0  # the guard reaps it (os.waitpid); Popen must not
+        try:
+            return self._watch()
+        finally:
+            import shutil
+
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _watch(self) -> int:
+        while True:
+            self._reap()
+            if self.code is not None:
+                self._end_tree()  # stray ranks or workers of a finished command
+                return self.code if self.code >= 0 else 128 - self.code
+            if self.signal is not None or os.getppid() != self.parent:
+                self._end_tree()
+                return 128 + (self.signal or signal.SIGTERM)
+            if self.timeout is not None and time.monotonic() - self.t0 > self.timeout:
+                where = self._dump()
+                self._end_tree()
+                sys.stderr.write(f"vae-ddp guard: {_show(self.cmd)} timed out after {self.timeout:g} s; {where}\n")
+                return TIMED_OUT
+            if self._stalled():
+                where = self._dump()
+                self._end_tree()
+                sys.stderr.write(f"vae-ddp guard: no process made progress for {self.stall:g} s in "
+                                 f"{_show(self.cmd)}; {where} (every rank's stacks above; all its processes ended)\n")
+                return STALLED
+            time.sleep(_POLL_S)
+
+
+def _prctl(option: int, value: int) -> None:
+    """Linux ``prctl(option, value)``; nothing elsewhere (the guard's polling covers it)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(option, int(value), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _show(cmd: list[str]) -> str:
+    text = " ".join(" ".join(c.split()) for c in cmd)
+    return f"`{text[:120]}{'...' if len(text) > 120 else ''}`"
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m vae_ddp.guard", description=__doc__.split("\n\n")[0])
+    p.add_argument("--timeout", type=float, default=None, help="seconds before the whole tree is ended (exit 124)")
+    p.add_argument("--stall", type=float, default=None,
+                   help=f"seconds without progress before the watchdog fires (exit 125; default ${_ENV_STALL} or "
+                        f"{DEFAULT_STALL_S:g})")
+    p.add_argument("--startup", type=float, default=None,
+                   help="seconds allowed before the first heartbeat (default: the --stall value)")
+    p.add_argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL (default 10)")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ...")
+    args = p.parse_args(argv)
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        p.error("no command: python -m vae_ddp.guard [options] -- CMD ...")
+    stall = args.stall if args.stall is not None else default_stall()
+    return _Guard(cmd, args.timeout, stall, args.grace, args.startup).main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""DataLoader workers that cannot hang at start: a start method other than ``fork``.
+
+On Linux a ``DataLoader`` with ``num_workers > 0`` starts its workers with ``fork`` by
+default. A DDP rank already runs threads when it does (gloo's, the launcher's observer of
+the other ranks, torch's thread pools); ``fork`` copies the process but only the calling
+thread, and a lock another thread held at that moment stays held in the child for ever.
+We measured it: 1 audit in 7 with ``num_workers=1`` on 2 gloo ranks hung, the new worker
+blocked in ``PyOS_AfterFork_Child`` (seen with gdb). PyTorch's multiprocessing notes warn
+about this ("poison fork"), and Python 3.14 made ``forkserver`` the default start method
+on Linux for the same reason.
+
+``forkserver`` forks each worker from a small server process that has one thread, started
+once per rank, so no lock can be inherited; ``spawn`` would start a fresh interpreter for
+every worker (each importing torch again). The price is that everything a worker receives is
+pickled: the dataset, ``collate_fn`` and ``worker_init_fn`` must be picklable (classes and
+functions defined at module level, not lambdas), and the modules they live in are
+imported in the server first (``preload``), once per rank.
+
+Workers are seeded as before: PyTorch gives worker ``i`` the seed ``base_seed + i`` whatever
+the start method, so random augmentation in ``__getitem__`` repeats across ranks exactly
+as with ``fork`` (see the noise factor) and the fixes that key draws to samples still apply.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from typing import Any, Optional
+
+__all__ = ["worker_context", "loader_kwargs", "dataset_modules", "make_fork_safe", "thread_count", "START_METHOD"]
+
+#: The start method this project uses for DataLoader workers.
+START_METHOD = "forkserver"
+
+
+def worker_context(*modules: str) -> multiprocessing.context.BaseContext:
+    """The ``forkserver`` multiprocessing context for ``DataLoader(multiprocessing_context=...)``.
+
+    ``modules``: modules the workers need (the dataset's, ``collate_fn``'s), imported once in the
+    server so that each worker starts without importing them again; they take effect when this
+    process starts its server (its first loader with workers).
+    """
+    ctx = multiprocessing.get_context(START_METHOD)
+    preload = ["__main__", *dict.fromkeys(m for m in modules if m and m not in ("__main__", "builtins"))]
+    ctx.set_forkserver_preload(preload)
+    return ctx
+
+
+def loader_kwargs(num_workers: int, dataset: Any = None) -> dict:
+    """``DataLoader`` keyword arguments for ``num_workers`` fork-safe workers:
+    ``{"num_workers": n}`` plus, when ``n > 0``, ``multiprocessing_context`` (``forkserver``,
+    preloading the module of ``dataset``'s class)."""
+    if num_workers <= 0:
+        return {"num_workers": 0}
+    return {"num_workers": num_workers, "multiprocessing_context": worker_context(*dataset_modules(dataset))}
+
+
+def dataset_modules(dataset: Any) -> list[str]:
+    """The modules of ``dataset``'s class and of the datasets it wraps (``Subset.dataset``,
+    ``ConcatDataset.datasets``), innermost first: what a worker imports to unpickle it."""
+    found: list[str] = []
+    todo = [dataset] if dataset is not None else []
+    while todo:
+        ds = todo.pop()
+        found.insert(0, type(ds).__module__)
+        inner = getattr(ds, "dataset", None)
+        todo += ([inner] if inner is not None else []) + list(getattr(ds, "datasets", None) or [])
+    return list(dict.fromkeys(found))
+
+
+def thread_count() -> int:
+    """Threads of this process (all of them, not only Python's: ``/proc/self/task`` on Linux;
+    Python's own count elsewhere)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        import threading
+
+        return threading.active_count()
+
+
+def make_fork_safe(loader: Any, preload: tuple[str, ...] = ()) -> Optional[str]:
+    """Give ``loader`` (a ``torch.utils.data.DataLoader``) the ``forkserver`` start method when it
+    has workers and no start method of its own, before its first iteration. A start method the
+    user chose is kept. ``preload``: modules to import in the server before the dataset's.
+
+    Returns:
+        a one-line note for the user when the loader would have forked its workers from a
+        process that runs several threads (the hazard), else None.
+    """
+    if getattr(loader, "num_workers", 0) <= 0 or getattr(loader, "multiprocessing_context", None) is not None:
+        return None
+    # the default start method (the first of get_all_start_methods): fork on Linux before Python 3.14
+    if (multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]) != "fork":
+        return None
+    threads = thread_count()
+    collate = getattr(getattr(loader, "collate_fn", None), "__module__", None)
+    loader.multiprocessing_context = worker_context(*preload, *dataset_modules(getattr(loader, "dataset", None)),
+                                                    *([collate] if collate else []))
+    if threads <= 1:
+        return None
+    return (f"the DataLoader forks its {loader.num_workers} worker(s) from a process that runs {threads} threads, "
+            "which can hang a worker at start (a lock held by another thread at the fork); the audit used "
+            "'forkserver': pass DataLoader(..., multiprocessing_context='forkserver')")

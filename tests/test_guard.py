@@ -1,0 +1,194 @@
+"""Every launch ends: the guard's watchdog, the end of the whole tree, and no orphans
+(``vae_ddp.guard``); DataLoader workers that cannot inherit a held lock (``vae_ddp.workers``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from vae_ddp import guard
+from vae_ddp.studies.launch import RunFailed, launch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def alive(marker: str) -> list[int]:
+    """Live (not zombie) processes whose command line contains ``marker``, this one excepted."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            cmdline = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker in cmdline and state not in ("Z", "X"):
+            found.append(int(d.name))
+    return found
+
+
+def wait_until(predicate, timeout: float, every: float = 0.2) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(every)
+    return predicate()
+
+
+STUCK = textwrap.dedent("""
+    import subprocess, sys, time
+    from vae_ddp.guard import beat
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", {marker!r}])  # a child of its own
+    beat()
+    def stuck_here():
+        time.sleep(300)
+    stuck_here()
+""")
+
+
+def test_watchdog_dumps_the_stacks_names_the_frame_and_ends_the_tree(tmp_path):
+    marker = f"stuck-{tmp_path.name}"
+    script = tmp_path / "stuck.py"
+    script.write_text(STUCK.format(marker=marker))
+    t0 = time.monotonic()
+    proc = guard.run([sys.executable, str(script)], stall=3, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == guard.STALLED, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("vae-ddp guard: no process made progress for 3 s"), last
+    assert "rank 0 in stuck_here (" in last and "stuck.py:7)" in last, last
+    assert 'in stuck_here' in proc.stderr and "--- rank 0 (pid" in proc.stderr  # the dumped stacks
+    assert time.monotonic() - t0 < 60
+    assert wait_until(lambda: not alive(marker) and not alive(str(script)), 5), "a process outlived the guard"
+
+
+def test_nothing_outlives_a_command_that_exits(tmp_path):
+    """A command that leaves a process behind (a stray rank, a worker) has it ended."""
+    marker = f"stray-{tmp_path.name}"
+    code = f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)', {marker!r}])"
+    proc = guard.run([sys.executable, "-c", code], timeout=60, grace=2)
+    assert proc.returncode == 0
+    assert not alive(marker)
+
+
+def test_guard_ends_the_tree_when_its_parent_is_killed(tmp_path):
+    """SIGKILL of the caller, which no handler sees: the guard notices and ends the tree."""
+    marker = f"orphan-{tmp_path.name}"
+    parent = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys
+        from vae_ddp import guard
+        guard.run([sys.executable, '-c', 'import time; time.sleep(300)', 'orphan-' + {tmp_path.name!r}])
+    """)])
+    try:
+        assert wait_until(lambda: alive(marker), 30), "the guarded command did not start"
+        parent.kill()
+        parent.wait()
+        assert wait_until(lambda: not alive(marker), 15), "the guarded command outlived its caller"
+    finally:
+        parent.kill()
+
+
+def test_launch_fails_with_the_watchdogs_line(tmp_path):
+    """A study run that hangs fails in ``stall`` seconds with one line, never at a CI limit."""
+    from vae_ddp.studies.configs import RunSpec
+
+    spec = RunSpec(config="single", steps=1).validate()
+    stuck = [sys.executable, "-c", "import time\nfrom vae_ddp.guard import beat\nbeat()\ntime.sleep(300)"]
+    with pytest.raises(RunFailed, match=r"^run 'single': no process made progress for 2 s .*rank 0 in <module>"):
+        launch(spec, tmp_path / "run", quiet=True, entry=stuck, stall=2)
+
+
+HUNG_RANK = textwrap.dedent("""
+    import sys, time
+    import pytorch_lightning as pl
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class Net(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, batch_idx):
+            if self.global_step == 2 and self.global_rank == 1:
+                time.sleep(300)  # rank 1 hangs; rank 0 waits for it in the all-reduce
+            return self.layer(batch[0]).pow(2).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_steps=6, logger=False,
+                         enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False)
+    trainer.fit(Net(), DataLoader(TensorDataset(torch.randn(64, 4)), batch_size=4))
+""")
+
+
+def test_a_hung_ddp_rank_is_named_with_its_frame(tmp_path):
+    """Real Lightning DDP (2 gloo ranks): the heartbeat reaches the guard through Lightning's
+    callback entry point, without a line in the script."""
+    script = tmp_path / "hung_rank.py"
+    script.write_text(HUNG_RANK)
+    proc = guard.run([sys.executable, str(script)], stall=10, startup=300, capture_output=True, text=True,
+                     timeout=400, cwd=tmp_path)
+    assert proc.returncode == guard.STALLED, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "rank 1 in training_step (" in last and "hung_rank.py:14)" in last, last
+    assert "rank 0 in " in last, last
+    assert not alive(str(script))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL], ids=lambda s: s.name)
+def test_no_process_of_an_audit_outlives_its_top_process(tmp_path, sig):
+    """A 2-rank audit, its top ``vae-ddp`` process ended mid-run by TERM, INT or KILL (what
+    ``subprocess.run(timeout=...)`` sends): 15 s later no process of the launch is alive."""
+    out = tmp_path / "audit"
+    top = subprocess.Popen([sys.executable, "-m", "vae_ddp.cli", "audit", "--model", "examples.audit_models.Plain",
+                            "--data", "examples.audit_models.Regression", "--steps", "500", "--out", str(out)],
+                           cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        def ranks() -> list[int]:  # the DDP launch's ranks (not its guard, not the one-device launch)
+            return [p for p in alive(str(out) + os.sep + "runs" + os.sep + "ddp")
+                    if b"vae_ddp.guard" not in Path(f"/proc/{p}/cmdline").read_bytes()]
+
+        assert wait_until(lambda: len(ranks()) >= 2, 300), "the audit's DDP launch did not start"
+        assert alive(str(out))
+        os.kill(top.pid, sig)
+        top.wait(timeout=60)
+        assert wait_until(lambda: not alive(str(out)), 15), f"left running after {sig.name}: {alive(str(out))}"
+    finally:
+        top.kill()
+        for pid in alive(str(out)):
+            os.kill(pid, signal.SIGKILL)
+
+
+# --------------------------------------------------------------------------- workers
+def test_loaders_with_workers_start_them_from_a_forkserver():
+    import torch
+    from torch.utils.data import DataLoader, Subset, TensorDataset
+
+    from vae_ddp.data import DigitsDataModule
+    from vae_ddp.workers import make_fork_safe
+
+    dm = DigitsDataModule(batch_size=8, num_workers=1, max_samples=40)
+    dm.setup()
+    for dl in (dm.train_dataloader(), dm.val_dataloader()):
+        assert dl.multiprocessing_context.get_start_method() == "forkserver"
+
+    ds = Subset(TensorDataset(torch.arange(12.0)), list(range(8)))
+    mine = DataLoader(ds, batch_size=4, num_workers=1)
+    note = make_fork_safe(mine)
+    assert mine.multiprocessing_context.get_start_method() == "forkserver"
+    assert [b[0].tolist() for b in mine] == [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]
+    assert note is None or "forkserver" in note
+    theirs = DataLoader(ds, batch_size=4, num_workers=1, multiprocessing_context="spawn")
+    assert make_fork_safe(theirs) is None and theirs.multiprocessing_context.get_start_method() == "spawn"
+    none = DataLoader(ds, batch_size=4)
+    assert make_fork_safe(none) is None and none.multiprocessing_context is None
