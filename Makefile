@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 OUT ?= runs
 
-.PHONY: setup browser demo test test-full docs docs-serve legacy legacy-test bench bench-docs clean
+.PHONY: setup browser demo test test-full docs docs-serve legacy legacy-test bench bench-docs stress clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,9 @@ bench: setup  ## benchmarks (medians and ratios): step time per fix, CPU sync Ba
 	$(PY) benchmarks/step_time.py
 	$(PY) benchmarks/sync_batchnorm.py
 	$(PY) benchmarks/audit_overhead.py
+
+stress: setup  ## 30 runs of each DDP case with DataLoader workers: hangs, failures, exit noise (tens of minutes)
+	$(PY) benchmarks/stress_workers.py --iterations 30 --out $(OUT)/stress
 
 bench-docs: setup  ## the timings the site shows, rewritten into docs/results/ (run on an idle machine, then commit)
 	$(PY) benchmarks/step_time.py --models small --out docs/results/step-time

@@ -35,6 +35,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from vae_ddp.fixes import GlobalBatchDistributedSampler, GlobalBatchRandomness, SeededAugmentation
 from vae_ddp.utils import quiet
+from vae_ddp.workers import worker_context
 
 VOCAB, LENGTH, WIDTH, SAMPLES, GLOBAL_BATCH = 16, 8, 16, 64, 16
 
@@ -71,9 +72,9 @@ class TinyLM(pl.LightningModule):
     def train_dataloader(self):
         # built inside fit, so the sampler finds the process group (world size and rank)
         sampler = GlobalBatchDistributedSampler(self.data, GLOBAL_BATCH)
-        # workers from a forkserver: forking a rank that runs threads can hang a worker (vae_ddp.workers)
+        # workers from a forkserver (torch and Lightning preloaded): a forked worker can hang (vae_ddp.workers)
         return DataLoader(self.data, batch_size=GLOBAL_BATCH // sampler.num_replicas, sampler=sampler, num_workers=2,
-                          multiprocessing_context="forkserver")
+                          multiprocessing_context=worker_context())
 
     def configure_optimizers(self):
         return torch.optim.Adam(self.parameters(), lr=1e-2)

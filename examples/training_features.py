@@ -35,6 +35,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
 
 from vae_ddp.fixes import GlobalBatchDistributedSampler, GlobalSyncBatchNorm
+from vae_ddp.workers import worker_context
 
 FEATURES = {
     "none": "no feature (the floor)",
@@ -112,9 +113,9 @@ class Tiny(pl.LightningModule):
         world, rank = self.trainer.world_size, self.trainer.global_rank
         sampler = GlobalBatchDistributedSampler(self.dataset, GLOBAL_BATCH, num_replicas=world, rank=rank, seed=SEED)
         workers = self.workers if world > 1 else 0
-        # workers from a forkserver: forking a rank that runs threads can hang a worker (vae_ddp.workers)
+        # workers from a forkserver (torch and Lightning preloaded): a forked worker can hang (vae_ddp.workers)
         return DataLoader(self.dataset, batch_size=GLOBAL_BATCH // world, sampler=sampler, num_workers=workers,
-                          multiprocessing_context="forkserver" if workers else None)
+                          multiprocessing_context=worker_context() if workers else None)
 
     def configure_optimizers(self):
         if self.automatic_optimization:
