@@ -27,11 +27,9 @@ from vae_ddp.fixes import registry
 from vae_ddp.model import MODELS
 from vae_ddp.studies.dp import DP_MODES, resolve_dp_mode
 
-__all__ = ["RunSpec", "CONFIGS", "NOISE_MODES", "DTYPES", "choice_error", "flag"]
+__all__ = ["RunSpec", "CONFIGS", "choice_error", "flag"]
 
 CONFIGS = ("single", "ddp", "dp")
-NOISE_MODES = ("default", "per_rank", "global")
-DTYPES = ("float32", "float64")
 
 #: RunSpec fields whose command-line flag is not ``--`` + the name with dashes.
 FLAGS = {"dp_mode": "--dp"}
