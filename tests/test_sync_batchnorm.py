@@ -3,7 +3,6 @@
 import json
 import socket
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -11,7 +10,7 @@ import torch
 from torch import nn
 
 from vae_ddp import guard
-from vae_ddp.fixes import GlobalBatchNorm, GlobalSyncBatchNorm, GlooSyncBatchNorm
+from vae_ddp.fixes import GlobalBatchNorm, GlobalSyncBatchNorm
 
 SCRIPT = Path(__file__).parent / "scripts" / "sync_bn_check.py"
 
@@ -60,11 +59,3 @@ def test_convert_and_revert_keep_settings_and_share_state():
     assert reverted_ref[1] is nn.BatchNorm2d and reverted_ref[3] is nn.BatchNorm1d
     # without a process group it is plain BatchNorm
     torch.testing.assert_close(converted(x), nn.Sequential(*GlobalSyncBatchNorm().revert(converted))(x))
-
-
-def test_old_name_still_works_and_says_it_is_deprecated():
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        plugin = GlooSyncBatchNorm()
-    assert isinstance(plugin, GlobalSyncBatchNorm)
-    assert any(issubclass(w.category, DeprecationWarning) and "GlobalSyncBatchNorm" in str(w.message) for w in caught)

@@ -11,7 +11,7 @@
 """
 
 from vae_ddp.fixes.augmentation import SeededAugmentation
-from vae_ddp.fixes.batchnorm import GlobalBatchNorm, GlobalSyncBatchNorm, GlooSyncBatchNorm
+from vae_ddp.fixes.batchnorm import GlobalBatchNorm, GlobalSyncBatchNorm
 from vae_ddp.fixes.dropout import GlobalBatchDropout
 from vae_ddp.fixes.evaluation import padded_duplicates, unrepeated_sampler
 from vae_ddp.fixes.item_count import global_item_count, global_item_mean, global_token_cross_entropy
@@ -20,7 +20,7 @@ from vae_ddp.fixes.randomness import GlobalBatchRandomness, GlobalBatchStream, g
 from vae_ddp.fixes.sampler import GlobalBatchDistributedSampler
 from vae_ddp.fixes.registry import Factor, exposures, factors, register  # noqa: F401  (the factor registry)
 
-__all__ = ["GlobalBatchNoise", "PerRankSeed", "GlobalBatchNorm", "GlobalSyncBatchNorm", "GlooSyncBatchNorm",
+__all__ = ["GlobalBatchNoise", "PerRankSeed", "GlobalBatchNorm", "GlobalSyncBatchNorm",
            "GlobalBatchDistributedSampler",
            "GlobalBatchRandomness", "GlobalBatchStream", "global_batch_draw", "GlobalBatchDropout",
            "SeededAugmentation", "global_item_count", "global_item_mean", "global_token_cross_entropy",

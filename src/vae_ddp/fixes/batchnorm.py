@@ -17,7 +17,6 @@ and one ``all_reduce`` per layer backward, which every backend has.
 
 from __future__ import annotations
 
-import warnings
 from typing import Optional
 
 import torch
@@ -26,7 +25,7 @@ from pytorch_lightning.plugins import LayerSync
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-__all__ = ["GlobalBatchNorm", "GlobalSyncBatchNorm", "GlooSyncBatchNorm"]
+__all__ = ["GlobalBatchNorm", "GlobalSyncBatchNorm"]
 
 
 def _world_size(group) -> int:
@@ -221,13 +220,3 @@ class GlobalSyncBatchNorm(LayerSync):
 
     def revert(self, model: nn.Module) -> nn.Module:
         return GlobalBatchNorm.revert(model)
-
-
-class GlooSyncBatchNorm(GlobalSyncBatchNorm):
-    """Deprecated name of [`GlobalSyncBatchNorm`][vae_ddp.fixes.batchnorm.GlobalSyncBatchNorm]
-    (the plugin is not specific to gloo)."""
-
-    def __init__(self) -> None:
-        warnings.warn("GlooSyncBatchNorm is deprecated: use vae_ddp.fixes.GlobalSyncBatchNorm (same plugin)",
-                      DeprecationWarning, stacklevel=2)
-        super().__init__()
