@@ -192,3 +192,15 @@ def test_loaders_with_workers_start_them_from_a_forkserver():
     assert make_fork_safe(theirs) is None and theirs.multiprocessing_context.get_start_method() == "spawn"
     none = DataLoader(ds, batch_size=4)
     assert make_fork_safe(none) is None and none.multiprocessing_context is None
+
+
+def test_a_guard_inside_a_guard_passes_the_heartbeat_on(tmp_path):
+    """A study launched by a docs example runs under two guards: the outer one sees the runs'
+    progress through the inner one, so a run longer than the stall limit is not ended."""
+    beats = tmp_path / "beats.py"
+    beats.write_text("import time\nfrom vae_ddp.guard import beat\nfor _ in range(8):\n    beat()\n    time.sleep(1)\n")
+    outer = tmp_path / "outer.py"
+    outer.write_text("import sys\nfrom vae_ddp import guard\n"
+                     f"sys.exit(guard.run([sys.executable, {str(beats)!r}], stall=4).returncode)\n")
+    proc = guard.run([sys.executable, str(outer)], stall=4, startup=30, timeout=120, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
