@@ -24,7 +24,7 @@ import torch
 from matplotlib.figure import Figure
 
 from vae_ddp.data import make_datamodule
-from vae_ddp.fixes import GlobalBatchDistributedSampler, GlobalBatchNoise, GlobalSyncBatchNorm
+from vae_ddp.fixes import GlobalBatchDistributedSampler, GlobalBatchNoise, GlobalSyncBatchNorm, registry
 from vae_ddp.model import VAE
 from vae_ddp.probes import GradientProbe
 from vae_ddp.utils import quiet
@@ -161,7 +161,7 @@ def main(argv=None) -> dict:
         }
     if "default" in result:
         result["summary"] = {
-            "Factor": "BatchNorm statistics",
+            "Factor": registry.get("batchnorm").name,  # the factor's one name (vae_ddp.fixes.registry)
             "What goes wrong": "each rank normalises with the statistics of its own B/N samples",
             "Measured here": f"gradient off by {result['default']['grad_rel_diff_all']:.2e} (relative; "
                              f"{result['default']['grad_rel_diff_fc_mu_fc_var']:.2e} for fc_mu/fc_var) after one "

@@ -23,6 +23,7 @@ from matplotlib.figure import Figure
 from torch.utils.data import DistributedSampler
 
 from vae_ddp.data import DigitsDataModule
+from vae_ddp.fixes import registry
 from vae_ddp.model import VAE
 from vae_ddp.studies.configs import RunSpec
 from vae_ddp.studies.launch import launch_by_world_size
@@ -101,7 +102,7 @@ def main(argv=None) -> dict:
     result["validation"] = validation_share()
     d, s = result["default"]["kl"], result["sync_dist"]["kl"]
     result["summary"] = {
-        "Factor": "Logging",
+        "Factor": registry.get("logging").name,  # the factor's one name (vae_ddp.fixes.registry)
         "What goes wrong": "`self.log` without `sync_dist` plots rank 0's half batch, not the global batch",
         "Measured here": f"logged KL off by {d['mean_abs_diff']:.2e} on average (a step changes it by "
                          f"{d['mean_abs_step_change']:.2e} on average); {s['mean_abs_diff']:.2e} on average "

@@ -21,7 +21,7 @@ import torch
 from matplotlib.figure import Figure
 
 from vae_ddp.data import DigitsDataModule
-from vae_ddp.fixes import GlobalBatchNoise, PerRankSeed
+from vae_ddp.fixes import GlobalBatchNoise, PerRankSeed, registry
 from vae_ddp.model import VAE
 from vae_ddp.probes import NoiseProbe
 from vae_ddp.utils import quiet
@@ -100,7 +100,7 @@ def main(argv=None) -> dict:
             both = torch.cat([eps[0], eps[1]], dim=1)  # (steps, 2b, d): rank 0's rows, then rank 1's
             result[mode]["max_abs_diff_vs_single_device"] = float((both - torch.stack(ref)).abs().max())
     result["summary"] = {
-        "Factor": "Random streams per rank",
+        "Factor": registry.get("noise").name,  # the factor's one name (vae_ddp.fixes.registry)
         "What goes wrong": "every rank draws the same reparameterization noise",
         "Measured here": f"corr(eps on rank 0, eps on rank 1) = {result['default']['corr_rank0_rank1']:.3f}; "
                          f"{result['global']['corr_rank0_rank1']:.3f} with the fix",

@@ -29,6 +29,7 @@ from matplotlib.figure import Figure
 
 from vae_ddp.studies.configs import RunSpec
 from vae_ddp.data import DigitsDataModule
+from vae_ddp.fixes import registry
 from vae_ddp.studies.launch import launch_by_world_size
 from vae_ddp.model import VAE
 
@@ -154,7 +155,7 @@ def main(argv=None) -> dict:
     gv, runs = result["gradient_variance"], result["runs"]
     head = "fc_mu/fc_var"
     result["summary"] = {
-        "Factor": "The optimizer (Adam)",
+        "Factor": registry.get("optimizer").name,  # the factor's one name (vae_ddp.fixes.registry)
         "What goes wrong": "shared noise raises the gradient variance; Adam's second moment, and so its step, follow",
         "Measured here": f"fc_mu/fc_var gradient variance ×{gv['shared'][head] / gv['independent'][head]:.3g}; "
                          f"Adam exp_avg_sq ×{runs['ddp (default)']['adam_v'][head] / runs['single']['adam_v'][head]:.3g}"

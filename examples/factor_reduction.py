@@ -19,6 +19,7 @@ import torch
 from matplotlib.figure import Figure
 
 from vae_ddp.data import DigitsDataModule
+from vae_ddp.fixes import registry
 from vae_ddp.model import VAE
 
 
@@ -104,7 +105,7 @@ def main(argv=None) -> dict:
         }
     equal, uneven, padded = result["cases"].values()
     result["summary"] = {
-        "Factor": "Mean reduction and gradient averaging",
+        "Factor": registry.get("reduction").name,  # the factor's one name (vae_ddp.fixes.registry)
         "What goes wrong": "the mean of per-rank means weights samples unequally when rank batches differ",
         "Measured here": f"loss off by {100 * uneven['loss_rel_diff']:.3g}% (uneven split), "
                          f"{100 * padded['loss_rel_diff']:.3g}% (padding); {equal['loss_rel_diff']:.2e} "

@@ -27,6 +27,7 @@ from matplotlib.figure import Figure
 from torch.utils.data import DistributedSampler
 
 from vae_ddp.data import DigitsDataModule
+from vae_ddp.fixes import registry
 from vae_ddp.studies.configs import RunSpec
 from vae_ddp.studies.launch import launch_by_world_size
 
@@ -118,7 +119,7 @@ def main(argv=None) -> dict:
     result["train_size"] = n
     d, g = result["comparisons"]["default"], result["comparisons"]["global"]
     result["summary"] = {
-        "Factor": "Data order and sampling",
+        "Factor": registry.get("sampler").name,  # the factor's one name (vae_ddp.fixes.registry)
         "What goes wrong": "one device shuffles with RandomSampler, DDP with DistributedSampler, dealt interleaved",
         "Measured here": f"{100 * sum(d['same_samples']) / args.steps:.3g}% of a step's samples in common with one "
                          f"device's step; {100 * min(g['same_position']):.3g}% (same rows) with the fix",

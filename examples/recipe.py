@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from vae_ddp.fixes import GlobalBatchDistributedSampler, GlobalBatchNoise, GlobalSyncBatchNorm
+from vae_ddp.fixes import GlobalBatchDistributedSampler, GlobalBatchNoise, GlobalSyncBatchNorm, registry
 
 
 # --8<-- [start:module]
@@ -99,22 +99,22 @@ class DigitsGlobalBatches(Digits):
 # --8<-- [end:helpers]
 
 
-#: The recipe as data: (change number or None, factor, plain Lightning/torch, vae_ddp helper, page).
-#: The numbers are those of the ``# change N`` comments above (a test checks that they agree).
+#: The recipe as data: (change number or None, factor key, plain Lightning/torch, vae_ddp helper).
+#: The numbers are those of the ``# change N`` comments above (a test checks that they agree);
+#: each factor's name and page come from ``vae_ddp.fixes.registry``.
 CHANGES = [
-    (1, "BatchNorm statistics", "`Trainer(sync_batchnorm=True)` (GPUs)",
-     "`Trainer(plugins=[GlobalSyncBatchNorm()])` (CPU/gloo, where SyncBatchNorm refuses)", "factors/batchnorm.md"),
-    (2, "Logging", "`self.log(..., sync_dist=True, batch_size=len(batch[0]))`", "-", "factors/logging.md"),
-    (3, "Data order and sampling", "`DistributedSampler(ds, num_replicas=world_size, rank=rank, seed=seed, "
+    (1, "batchnorm", "`Trainer(sync_batchnorm=True)` (GPUs)",
+     "`Trainer(plugins=[GlobalSyncBatchNorm()])` (CPU/gloo, where SyncBatchNorm refuses)"),
+    (2, "logging", "`self.log(..., sync_dist=True, batch_size=len(batch[0]))`", "-"),
+    (3, "sampler", "`DistributedSampler(ds, num_replicas=world_size, rank=rank, seed=seed, "
      "drop_last=True)` at every world size, 1 included; `Trainer(use_distributed_sampler=False)`",
-     "`GlobalBatchDistributedSampler(ds, global_batch_size)`", "factors/sampler.md"),
-    (3, "Mean reduction", "equal per-rank batches: `DataLoader(batch_size=global_batch_size // world_size, "
-     "drop_last=True)`", "`GlobalBatchDistributedSampler` drops the incomplete global batch", "factors/reduction.md"),
-    (4, "Reparameterization noise", "draw `eps` for the global batch from a `torch.Generator` seeded per step, keep "
+     "`GlobalBatchDistributedSampler(ds, global_batch_size)`"),
+    (3, "reduction", "equal per-rank batches: `DataLoader(batch_size=global_batch_size // world_size, "
+     "drop_last=True)`", "`GlobalBatchDistributedSampler` drops the incomplete global batch"),
+    (4, "noise", "draw `eps` for the global batch from a `torch.Generator` seeded per step, keep "
      "this rank's rows (`noise` above)", "`Trainer(callbacks=[GlobalBatchNoise(seed)])`, noise drawn through "
-     "`self.noise(mu)`; `PerRankSeed(seed)` for independent (not identical) noise per rank", "factors/noise.md"),
-    (None, "Optimizer step", "none of its own: given the same gradients, Adam takes the same steps", "-",
-     "factors/optimizer.md"),
+     "`self.noise(mu)`; `PerRankSeed(seed)` for independent (not identical) noise per rank"),
+    (None, "optimizer", "none of its own: given the same gradients, Adam takes the same steps", "-"),
 ]
 
 
@@ -123,15 +123,16 @@ def changes_table() -> str:
     numbers = sorted({c[0] for c in CHANGES if c[0] is not None})
     notes = []
     for n in numbers:
-        factors = [f"*{c[1]}*" for c in CHANGES if c[0] == n]
+        factors = [f"*{registry.get(c[1]).name}*" for c in CHANGES if c[0] == n]
         if len(factors) > 1:
             notes.append(f"change {n} serves both {' and '.join(factors)}" if len(factors) == 2
                          else f"change {n} serves {', '.join(factors)}")
-    notes += [f"*{c[1]}* needs none" for c in CHANGES if c[0] is None]
+    notes += [f"*{registry.get(c[1]).name}* needs none" for c in CHANGES if c[0] is None]
     head = f"{len(numbers)} changes cover the {len(CHANGES)} factors" + (f" ({'; '.join(notes)})" if notes else "")
     lines = [head + ":", "", "| Change | Factor | Plain Lightning / torch | `vae_ddp` helper |", "|---|---|---|---|"]
-    for n, factor, plain, helper, page in CHANGES:
-        lines.append(f"| {n or '-'} | [{factor}]({page}) | {plain} | {helper} |")
+    for n, key, plain, helper in CHANGES:
+        factor = registry.get(key)
+        lines.append(f"| {n or '-'} | [{factor.name}]({factor.page}) | {plain} | {helper} |")
     return "\n".join(lines)
 
 

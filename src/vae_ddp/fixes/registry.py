@@ -49,7 +49,10 @@ class Factor:
 
     Attributes:
         key: short identifier (``noise``, ``batchnorm``, ...).
-        name: the field's term for it.
+        name: its name wherever the site names it (the field's term): the factor page's title
+            and ``nav`` entry in ``mkdocs.yml``, the tables that list the factors (Home's
+            factor table, the recipe's). The only place the name is written: the rest read it
+            (``tests/test_names.py`` checks the title and the ``nav`` entry against it).
         page: its docs page, relative to ``docs/``.
         changes: what its fix changes, in words (Trainer arguments, callbacks, plugins,
             sampler, module hooks).
@@ -240,7 +243,7 @@ def exposures(trainer: Any, module: Any, datamodule: Any = None) -> dict[str, st
 
 
 register(Factor(
-    key="noise", name="random streams per rank (reparameterization noise)", page="factors/noise.md",
+    key="noise", name="Random streams per rank", page="factors/noise.md",
     changes="Trainer callback GlobalBatchNoise (global-batch noise, sliced by rank) or PerRankSeed (seed + rank)",
     check=_check_noise, field="noise", default="default", fixed="global", choices=("per_rank", "global"),
     parts=_parts_noise, off_label="noise back to default"))
@@ -250,20 +253,20 @@ register(Factor(
     check=_check_batchnorm, field="sync_bn", default=False, fixed=True, choices=(True,), parts=_parts_batchnorm,
     off_label="BatchNorm back to per-rank"))
 register(Factor(
-    key="sampler", name="DistributedSampler and data order", page="factors/sampler.md",
+    key="sampler", name="Sampler and data order", page="factors/sampler.md",
     changes="datamodule sampler GlobalBatchDistributedSampler; Trainer(use_distributed_sampler=False)",
     check=_check_sampler, field="sampler", default="default", fixed="global", choices=("global",),
     parts=_parts_sampler, off_label="sampler back to DistributedSampler"))
 register(Factor(
-    key="reduction", name="mean reduction over uneven per-rank batches", page="factors/reduction.md",
+    key="reduction", name="Mean reduction", page="factors/reduction.md",
     changes="equal per-rank batches: incomplete global batches dropped by the sampler switch",
     check=_check_reduction, fixed_by="sampler"))
 register(Factor(
-    key="logging", name="logging (rank 0's share vs sync_dist)", page="factors/logging.md",
+    key="logging", name="Logging", page="factors/logging.md",
     changes="module hook: self.log(..., sync_dist=True, batch_size=len(x))",
     check=_check_logging, field="sync_dist_logging", default=False, fixed=True, choices=(True,),
     parts=_parts_logging, off_label="logging back to rank 0"))
 register(Factor(
-    key="optimizer", name="optimizer interplay (Adam's second moment)", page="factors/optimizer.md",
+    key="optimizer", name="Optimizer (Adam)", page="factors/optimizer.md",
     changes="none of its own: fixing the noise removes it",
     check=_check_optimizer, fixed_by="noise"))

@@ -1,0 +1,81 @@
+"""One name per factor: the registry's ``name`` is the factor page's title, its ``nav`` entry in
+mkdocs.yml and the name in the tables that list the factors (Home's, the recipe's)."""
+
+import ast
+import importlib.util
+import re
+from pathlib import Path
+
+import yaml
+
+from vae_ddp.fixes import registry
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _nav() -> dict[str, str]:
+    """``{page: title}`` of every titled page in mkdocs.yml's ``nav`` (``!ENV`` tags read as None)."""
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_multi_constructor("!", lambda loader, suffix, node: None)
+    config = yaml.load((ROOT / "mkdocs.yml").read_text(), Loader=Loader)
+    out: dict[str, str] = {}
+
+    def walk(items):
+        for item in items:
+            if isinstance(item, dict):
+                for title, target in item.items():
+                    if isinstance(target, list):
+                        walk(target)
+                    else:
+                        out[target] = title
+
+    walk(config["nav"])
+    return out
+
+
+def _h1(page: Path) -> str:
+    """The page's first heading (after its front matter)."""
+    text = page.read_text()
+    if text.startswith("---\n"):
+        text = text[text.index("\n---\n", 4) + 5:]
+    match = re.search(r"^# (.+)$", text, re.MULTILINE)
+    assert match, f"{page} has no first-level heading"
+    return match.group(1).strip()
+
+
+def test_nav_and_page_titles_are_the_registry_names():
+    nav = _nav()
+    for f in registry.factors():
+        assert nav.get(f.page) == f.name, f"mkdocs.yml nav names {f.page} {nav.get(f.page)!r}, the registry {f.name!r}"
+        h1 = _h1(ROOT / "docs" / f.page)
+        assert h1 == f.name, f"docs/{f.page} is titled {h1!r}, the registry names it {f.name!r}"
+
+
+def test_names_are_distinct():
+    names = [f.name for f in registry.factors()]
+    assert len(set(names)) == len(names), names
+
+
+def test_factor_examples_take_the_name_from_the_registry():
+    """Each factor example's ``"Factor"`` (its row of Home's table) is ``registry.get(KEY).name``
+    of its own factor, never a name typed again."""
+    for f in registry.factors():
+        script = ROOT / "examples" / f"factor_{f.key}.py"
+        found = []
+        for node in ast.walk(ast.parse(script.read_text())):
+            if isinstance(node, ast.Dict):
+                for key, value in zip(node.keys, node.values):
+                    if isinstance(key, ast.Constant) and key.value == "Factor":
+                        found.append(ast.unparse(value))
+        assert found == [f'registry.get({f.key!r}).name'], (script.name, found)
+
+
+def test_recipe_table_uses_the_registry_names():
+    spec = importlib.util.spec_from_file_location("recipe_names", ROOT / "examples" / "recipe.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    table = mod.changes_table()
+    linked = re.findall(r"\| \[([^\]]+)\]\(([^)]+)\) \|", table)
+    assert sorted(linked) == sorted((f.name, f.page) for f in registry.factors()), linked
