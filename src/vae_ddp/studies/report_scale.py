@@ -225,7 +225,7 @@ def ranking(result: dict) -> list[dict]:
 def report_scale(
     out_dir: Path = Path("runs/report-scale"),
     data: str = "imagefolder",
-    data_dir: str | None = "../shared/data/cifar10-jpg-subset",
+    data_dir: str | None = None,
     model: str = "resnet18",
     global_batch_size: int = 256,
     devices: int = 2,
@@ -244,7 +244,8 @@ def report_scale(
         data: ``imagefolder`` (e.g. the CIFAR-10 subset built by
             ``.github/scripts/cifar10-subset.sh``), ``cifar10`` (full CIFAR-10 via
             torchvision, downloaded into ``data_dir``) or ``digits``.
-        data_dir: ImageFolder root or CIFAR-10 folder.
+        data_dir: ImageFolder root (required with ``imagefolder``: there is no default folder)
+            or CIFAR-10 folder (``cifar10``); unused with ``digits``.
         model: ``resnet18`` (the report's, 20,057,088 parameters) or ``small``.
         global_batch_size: samples per optimizer step (the report's: 256).
         devices: DDP world size and DP replicas (the report's: 2).
@@ -264,7 +265,8 @@ def report_scale(
         ``reduction`` and ``ranking``.
 
     Raises:
-        UserError: bad settings (before any run starts).
+        UserError: bad settings (before any run starts), ``data="imagefolder"`` without a
+            ``data_dir`` included.
     """
     from vae_ddp.errors import UserError
     from vae_ddp.studies.launch import RunGroup, launch
