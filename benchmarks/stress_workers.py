@@ -67,10 +67,12 @@ def main(argv=None) -> int:
                 proc = guard.run(case_command(case, Path(tmp) / "out"), stall=args.stall, timeout=1800,
                                  capture_output=True, text=True, cwd=ROOT)
                 seconds = time.monotonic() - t0
+                # the ranks' stderr: the captured one, and the logs of the runs a study launched
+                stderr = proc.stderr + "".join(f.read_text(errors="replace") for f in Path(tmp).rglob("stderr.log"))
             code = proc.returncode
             run = {"iteration": i, "code": code, "seconds": round(seconds, 1),
                    "hung": code == guard.STALLED, "failed": code not in PASSING[case] and code != guard.STALLED,
-                   "terminate_called": proc.stderr.count("terminate called")}
+                   "terminate_called": stderr.count("terminate called")}
             results[case].append(run)
             status = "HUNG" if run["hung"] else "FAILED" if run["failed"] else "ok"
             print(f"[{case} {i + 1}/{args.iterations}] {status} exit {code} in {seconds:.0f} s"
@@ -78,7 +80,7 @@ def main(argv=None) -> int:
                   flush=True)
             if args.out and (status != "ok" or run["terminate_called"]):
                 args.out.mkdir(parents=True, exist_ok=True)
-                (args.out / f"{case}-{i}.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
+                (args.out / f"{case}-{i}.log").write_text(proc.stdout + "\n--- stderr ---\n" + stderr)
     print("\n| case | runs | hangs | other failures | 'terminate called' | median s | max s |")
     print("|---|---|---|---|---|---|---|")
     for case, runs in results.items():
