@@ -2,18 +2,19 @@
 
 Both are written from the committed studies (``docs/results/``: the seed study, the
 long-horizon check when present, and the report-scale measurement) by
-[`vae_ddp.studies.verdict`][vae_ddp.studies.verdict]: nothing in them is typed by hand.
+``vae_ddp.studies.verdict``, by its rules: nothing in them is typed by hand.
 
     python examples/home_verdict.py --out out/home_verdict
 
-Prints the verdict box (Markdown) and writes ``dp_table.md`` and ``home_verdict.json``.
+Prints the verdict box (Markdown) and writes ``dp_lead.md`` (the measured line above the
+table), ``dp_table.md`` and ``home_verdict.json``.
 """
 
 import argparse
 import json
 from pathlib import Path
 
-from vae_ddp.studies.verdict import decide, dp_table, load, verdict_box
+from vae_ddp.studies.verdict import decide, dp_lead, dp_table, load, verdict_box
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,6 +27,7 @@ def main(argv=None) -> dict:
     box, table = verdict_box(results), dp_table(results)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "dp_table.md").write_text(table)
+    (args.out / "dp_lead.md").write_text(dp_lead(results))
     decision = decide(results["seeds"], results["long_horizon"])
     (args.out / "home_verdict.json").write_text(json.dumps({"decision": decision, "box": box, "table": table}, indent=1))
     print(box)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 
 import pytest
 from conftest import ROOT
@@ -160,60 +161,214 @@ def test_dp_logs_one_replica_as_lightning_1x_did():
 
 
 # --------------------------------------------------------------------------- the verdict
-def _seeds(p: float = 0.4) -> dict:
-    q = {"vs_single": {"p": p}}
-    return {"settings": {"steps": 150, "model": "small", "global_batch_size": 64}, "num_seeds": 10,
-            "summary": {"ddp": {"train_kl": q, "val_kl": {"vs_single": {"p": 0.9}}}}}
+# Made-up results shaped like the committed ones (seeds.json, long-horizon.json, report_scale.json).
+QS = ("train_kl", "train_recon_loss", "val_kl", "val_recon_loss")
 
 
-def test_verdict_reads_the_statistics_contract_and_falls_back_to_p_values():
-    from vae_ddp.studies.verdict import decide
-
-    assert decide(_seeds(0.4))["kind"] == "inconclusive"
-    assert "p = 0.40" in decide(_seeds(0.4))["lines"][0]
-    assert decide(_seeds(0.01))["kind"] == "different"
-    contract = {**_seeds(0.01), "verdict": {"ddp": {"train_kl": "equivalent"}}, "verdict_lines": ["ddp: equivalent"]}
-    d = decide(contract)
-    assert d["kind"] == "equivalent" and "not a bug" in d["title"]
-    assert d["lines"][0].startswith("**ddp** vs one device (10 seeds x 150 steps"), d["lines"][0]
-    assert d["lines"][0].endswith(": KL equivalent (train)"), d["lines"][0]
-    # a quantity that differs is named in the title with its size, from the data
-    worse = {**contract, "verdict": {"ddp": {"train_kl": "equivalent", "val_kl": "different"},
-                                     "ddp+fixed": {"train_kl": "equivalent", "val_kl": "equivalent"}},
-             "summary": {"ddp": {"val_kl": {"vs_single": {"p": 0.001, "diff": 0.03, "mean_b": 1.0}}}}}
-    d = decide(worse)
-    assert "validation KL ends 3% higher (equivalent with the fixes)" in d["title"], d["title"]
-    assert d["lines"][0].endswith(": KL equivalent (train), +3% (val)"), d["lines"][0]
-    d = decide(contract, {"verdict": "different", "summary": "KL drifts after 2,000 steps."})
-    assert d["kind"] == "different" and d["lines"][-1] == "KL drifts after 2,000 steps."
-    # with its comparison, the long-horizon check is stated in the same words as the seed study
-    lh = {"verdict": "different", "summary": "-", "settings": {"steps": 2000},
-          "comparison": {"train_kl": {"verdict": "inconclusive"},
-                         "train_recon_loss": {"verdict": "different", "diff": -0.02, "mean_b": 1.0}}}
-    assert decide(contract, lh)["lines"][-1] == ("**shared vs independent noise** after 2,000 steps: "
-                                                "KL inconclusive (train); reconstruction -2% (train)")
+def _cmp(verdict: str, diff: float = 0.0, mean_b: float = 1.0, margin: float = 0.1, ci=None) -> dict:
+    """One quantity's comparison: a difference, its 95% CI (default: +-margin/2 around it), the margin."""
+    lo, hi = ci if ci else (diff - margin / 2, diff + margin / 2)
+    return {"mean_a": mean_b + diff, "mean_b": mean_b, "diff": diff, "ci_low": lo, "ci_high": hi, "margin": margin,
+            "p": 0.5, "p_holm": 0.5, "p_tost_holm": 0.01 if verdict == "equivalent" else 0.5,
+            "within_margin": verdict == "equivalent" or (verdict == "different" and -margin < lo and hi < margin),
+            "test": "paired", "verdict": verdict}
 
 
-def test_verdict_box_orders_reasons_by_the_report_scale_measurement():
+def _seeds(words: dict | None = None, p: float | None = None, **sizes) -> dict:
+    """A seed study: ``words`` per configuration ({"ddp": {"train_kl": "equivalent", ...}}), or only
+    Welch p-values (``p``) as older studies had."""
+    settings = {"steps": 150, "model": "small", "global_batch_size": 64}
+    if p is not None:
+        return {"settings": settings, "num_seeds": 10,
+                "summary": {"ddp": {"train_kl": {"vs_single": {"p": p}}, "val_kl": {"vs_single": {"p": 0.9}}}}}
+    words = words or {c: {q: "equivalent" for q in QS} for c in ("ddp", "dp", "ddp+fixed")}
+    summary = {c: {q: {"vs_single": _cmp(w, sizes.get(q, 0.03 if w == "different" else 0.0))} for q, w in v.items()}
+               for c, v in words.items()}
+    return {"settings": settings, "num_seeds": 10, "margin_sd": 1.0, "summary": summary, "verdict": words}
+
+
+def _lh(words: dict[str, str], **cmp) -> dict:
+    comparison = {q: cmp.get(q) or _cmp(w, 0.02 if w == "different" else 0.0, margin=0.05) for q, w in words.items()}
+    overall = "different" if "different" in words.values() else (
+        "equivalent" if set(words.values()) == {"equivalent"} else "inconclusive")
+    return {"settings": {"steps": 2000, "seeds": list(range(10))}, "num_seeds": 10, "margin_sd": 1.0,
+            "comparison": comparison, "verdict": overall, "summary": "-"}
+
+
+RS = {"settings": {"model": "resnet18", "world_size": 2, "global_batch_size": 256},
+      "logging": {"kl_ratio": 0.7}, "spread": {"kl_spread_ratio": 1.4},
+      "variants": {"dp (emulation of Lightning 1.x DP)": {"ratio_to_batch_noise": {"all": 0.75}},
+                   "ddp, Lightning defaults": {"ratio_to_batch_noise": {"all": 0.8}}}}
+
+
+def _prose(box: str) -> str:
+    """The box's text before its table: its sentences."""
+    body = box.split("\n", 2)[2]
+    return body[:body.index("    |")]
+
+
+def _sentences(text: str) -> int:
+    return len(re.findall(r"[.!?](?=\s|$)", text.strip()))
+
+
+def test_verdict_rule_per_quantity():
+    """any "different" -> different; else any "inconclusive" -> inconclusive; else equivalent."""
+    from vae_ddp.studies.verdict import combine, worst
+
+    assert worst(["equivalent", "inconclusive", "different"]) == "different"
+    assert worst(["equivalent", "inconclusive"]) == "inconclusive"
+    assert worst(["equivalent", "equivalent"]) == "equivalent"
+    assert worst([]) == "inconclusive"
+    seeds = _seeds({"ddp": {"train_kl": "equivalent", "train_recon_loss": "different", "val_kl": "equivalent",
+                            "val_recon_loss": "equivalent"}})
+    lh = _lh({"train_kl": "inconclusive", "train_recon_loss": "equivalent", "val_kl": "equivalent",
+              "val_recon_loss": "equivalent"})
+    assert combine(seeds, lh) == {"train_kl": "inconclusive", "train_recon_loss": "different",
+                                  "val_kl": "equivalent", "val_recon_loss": "equivalent"}
+    # the long-horizon check measures DDP's noise, not DP: DP's words are the seed study's alone
+    assert combine(_seeds(), lh, "dp") == {q: "equivalent" for q in QS}
+    # older seed studies: Welch p-values only; not detecting a difference is "inconclusive"
+    assert combine(_seeds(p=0.4)) == {"train_kl": "inconclusive", "val_kl": "inconclusive"}
+    assert combine(_seeds(p=0.01))["train_kl"] == "different"
+
+
+def test_verdict_inconclusive_long_horizon_never_says_matches():
+    """The seed study says "equivalent" everywhere, the long-horizon check "inconclusive" for the
+    KL: the KL is inconclusive, and nothing outside the seed study's own cell says it matches."""
+    from vae_ddp.studies.verdict import decide, verdict_box
+
+    lh = _lh({"train_kl": "inconclusive", "val_kl": "inconclusive", "train_recon_loss": "equivalent",
+              "val_recon_loss": "equivalent"})
+    d = decide(_seeds(), lh)
+    assert d["kind"] == "inconclusive" and d["verdicts"]["train_kl"] == "inconclusive"
+    box = verdict_box({"seeds": _seeds(), "long_horizon": lh, "report_scale": RS})
+    words = (d["title"] + " " + d["training"]).lower()
+    assert "inconclusive" in d["title"] and "its effect on the kl is inconclusive" in words, words
+    assert "±0.05" in d["training"]  # what "inconclusive" means: not shown within the margin
+    kl = next(c for c in d["training"].split(";") if "KL" in c)
+    for word in ("match", "equivalent", "not a bug", "same as one device"):
+        assert word not in kl.lower() and word not in d["title"].lower(), (word, d)
+    assert "not a bug" not in box.lower()
+    row = next(ln for ln in box.splitlines() if ln.strip().startswith("| KL |"))
+    assert row.rstrip().endswith("| **inconclusive** |"), row
+    # p-values alone never show equivalence either
+    d = decide(_seeds(p=0.4))
+    assert d["kind"] == "inconclusive" and "match" not in (d["title"] + d["training"]).lower()
+
+
+def test_verdict_difference_is_stated_with_its_size_against_the_margin():
+    from vae_ddp.studies.verdict import decide, verdict_box
+
+    # larger than the margin: the 95% CI lies wholly above it (the committed long-horizon case)
+    big = _cmp("different", 0.00081, mean_b=0.0427, margin=0.00051, ci=(0.00055, 0.0011))
+    lh = _lh({"train_kl": "inconclusive", "val_kl": "inconclusive", "train_recon_loss": "different",
+              "val_recon_loss": "different"}, train_recon_loss=big)
+    d = decide(_seeds(), lh)
+    assert d["kind"] == "different" and d["verdicts"]["train_recon_loss"] == "different"
+    assert ("raises the final training reconstruction by 1.9%, more than one seed-to-seed standard deviation "
+            "(0.00081 against ±0.00051)") in d["training"], d["training"]
+    assert "over 10 seeds x 2,000 steps" in d["training"]
+    assert "inconclusive" in d["training"] and "change training" in d["title"]
+    # a difference the seed study shows smaller than its margin, with no long-horizon check
+    seeds = _seeds({"ddp": {"train_kl": "equivalent", "val_kl": "equivalent", "train_recon_loss": "different",
+                            "val_recon_loss": "equivalent"}}, train_recon_loss=-0.02)
+    d = decide(seeds)
+    assert ("with Lightning's defaults, over 10 seeds x 150 steps, DDP lowers the final training reconstruction "
+            "by 2.0%") in d["training"], d["training"]
+    assert "less than one seed-to-seed standard deviation (0.02 against ±0.1)" in d["training"]
+    box = verdict_box({"seeds": seeds, "long_horizon": None, "report_scale": None})
+    assert "| reconstruction | -2.0%, equivalent | **different** |" in box, box
+
+
+def test_verdict_all_equivalent_says_matches_within_the_margin():
+    from vae_ddp.studies.verdict import decide, verdict_box
+
+    lh = _lh({q: "equivalent" for q in QS})
+    d = decide(_seeds(), lh)
+    assert d["kind"] == "equivalent" and "matches one device" in d["title"]
+    assert "the KL matches one device's within ±0.1, one seed-to-seed standard deviation" in d["training"], \
+        d["training"]
+    assert "10 seeds x 150 steps and 10 seeds x 2,000 steps" in d["training"]
+    box = verdict_box({"seeds": _seeds(), "long_horizon": lh, "report_scale": RS})
+    assert "DP shares that default" in box and "matches one device in training within ±0.1" in box
+
+
+def test_verdict_box_shape():
+    """A neutral admonition; three sentences (what the report saw, what training changes, why DP
+    looked like one device) before a small table; the change one click away, no code block."""
     from vae_ddp.studies.verdict import UPSTREAM, verdict_box
 
-    rs = {"settings": {"model": "resnet18", "world_size": 2, "global_batch_size": 256},
-          "ranking": [{"factor": "random streams per rank", "ratio": 1.2, "kind": "gradient"},
-                      {"factor": "logging", "ratio": 0.7, "kind": "logged KL"},
-                      {"factor": "BatchNorm statistics", "ratio": 0.15, "kind": "gradient"}],
-          "spread": {"kl_spread_ratio": 1.4}, "reduction": {"unequal_steps_per_epoch": 0}}
-    box = verdict_box({"seeds": _seeds(), "long_horizon": None, "report_scale": rs})
-    assert box.startswith('!!! success "Expected behaviour')
-    i, j, k = box.index("1. [Random streams"), box.index("2. [Logging"), box.index("3. [BatchNorm")
-    assert i < j < k and "1.20x" in box and "x1.40" in box and UPSTREAM in box
-    code = box[box.index("```python"):box.index("```", box.index("```python") + 3)].splitlines()[1:]
-    assert len(code) <= 6 and any("sync_dist=True" in ln for ln in code)
+    lh = _lh({"train_kl": "inconclusive", "val_kl": "inconclusive", "train_recon_loss": "different",
+              "val_recon_loss": "different"})
+    cases = [(_seeds(), lh, RS), (_seeds(), None, None), (_seeds(p=0.4), None, RS),
+             (_seeds(), _lh(dict.fromkeys(QS, "equivalent")), RS)]
+    for seeds, lh_, rs in cases:
+        box = verdict_box({"seeds": seeds, "long_horizon": lh_, "report_scale": rs})
+        kind = box.split(None, 2)[1]
+        assert box.startswith("!!! ") and kind in ("info", "note"), box.splitlines()[0]
+        assert "warning" not in box.splitlines()[0] and "success" not in box.splitlines()[0]
+        prose = _prose(box)
+        assert _sentences(prose) <= 3, prose
+        assert ["**What the report saw**", "**What training changes**", "**Why DP looked like one device**"] == \
+            re.findall(r"\*\*[^*]+\*\*", prose)[:3]
+        assert "```" not in box and "self." not in box
+        assert "[the recipe](recipe.md)" in box and "is-it-a-bug.md" in box and "factors/noise.md" in box
+        assert UPSTREAM in box and "sync_dist=True" in box and "factors/logging.md" in box
+        table = [ln for ln in box.splitlines() if ln.startswith("    |")]
+        assert 3 <= len(table) <= 4, table
+    # the logging row of the report's scale gives the first sentence its sizes
+    box = verdict_box({"seeds": _seeds(), "long_horizon": None, "report_scale": RS})
+    assert "rank 0's 128 of 256 samples" in box and "0.700x a batch-to-batch change" in box and "1.40x as spread" in box
+
+
+def test_dp_lead_is_worded_from_the_seed_study():
+    from vae_ddp.studies.verdict import dp_lead
+
+    words = {"ddp": dict.fromkeys(QS, "equivalent"), "dp": {**dict.fromkeys(QS, "equivalent"),
+                                                         "train_recon_loss": "different"}}
+    line = dp_lead({"seeds": _seeds(words), "long_horizon": None, "report_scale": RS})
+    assert "DP differs in training (training reconstruction +3.0%)" in line, line
+    assert "DDP matches one device in training within ±0.1" in line
+    assert "DP's gradient 0.750x" in line and "DDP's 0.800x" in line
 
 
 def test_home_verdict_is_generated_from_the_committed_results(generated):
-    from vae_ddp.studies.verdict import load, verdict_box
+    """Home shows what the rules make of the committed studies: each quantity's word is the
+    rule applied to the seed study's and the long-horizon check's words, and the sizes in the
+    box are those of the committed JSON."""
+    from vae_ddp.studies.verdict import (
+        QUANTITIES,
+        decide,
+        dp_lead,
+        dp_table,
+        load,
+        verdict_box,
+        worst,
+    )
 
+    results = load(ROOT)
     decision = generated("home_verdict")["decision"]
-    assert decision["kind"] in ("equivalent", "inconclusive", "different")
-    out = (ROOT / "docs" / "generated" / "home_verdict" / "output.md").read_text()
-    assert out.rstrip() == verdict_box(load(ROOT)).rstrip()
+    assert decision == json.loads(json.dumps(decide(results["seeds"], results["long_horizon"])))
+    gen = ROOT / "docs" / "generated" / "home_verdict"
+    box = (gen / "output.md").read_text()
+    assert box.rstrip() == verdict_box(results).rstrip()
+    assert (gen / "dp_lead.md").read_text() == dp_lead(results)
+    assert (gen / "dp_table.md").read_text() == dp_table(results)
+    lh = results["long_horizon"]
+    for q, word in decision["verdicts"].items():
+        words = [results["seeds"]["verdict"]["ddp"][q]] + ([lh["comparison"][q]["verdict"]] if lh else [])
+        assert word == worst(words), (q, words)
+    for term in ("KL", "reconstruction"):
+        row = next(ln for ln in box.splitlines() if ln.strip().startswith(f"| {term} |"))
+        word = worst([decision["verdicts"][q] for q in QUANTITIES if QUANTITIES[q][0] == term])
+        assert row.rstrip().endswith(f"| **{word}** |"), row
+    assert box.startswith("!!! info ") and _sentences(_prose(box)) <= 3 and "```" not in box
+    if decision["verdicts"]["train_kl"] != "equivalent":
+        assert "match" not in decision["title"] and "the KL matches" not in decision["training"]
+    if lh and lh["comparison"]["train_recon_loss"]["verdict"] == "different":
+        c = lh["comparison"]["train_recon_loss"]
+        assert f"{abs(c['diff']):.2g} against ±{c['margin']:.2g}" in box
+        assert f"{abs(c['diff'] / c['mean_b']):.1%}" in box
+    rs = results["report_scale"]
+    if rs:
+        assert f"{rs['logging']['kl_ratio']:#.3g}x a batch-to-batch change" in box

@@ -1,17 +1,23 @@
 """The answer to the report, stated from the committed studies.
 
-[`verdict_box`][vae_ddp.studies.verdict.verdict_box] writes the Home page's first screen (a
-Material admonition) and [`dp_table`][vae_ddp.studies.verdict.dp_table] the table of which
-configuration has which factor, from:
+``verdict_box`` writes the Home page's first screen (a neutral Material ``!!! info``
+admonition), ``dp_table`` the table of which configuration has which factor and ``dp_lead``
+the measured line above it, from:
 
 - ``docs/results/seeds-full/seeds.json`` (the seed study): its ``"verdict"`` object
-  (``{"ddp": {"train_kl": "equivalent" | "different" | "inconclusive", ...}}``) and
-  ``"verdict_lines"`` when present, else its Welch p-values (``summary``);
-- ``docs/results/long-horizon/long-horizon.json`` when present (``"verdict"``, ``"summary"``);
-- ``docs/results/report-scale/report_scale.json`` (the report's scale, one step): the
-  order of the reasons and their sizes.
+  (``{"ddp": {"train_kl": "equivalent" | "different" | "inconclusive", ...}}``) and the
+  comparison behind each word (``summary[config][quantity]["vs_single"]``), else its Welch
+  p-values;
+- ``docs/results/long-horizon/long-horizon.json`` when present (its ``"comparison"``: shared
+  against independent reparameterization noise, per quantity);
+- ``docs/results/report-scale/report_scale.json`` when present (the report's scale, one
+  step): the logging row and the DP emulation's gradient ratio.
 
-Every number and every word that depends on a result is taken from those files.
+The words follow rules, one quantity at a time (``combine``, ``worst``): any study that
+finds a difference makes it "different"; else any "inconclusive" makes it "inconclusive";
+only when every study shows equivalence does the box say "matches", and then with the
+margin in the reader's terms (one seed-to-seed standard deviation). Every number is read
+from those files; none is typed here.
 """
 
 from __future__ import annotations
@@ -20,18 +26,18 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["UPSTREAM", "decide", "dp_table", "load", "verdict_box"]
+__all__ = ["QUANTITIES", "UPSTREAM", "combine", "decide", "dp_lead", "dp_table", "load", "verdict_box", "worst"]
 
 UPSTREAM = "https://github.com/Lightning-AI/pytorch-lightning/issues/6789"
 
-#: What each factor does in the report's setting, and its page.
-REASONS = {
-    "random streams per rank": ("both ranks draw the same reparameterization noise", "factors/noise.md"),
-    "logging": ("the curve shows rank 0's mean of {b} samples, not the global batch's", "factors/logging.md"),
-    "sampler and order": ("`DistributedSampler` deals interleaved samples to the ranks, paired with other noise rows",
-                          "factors/sampler.md"),
-    "BatchNorm statistics": ("each rank normalises with its own {b} samples", "factors/batchnorm.md"),
-}
+#: The final quantities the studies compare, and the term (row of the box's table) of each.
+QUANTITIES = {"train_kl": ("KL", "training"), "val_kl": ("KL", "validation"),
+              "train_recon_loss": ("reconstruction", "training"), "val_recon_loss": ("reconstruction", "validation")}
+
+#: The Home page's section with the DP/DDP table (its heading's anchor).
+DP_SECTION = "#dp-and-ddp-the-same-random-streams-different-curves"
+
+_ORDER = ("different", "inconclusive", "equivalent")
 
 
 def _read(path: Path) -> dict | None:
@@ -51,158 +57,277 @@ def _g(v: float) -> str:
     return f"{v:#.3g}".rstrip(".")
 
 
-def decide(seeds: dict, long_horizon: dict | None = None) -> dict[str, Any]:
-    """Bug or expected behaviour, from the seed study (and the long-horizon check).
+def _n(v: float) -> str:
+    """2 significant digits, no exponent for the sizes of this project (``0.00051``, ``2.6``)."""
+    return f"{abs(v):.2g}"
 
-    Returns ``{"kind": "equivalent" | "different" | "inconclusive", "title", "lines"}``.
-    With the seed study's ``"verdict"`` object, ``ddp``'s training KL decides; without it,
-    its Welch p-values do (p >= 0.05 everywhere: "inconclusive", since not detecting a
-    difference does not show equivalence). A long-horizon "different" overrides.
-    """
-    s = seeds["settings"]
-    scope = f"{seeds['num_seeds']} seeds x {s['steps']} steps, {s['model']} VAE, global batch {s['global_batch_size']}"
+
+def worst(verdicts: list[str]) -> str:
+    """The rule: any "different" -> "different"; else any "inconclusive" -> "inconclusive"; else
+    "equivalent" (an empty list is "inconclusive": nothing was shown)."""
+    for w in _ORDER:
+        if w in verdicts:
+            return w
+    return "inconclusive"
+
+
+def _seed_verdicts(seeds: dict, config: str) -> dict[str, str]:
+    """The seed study's word per quantity for ``config``: its ``"verdict"`` object, else its Welch
+    p-values (p < 0.05: "different", else "inconclusive": not detecting a difference does not
+    show equivalence)."""
     if "verdict" in seeds:
-        v = seeds["verdict"].get("ddp", {})
-        kind = v.get("train_kl", "inconclusive")
-        lines = [_short(seeds, "ddp", scope)] + ([_short(seeds, "dp", None)] if "dp" in seeds["verdict"] else [])
-        if "ddp+fixed" in seeds["verdict"]:
-            lines.append(_short(seeds, "ddp+fixed", None))
-    else:
-        ps = {q: e["vs_single"]["p"] for q, e in seeds["summary"]["ddp"].items()}
-        worst = min(ps, key=ps.get)
-        kind = "different" if ps[worst] < 0.05 else "inconclusive"
-        lines = [f"ddp vs single, final values over {scope}: smallest Welch p = {ps[worst]:.2f} ({worst})"]
-    if long_horizon:
-        lines.append(_long_horizon_line(long_horizon))
-        if long_horizon["verdict"] == "different":
-            kind = "different"
-    other = [q for q, w in (seeds.get("verdict", {}).get("ddp", {})).items() if w == "different"]
-    kl_ok = seeds.get("verdict", {}).get("ddp", {}).get("train_kl") == "equivalent"
-    lh_kl = ((long_horizon or {}).get("comparison", {}).get("train_kl", {}).get("verdict") == "different")
-    if kl_ok and other and not lh_kl:
-        worse = _rel(seeds, "ddp", other[0])
-        fixed = seeds["verdict"].get("ddp+fixed", {})
-        tail = " (equivalent with the fixes)" if fixed and all(w == "equivalent" for w in fixed.values()) else ""
-        title = (f"Expected behaviour, not a bug: DDP's KL matches one device; with Lightning's defaults its "
-                 f"{_NAMES.get(other[0], other[0])} ends {worse}{tail}")
-    else:
-        title = {"equivalent": "Expected behaviour, not a bug: DDP trains the VAE as well as one device",
-                 "inconclusive": "Expected behaviour as far as measured: no difference in training detected",
-                 "different": "Not a bug in DDP's arithmetic, but Lightning's defaults change what is trained"}[kind]
-    return {"kind": kind, "title": title, "lines": lines, "scope": scope}
+        return dict(seeds["verdict"].get(config, {}))
+    return {q: "different" if e["vs_single"]["p"] < 0.05 else "inconclusive"
+            for q, e in seeds.get("summary", {}).get(config, {}).items() if "vs_single" in e}
 
 
-_MODEL_NAMES = {"resnet18": "ResNet-18"}
-
-_NAMES = {"train_kl": "training KL", "val_kl": "validation KL", "train_recon_loss": "training reconstruction",
-          "val_recon_loss": "validation reconstruction"}
-
-
-def _rel(seeds: dict, config: str, metric: str) -> str:
-    """``3.1% higher`` / ``2.0% lower``: the difference of means relative to single's mean."""
-    v = seeds["summary"][config][metric]["vs_single"]
-    rel = v["diff"] / v["mean_b"] * 100
-    return f"{abs(rel):.2g}% {'higher' if rel > 0 else 'lower'}"
+def _lh_verdicts(lh: dict | None) -> dict[str, str]:
+    """The long-horizon check's word per quantity (its ``comparison``), else its overall verdict
+    for every quantity it names."""
+    if not lh:
+        return {}
+    if lh.get("comparison"):
+        return {q: c["verdict"] for q, c in lh["comparison"].items()}
+    return {q: lh["verdict"] for q in QUANTITIES if "verdict" in lh}
 
 
-_TERMS = {"train_kl": ("KL", "train"), "val_kl": ("KL", "val"), "train_recon_loss": ("reconstruction", "train"),
-          "val_recon_loss": ("reconstruction", "val")}
+def combine(seeds: dict, long_horizon: dict | None = None, config: str = "ddp") -> dict[str, str]:
+    """One word per final quantity for ``config`` against one device, ``worst`` of the words of
+    every study that measured it: the seed study (``config`` against one device) and, for
+    ``ddp``, the long-horizon check (shared against independent noise: the default that the
+    seed study cannot isolate, over more steps)."""
+    words: dict[str, list[str]] = {}
+    for q, w in _seed_verdicts(seeds, config).items():
+        words.setdefault(q, []).append(w)
+    if config == "ddp":
+        for q, w in _lh_verdicts(long_horizon).items():
+            words.setdefault(q, []).append(w)
+    return {q: worst(ws) for q, ws in words.items()}
 
 
-def _signed(summary: dict, metric: str) -> str:
-    """``+3.1%`` / ``-2.0%``: the difference of means relative to the reference's mean."""
-    v = summary[metric]["vs_single"] if "vs_single" in summary[metric] else summary[metric]
-    return f"{v['diff'] / v['mean_b'] * 100:+.2g}%"
+def _factor(key: str) -> str:
+    """``[Random streams per rank](factors/noise.md)``: a factor's link under its registry name."""
+    from vae_ddp.fixes.registry import get
+
+    f = get(key)
+    return f"[{f.name}]({f.page})"
 
 
-def _compact(verdicts: dict[str, str], summary: dict) -> str:
-    """``KL equivalent (train, val); reconstruction +3.1% (train), +2.6% (val)``: one clause per
-    term, the verdict of each final quantity (train/val) and the size of each difference."""
-    clauses = []
-    for term in ("KL", "reconstruction"):
-        qs = [(q, w) for q, w in verdicts.items() if _TERMS.get(q, (q, q))[0] == term]
-        eq = [_TERMS[q][1] for q, w in qs if w == "equivalent"]
-        diff = [f"{_signed(summary, q)} ({_TERMS[q][1]})" for q, w in qs if w == "different"]
-        unsure = [_TERMS[q][1] for q, w in qs if w == "inconclusive"]
-        parts = ([f"equivalent ({', '.join(eq)})"] if eq else []) + ([", ".join(diff)] if diff else []) + \
-            ([f"inconclusive ({', '.join(unsure)})"] if unsure else [])
-        if parts:
-            clauses.append(f"{term} " + ", ".join(parts))
-    return "; ".join(clauses)
+def _scope(n: int, steps: int | None) -> str:
+    return f"{n} seeds x {steps:,} steps" if steps else f"{n} seeds"
 
 
-def _short(seeds: dict, config: str, scope: str | None) -> str:
-    """One sentence per configuration: which final quantities are equivalent to single's, which
-    differ and by how much."""
-    margin = seeds.get("margin_sd", 1)
-    where = f" vs one device ({scope}; margin ±{margin:g} seed-to-seed SD, Holm)" if scope else ""
-    return f"**{config}**{where}: " + _compact(seeds["verdict"][config], seeds["summary"].get(config, {}))
-
-
-def _long_horizon_line(lh: dict) -> str:
-    """The long-horizon check in the box's words (from its ``comparison``), else its summary."""
-    comp = lh.get("comparison")
-    if not comp:
-        return lh["summary"]
-    s = lh.get("settings", {})
-    steps = s.get("steps")
-    head = f"**shared vs independent noise**{f' after {steps:,} steps' if steps else ''}"
-    return f"{head}: " + _compact({q: c["verdict"] for q, c in comp.items()}, comp)
-
-
-def _reasons(rs: dict) -> list[str]:
-    s = rs["settings"]
-    b = s["global_batch_size"] // s["world_size"]
-    out = []
-    for row in rs["ranking"]:
-        what, page = REASONS.get(row["factor"], (row["factor"], None))
-        what = what.format(b=b)
-        label = row["factor"][0].upper() + row["factor"][1:]
-        name = f"[{label}]({page})" if page else label
-        if row["kind"] == "gradient":
-            size = f"gradient off by {_g(row['ratio'])}x the batch-to-batch noise"
-        else:
-            sp = rs.get("spread") or {}
-            size = f"logged KL off the global batch's by {_g(row['ratio'])}x the batch-to-batch change"
-            if sp.get("kl_spread_ratio"):
-                size += f", spread x{_g(sp['kl_spread_ratio'])}"
-        out.append(f"{name}: {what}; {size}.")
-    red = rs["reduction"]
-    if not red["unequal_steps_per_epoch"]:
-        out.append(f"[Mean reduction](factors/reduction.md): none ({b} samples on every rank at every step).")
+def _studies(seeds: dict, lh: dict | None) -> list[dict]:
+    """The studies behind DDP's words, each as ``{"name", "scope", "verdicts", "cmp"}`` (``cmp``:
+    quantity -> its comparison, with ``diff``, ``mean_b``, ``ci_low``, ``ci_high``, ``margin``
+    where the file has them)."""
+    s = seeds["settings"]
+    out = [{"name": "seeds", "scope": _scope(seeds["num_seeds"], s.get("steps")),
+            "verdicts": _seed_verdicts(seeds, "ddp"),
+            "cmp": {q: e["vs_single"] for q, e in seeds.get("summary", {}).get("ddp", {}).items()
+                    if "vs_single" in e}}]
+    if lh:
+        out.append({"name": "long_horizon",
+                    "scope": _scope(lh.get("num_seeds", len(lh.get("settings", {}).get("seeds", []))),
+                                    lh.get("settings", {}).get("steps")),
+                    "verdicts": _lh_verdicts(lh), "cmp": dict(lh.get("comparison") or {})})
     return out
 
 
-FIX = """```python
-def on_fit_start(self):  # your LightningModule: its own reparameterization noise per rank
-    self.g = torch.Generator(device=self.device).manual_seed(1234 + self.global_rank)
-# training_step: z = mu + std * torch.randn(mu.shape, generator=self.g, device=mu.device)
-self.log_dict(logs, on_step=True, sync_dist=True, batch_size=len(x))  # plot the global batch
-trainer = Trainer(strategy="ddp", sync_batchnorm=True)  # GPUs: BatchNorm over the global batch
-```"""
+def _sd(study: dict, seeds: dict, lh: dict | None) -> str:
+    """The margin in the reader's terms: ``one seed-to-seed standard deviation``."""
+    k = (lh if study["name"] == "long_horizon" else seeds).get("margin_sd", 1)
+    return "one seed-to-seed standard deviation" if k == 1 else f"{k:g} seed-to-seed standard deviations"
+
+
+def _against(c: dict, sd: str) -> str:
+    """Where a difference lies against the study's margin: ``more than one seed-to-seed standard
+    deviation (0.00081 against ±0.00051)`` when its 95% CI lies wholly outside, ``less than``
+    when the equivalence test shows it inside, else ``not shown to be less than``."""
+    m = c.get("margin")
+    if m is None:
+        return "against no stated margin"
+    if c.get("ci_low", 0) > m or c.get("ci_high", 0) < -m:
+        rel = "more than"
+    elif c.get("within_margin"):
+        rel = "less than"
+    else:
+        rel = "not shown to be less than"
+    return f"{rel} {sd} ({_n(c['diff'])} against ±{_n(m)})"
+
+
+def _pick(study_list: list[dict], qs: list[str], word: str) -> tuple[dict, str] | None:
+    """The study and quantity that say ``word`` for one of ``qs``: the long-horizon check first
+    (it isolates the noise), the training quantity first."""
+    for st in sorted(study_list, key=lambda s: s["name"] != "long_horizon"):
+        for q in qs:
+            if st["verdicts"].get(q) == word:
+                return st, q
+    return None
+
+
+def _which(qs: list[str], combined: dict[str, str], word: str) -> str:
+    """`` (validation)`` when only some of a term's quantities have ``word``; empty when all do."""
+    hit = [QUANTITIES[q][1] for q in qs if combined.get(q) == word]
+    return "" if len(hit) == len(qs) else f" ({', '.join(hit)})"
+
+
+def _term_clause(term: str, qs: list[str], combined: dict[str, str], studies: list[dict], seeds: dict,
+                 lh: dict | None, said: set[str]) -> str:
+    """One clause of the training sentence, worded from the term's combined verdict only (a scope
+    or a margin's meaning already in ``said`` is not repeated)."""
+    word = worst([combined[q] for q in qs])
+    st, q = _pick(studies, qs, word) or (studies[0], qs[0])
+    c, sd = st["cmp"].get(q, {}), _sd(st, seeds, lh)
+    scope, sd_once = ("" if st["scope"] in said else st["scope"]), ("" if sd in said else sd)
+    said.update({st["scope"], sd})
+    if word == "different":
+        who = (f"alone, over {st['scope']}, it" if st["name"] == "long_horizon"
+               else f"with Lightning's defaults, over {st['scope']}, DDP")
+        if "diff" not in c or not c.get("mean_b"):
+            return f"{who} changes the final {term}{_which(qs, combined, word)}"
+        way = "raises" if c["diff"] > 0 else "lowers"
+        return (f"{who} {way} the final {QUANTITIES[q][1]} {term} by {abs(c['diff'] / c['mean_b']):.1%}, "
+                f"{_against(c, sd)}")
+    if word == "inconclusive":
+        m = ""
+        if "margin" in c:
+            m = f", nor one shown smaller than ±{_n(c['margin'])}" + (f", {sd_once}" if sd_once else "")
+        return (f"its effect on the {term}{_which(qs, combined, word)} is inconclusive ({scope + ': ' if scope else ''}"
+                f"no difference detected{m})")
+    margins = [s["cmp"][q]["margin"] for s in studies if "margin" in s["cmp"].get(q, {})]
+    m = f" within ±{_n(max(margins))}, {sd}" if margins else ""
+    return f"the {term} matches one device's{m} ({' and '.join(s['scope'] for s in studies)})"
+
+
+def _terms(combined: dict[str, str]) -> dict[str, list[str]]:
+    """term -> its quantities present in ``combined`` (``{"KL": ["train_kl", "val_kl"], ...}``)."""
+    terms: dict[str, list[str]] = {}
+    for q in QUANTITIES:
+        if q in combined:
+            terms.setdefault(QUANTITIES[q][0], []).append(q)
+    return terms
+
+
+def decide(seeds: dict, long_horizon: dict | None = None) -> dict[str, Any]:
+    """What the studies support for DDP against one device, by rule (see ``combine``):
+    ``{"kind", "title", "verdicts", "training", "scope"}``.
+
+    ``kind`` is the rule applied over every quantity ("different", "inconclusive" or
+    "equivalent"), ``verdicts`` the word per quantity, ``training`` the box's sentence on what
+    training changes (different terms first, each worded from its own verdict). Neither says
+    "matches" unless every study shows the quantity equivalent.
+    """
+    combined = combine(seeds, long_horizon, "ddp")
+    kind = worst(list(combined.values()))
+    studies = _studies(seeds, long_horizon)
+    terms = sorted(_terms(combined).items(), key=lambda t: _ORDER.index(worst([combined[q] for q in t[1]])))
+    said: set[str] = set()
+    clauses = [_term_clause(term, qs, combined, studies, seeds, long_horizon, said) for term, qs in terms]
+    training = ("**What training changes**: by default every rank draws the same reparameterization noise "
+                f"({_factor('noise')}); " + "; ".join(clauses) + ".")
+    title = {"different": "DDP plots rank 0's share of each batch, and Lightning's defaults change training",
+             "inconclusive": "DDP plots rank 0's share of each batch; whether its training differs is inconclusive",
+             "equivalent": "DDP plots rank 0's share of each batch; its training matches one device within the margin",
+             }[kind]
+    return {"kind": kind, "title": title, "verdicts": combined, "training": training,
+            "scope": [s["scope"] for s in studies]}
+
+
+def _seen(rs: dict | None) -> str:
+    """The reporter's view: DDP's logged curve is rank 0's share (report_scale.json's logging row)."""
+    head = (f"**What the report saw** ([#6789]({UPSTREAM})): DDP's curve, logged with `on_step=True` and no "
+            "`sync_dist`, is ")
+    link = f"({_factor('logging')}; `sync_dist=True` plots the global batch)."
+    if not rs or not rs.get("logging"):
+        return head + f"rank 0's share of each batch, not the global batch {link}"
+    s = rs["settings"]
+    sp = (rs.get("spread") or {}).get("kl_spread_ratio")
+    jump = f" and {_g(sp)}x as spread" if sp else ""
+    where = "" if s.get("model") == "resnet18" else f" (measured with the {s.get('model')} VAE)"
+    return (head + f"rank 0's {s['global_batch_size'] // s['world_size']} of {s['global_batch_size']} samples, which "
+            f"alone puts its KL {_g(rs['logging']['kl_ratio'])}x a batch-to-batch change off the global batch's{jump}"
+            f"{where} " + link)
+
+
+def _training_words(seeds: dict, config: str, scope: bool = True) -> str:
+    """``differs in training (training reconstruction +2.7%, 10 seeds x 150 steps)``: the seed
+    study's words on ``config`` against one device, by the rule of ``combine``."""
+    v = combine(seeds, None, config)
+    if not v:
+        return "is not measured in training here"
+    word = worst(list(v.values()))
+    where = _scope(seeds["num_seeds"], seeds["settings"].get("steps")) if scope else ""
+    summ = {q: e["vs_single"] for q, e in seeds.get("summary", {}).get(config, {}).items() if "vs_single" in e}
+    if word == "different":
+        q = next((q for q in QUANTITIES if v.get(q) == "different" and summ.get(q, {}).get("mean_b")), None)
+        size = f"{QUANTITIES[q][1]} {QUANTITIES[q][0]} {summ[q]['diff'] / summ[q]['mean_b']:+.1%}" if q else ""
+        inner = ", ".join(x for x in (size, where) if x)
+        return f"differs in training{f' ({inner})' if inner else ''}"
+    if word == "inconclusive":
+        return f"is inconclusive in training{f' ({where})' if where else ''}"
+    ms = [summ[q]["margin"] for q in v if "margin" in summ.get(q, {})]
+    m = f" within ±{_n(max(ms))}, {_sd({'name': 'seeds'}, seeds, None)}" if ms else ""
+    return f"matches one device in training{m}{f' ({where})' if where else ''}"
+
+
+def _dp(seeds: dict) -> str:
+    """Why DP looked like one device: the same random streams as DDP, by the seed study's words on
+    ``dp``; what each logged (the ``vae_ddp.studies.dp`` docstring)."""
+    what = _training_words(seeds, "dp").replace("differs in training", "differs in training too", 1)
+    return (f"**Why DP looked like one device**: DP shares that default (every replica draws the same noise, "
+            f"[inferred](dataparallel.md)) and {what}, but it logged a replica's chunk of the *same* batches as one "
+            f"device, DDP's rank 0 its share of *other* batches ([DP and DDP]({DP_SECTION})).")
+
+
+def dp_lead(results: dict[str, dict | None]) -> str:
+    """The measured line above ``dp_table``'s table: DP's and DDP's training against one device
+    (the seed study's words) and one step's gradient at the report's scale."""
+    seeds, rs = results["seeds"], results["report_scale"] or {}
+    v = rs.get("variants", {})
+    both = v.get("dp (emulation of Lightning 1.x DP)"), v.get("ddp, Lightning defaults")
+    step = ""
+    if all(both):
+        step = (f"; one step at the report's scale moves DP's gradient {_g(both[0]['ratio_to_batch_noise']['all'])}x "
+                f"the batch-to-batch noise (emulation), DDP's {_g(both[1]['ratio_to_batch_noise']['all'])}x")
+    scope = _scope(seeds["num_seeds"], seeds["settings"].get("steps"))
+    return (f"Measured with Lightning's defaults ([seed study](is-it-a-bug.md#result-ten-seeds-of-each-configuration), "
+            f"{scope}): DP {_training_words(seeds, 'dp', scope=False)}, and DDP "
+            f"{_training_words(seeds, 'ddp', scope=False)}{step}.\n")
+
+
+def _cell(qs: list[str], verdicts: dict[str, str], cmp: dict) -> str:
+    """One study's words for one term: ``equivalent`` / ``+3.1%, +2.6%`` / ``inconclusive``."""
+    ws = [verdicts.get(q, "-") for q in qs]
+    if len(set(ws)) == 1 and ws[0] != "different":
+        return ws[0]
+    return ", ".join(f"{cmp[q]['diff'] / cmp[q]['mean_b']:+.1%}" if w == "different" and "diff" in cmp.get(q, {})
+                     else w for q, w in zip(qs, ws))
+
+
+def _table(seeds: dict, lh: dict | None, combined: dict[str, str]) -> list[str]:
+    """Each study's words per term, then the combined verdict (Markdown table rows)."""
+    studies = _studies(seeds, lh)
+    names = {"seeds": "[DDP vs one device](is-it-a-bug.md#result-ten-seeds-of-each-configuration)",
+             "long_horizon": "[shared vs independent noise]"
+                             "(is-it-a-bug.md#long-horizon-does-noise-shared-across-ranks-shift-the-kl)"}
+    head = ["final value (training, validation)"] + [f"{names[s['name']]}, {s['scope']}" for s in studies] + ["verdict"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for term, qs in _terms(combined).items():
+        cells = [_cell(qs, s["verdicts"], s["cmp"]) for s in studies]
+        out.append(f"| {term} | " + " | ".join(cells) + f" | **{worst([combined[q] for q in qs])}** |")
+    return out
 
 
 def verdict_box(results: dict[str, dict | None]) -> str:
-    """The Home page's verdict admonition (Markdown, Material ``!!!`` syntax)."""
-    d = decide(results["seeds"], results["long_horizon"])
-    rs = results["report_scale"]
-    kind = {"equivalent": "success", "inconclusive": "success", "different": "warning"}[d["kind"]]
-    body = [f"[Lightning issue #6789]({UPSTREAM}), measured ([seed study](is-it-a-bug.md)): " + "; ".join(d["lines"])
-            + "."]
-    if rs:
-        s = rs["settings"]
-        body.append("")
-        b = s["global_batch_size"] // s["world_size"]
-        report = s["model"] == "resnet18" and s["global_batch_size"] == 256 and s["world_size"] == 2
-        where = "the report's scale: " if report else "measured with the report's batch, not its model: " if (
-            s["global_batch_size"] == 256 and s["world_size"] == 2) else "measured at "
-        body.append(f"**Why the DDP curves looked different**, largest measured effect first ({where}"
-                    f"{_MODEL_NAMES.get(s['model'], s['model'])} VAE, {s['world_size']} ranks x {b}, "
-                    f"[one step from the same weights](#the-reports-scale)):")
-        body.append("")
-        body += [f"{i}. {r}" for i, r in enumerate(_reasons(rs), 1)]
-    body += ["", "**The change** for your own LightningModule ([recipe](recipe.md)):", "", *FIX.splitlines()]
-    return f'!!! {kind} "{d["title"]}"\n\n' + "\n".join(("    " + ln) if ln else "" for ln in body) + "\n"
+    """The Home page's verdict admonition (Markdown, a neutral Material ``!!! info``): three
+    sentences (what the report saw, what training changes, why DP looked like one device), the
+    table of each study's words, and a link to the change."""
+    seeds, lh, rs = results["seeds"], results["long_horizon"], results["report_scale"]
+    d = decide(seeds, lh)
+    body = [" ".join([_seen(rs), d["training"], _dp(seeds)]), "", *_table(seeds, lh, d["verdicts"]), "",
+            "**The change**: [the recipe](recipe.md)."]
+    return f'!!! info "{d["title"]}"\n\n' + "\n".join(("    " + ln) if ln else "" for ln in body) + "\n"
 
 
 def dp_table(results: dict[str, dict | None]) -> str:
