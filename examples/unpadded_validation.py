@@ -8,8 +8,10 @@ on 2 gloo processes in three ways:
   101 to 102 by repeating sample 0, and the accuracy of each batch is logged with
   ``self.log(..., sync_dist=True)``;
 - the unrepeated sampler (``vae_ddp.fixes.unrepeated_sampler``: Lightning's
-  ``UnrepeatedDistributedSampler``, 51 and 50 samples) with the same logging, which
-  averages the two rank means;
+  ``UnrepeatedDistributedSampler``, 51 and 50 samples) with the same logging, which weighs
+  each rank by its sample count but, at the epoch end, averages the two counts in an
+  integer tensor: their total is odd, the average is rounded down, and the accuracy comes
+  out slightly too large (Lightning issues #21838 and #21859);
 - the unrepeated sampler with a torchmetrics ``MulticlassAccuracy(average="micro")``
   logged as an object, whose counts are summed over ranks at the epoch end.
 

@@ -4,8 +4,8 @@ Under ``strategy="ddp"`` Lightning gives validation and test loaders a
 ``DistributedSampler(shuffle=False)`` (``_get_distributed_sampler``, Lightning 2.x), which
 pads the set with repeated samples until its size divides by the world size: with 101
 samples on 2 ranks, sample 0 is evaluated twice (102 in all). Logging with
-``sync_dist=True`` then averages the rank means, so the duplicate counts and the metric
-is not the one-device metric.
+``sync_dist=True`` then weighs each rank's mean by its sample count, the duplicate
+included, so the duplicate counts and the metric is not the one-device metric.
 
 The fix uses what Lightning and torchmetrics provide:
 
@@ -18,8 +18,13 @@ The fix uses what Lightning and torchmetrics provide:
 - a torchmetrics metric (e.g. ``MulticlassAccuracy(average="micro")``, ``MeanMetric``)
   logged as an object: its states (counts, sums, weights) are *summed* over ranks
   (``dist_reduce_fx="sum"``) when ``compute`` runs at the epoch end, so unequal per-rank
-  counts weigh correctly; ``self.log(name, tensor, sync_dist=True)`` would average the rank
-  means instead.
+  counts weigh correctly. ``self.log(name, tensor, sync_dist=True, batch_size=b)`` weighs
+  the ranks by their sample counts too, but at the epoch end Lightning averages those counts
+  over the ranks in an integer tensor (``cumulated_batch_size`` of ``_ResultMetric``,
+  Lightning 2.x): when the ranks' counts add up to a number that the world size does not
+  divide, the average is rounded down and the epoch mean comes out too large, by the total
+  over the world size divided by that rounded-down average (Lightning issues #21838 and
+  #21859). With equal per-rank counts it is exact.
 
 Ranks then run different numbers of validation batches: nothing in ``validation_step``
 may call a collective per batch (no ``sync_dist=True`` on step values, no ``all_gather``).
