@@ -1,4 +1,4 @@
-"""Factor 6: the optimizer. Does the noise structure change what Adam does?
+"""Factor 6: optimizer (Adam). Does the noise structure change what Adam does?
 
 Adam divides each step by the square root of a running mean of squared gradients
 (``exp_avg_sq``), which includes gradient noise. If identical noise on every rank (factor

@@ -1,4 +1,4 @@
-"""Factor 4: mean reduction and gradient averaging. When is "mean per rank, then average" the global mean?
+"""Factor 4: mean reduction (and gradient averaging). When is "mean per rank, then average" the global mean?
 
 Each DDP rank takes the mean loss over its own batch and DistributedDataParallel averages
 the gradients over ranks, so sample i on rank r gets the weight ``1 / (N * n_r)``; one

@@ -1,4 +1,4 @@
-"""Factor 3: data order and sampling. Does DDP step k see the samples of single-device step k?
+"""Factor 3: sampler and data order. Does DDP step k see the samples of single-device step k?
 
 Trains a few steps of ``single`` and of ``ddp`` (2 gloo processes) through Lightning with a
 dataset that returns each sample's index, and records the global batch of every step
