@@ -27,12 +27,13 @@ python examples/vae.py fit --trainer.accelerator cpu --trainer.devices 2 --train
 Full CIFAR-10 (torchvision downloads it into DIR): `--data vae_ddp.data.CIFAR10DataModule --data.data_dir DIR`.
 """
 
+import re
 import sys
 
 from pytorch_lightning.cli import LightningCLI
 
 from vae_ddp.data import ImageFolderDataModule  # noqa: F401  (default data class)
-from vae_ddp.errors import UserError
+from vae_ddp.errors import input_error
 from vae_ddp.model import VAE
 
 
@@ -44,27 +45,21 @@ class ReportCLI(LightningCLI):
         })
 
 
-def _user_error(err: BaseException):
-    """The UserError (bad input) that caused ``err``, if any: jsonargparse wraps the
-    exceptions raised while it instantiates the data module."""
-    seen = set()
-    while err is not None and id(err) not in seen:
-        if isinstance(err, UserError):
-            return err
-        seen.add(id(err))
-        err = err.__cause__ or err.__context__
-    return None
+def _in_flags(message: str) -> str:
+    """The data module's message in this script's flags: ``data_dir`` -> ``--data.data_dir``."""
+    message = message.replace("data='imagefolder'", "--data ImageFolderDataModule")
+    return " ".join(re.sub(r"(?<![\w./-])data_dir(?![\w=/-])", "--data.data_dir", message).split())
 
 
 def main(args=None):
     try:
         return ReportCLI(VAE, subclass_mode_data=True, seed_everything_default=1234, args=args,
                          save_config_kwargs={"overwrite": True})
-    except Exception as err:  # bad input: one line and exit code 2, no traceback
-        user = _user_error(err)
-        if user is None:
+    except Exception as err:  # bad input (jsonargparse wraps what the data module raises): one line, exit code 2
+        bad = input_error(err)
+        if bad is None:
             raise
-        print(f"vae.py: error: {str(user).replace('--data-dir', '--data.data_dir')}", file=sys.stderr)
+        print(f"vae.py: error: {_in_flags(str(bad))}", file=sys.stderr)
         raise SystemExit(2) from None
 
 

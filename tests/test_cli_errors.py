@@ -130,3 +130,37 @@ def test_lightningcli_example_with_a_missing_data_folder(tmp_path):
     errors = [ln for ln in proc.stderr.splitlines() if "error" in ln.lower()]
     assert len(errors) == 1 and errors[0].startswith(
         f"vae.py: error: --data.data_dir {tmp_path / 'missing'} does not exist: point it at an ImageFolder tree")
+
+
+def test_the_library_raises_plain_exceptions_that_name_the_argument(tmp_path):
+    """``vae_ddp.data`` is called from Python: its errors name ``data_dir``, not a flag, and are
+    the built-in exceptions; only the command lines spell them as flags (above)."""
+    from vae_ddp.data import ImageFolderDataModule, find_image_root, make_datamodule
+    from vae_ddp.errors import UserError, input_error
+
+    (tmp_path / "empty" / "cat").mkdir(parents=True)
+    (tmp_path / "a-file").write_text("")
+    cases = [
+        (lambda: ImageFolderDataModule(str(tmp_path / "missing")), FileNotFoundError, "data_dir .* does not exist"),
+        (lambda: find_image_root(tmp_path / "a-file"), NotADirectoryError, "data_dir .* is a file, not a folder"),
+        (lambda: make_datamodule("imagefolder", str(tmp_path / "empty")), ValueError, "data_dir .* holds no images"),
+        (lambda: make_datamodule("imagefolder"), ValueError, "data='imagefolder' needs data_dir"),
+        (lambda: make_datamodule("mnist"), ValueError, "unknown data 'mnist'"),
+    ]
+    for call, kind, message in cases:
+        with pytest.raises(kind, match=f"^{message}") as info:
+            call()
+        assert not isinstance(info.value, UserError) and "--" not in str(info.value)
+        assert input_error(info.value) is info.value  # what the command lines turn into one line
+    try:
+        int("ten")  # a ValueError from elsewhere is a bug, not bad input: it keeps its traceback
+    except ValueError as err:
+        assert input_error(err) is None
+
+
+def test_field_names_become_flags():
+    from vae_ddp.studies.configs import in_flags
+
+    assert in_flags("data_dir /tmp/data_dir/x does not exist") == "--data-dir /tmp/data_dir/x does not exist"
+    assert in_flags("use data='imagefolder' with data_dir") == "use --data imagefolder with --data-dir"
+    assert in_flags("too few steps of data") == "too few steps of data"

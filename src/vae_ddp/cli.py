@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal, Optional
 
-from vae_ddp.errors import UserError
+from vae_ddp.errors import UserError, input_error
 from vae_ddp.fixes import registry
-from vae_ddp.studies.configs import CONFIGS, RunSpec, flag
+from vae_ddp.studies.configs import CONFIGS, RunSpec, flag, in_flags
 
 __all__ = ["main", "build_parser", "Command", "commands", "register"]
 
@@ -300,6 +300,14 @@ def _preflight(base: RunSpec) -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    """Run ``vae-ddp ARGV`` (default: ``sys.argv[1:]``) and return its exit code.
+
+    Bad input is one line on stderr and exit code 2, before any training: a
+    [`UserError`][vae_ddp.errors.UserError], or a ``ValueError``/``OSError`` of the library's
+    checks ([`input_error`][vae_ddp.errors.input_error]), whose field names are given as flags
+    ([`in_flags`][vae_ddp.studies.configs.in_flags]: ``data_dir`` -> ``--data-dir``). A failed
+    run is its error and exit code 1; Ctrl-C is exit code 130.
+    """
     from vae_ddp.studies.launch import RunFailed
 
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -316,16 +324,20 @@ def main(argv: Optional[list[str]] = None) -> int:
     except argparse.ArgumentError as err:
         print(f"vae-ddp: error: {one_line(str(err))}", file=sys.stderr)
         return 2
-    except UserError as err:
-        print(f"vae-ddp: error: {err}", file=sys.stderr)
-        return 2
-    except OSError as err:  # e.g. an --out folder that cannot be created
-        print(f"vae-ddp: error: {err.strerror or err}: {err.filename or ''} (check --out and --data-dir)",
-              file=sys.stderr)
-        return 2
     except RunFailed as err:
         print(f"vae-ddp: error: {err}", file=sys.stderr)
         return 1
+    except (UserError, ValueError, OSError) as err:
+        bad = input_error(err)  # a UserError, or the library's plain exception naming a field (data_dir)
+        if bad is not None:
+            message = str(bad) if isinstance(bad, UserError) else in_flags(str(bad))
+            print(f"vae-ddp: error: {' '.join(message.split())}", file=sys.stderr)
+            return 2
+        if isinstance(err, OSError):  # e.g. an --out folder that cannot be created
+            print(f"vae-ddp: error: {err.strerror or err}: {err.filename or ''} (check --out and --data-dir)",
+                  file=sys.stderr)
+            return 2
+        raise
     except SystemExit as err:  # --help, --print_config
         return err.code if isinstance(err.code, int) else 0
     except KeyboardInterrupt:

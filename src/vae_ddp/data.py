@@ -9,6 +9,11 @@ if ``normalize=True``), no augmentation, shuffling on, ``drop_last`` off.
 
 Images are decoded once and kept in memory as ``uint8`` ``(N, 3, 32, 32)`` tensors; each
 sample is returned as ``(x, y)`` with ``x: (3, 32, 32) float32`` and ``y`` the class index.
+
+Bad input raises plain exceptions whose message names the argument (``data_dir``):
+``FileNotFoundError``, ``NotADirectoryError`` or ``ValueError``. The ``vae-ddp`` command
+turns them into one line with its flag (``--data-dir``) and exit code 2
+([`input_error`][vae_ddp.errors.input_error]).
 """
 
 from __future__ import annotations
@@ -23,7 +28,6 @@ from pytorch_lightning import LightningDataModule
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, random_split
 
-from vae_ddp.errors import UserError
 from vae_ddp.fixes.sampler import GlobalBatchDistributedSampler
 from vae_ddp.workers import loader_kwargs
 
@@ -80,7 +84,7 @@ class _InMemoryDataModule(LightningDataModule):
                  return_index: bool = False) -> None:
         super().__init__()
         if sampler not in SAMPLERS:
-            raise UserError(f"unknown sampler {sampler!r}: use one of {', '.join(SAMPLERS)}")
+            raise ValueError(f"unknown sampler {sampler!r}: use one of {', '.join(SAMPLERS)}")
         self.batch_size, self.val_split, self.seed = batch_size, val_split, seed
         self.num_workers, self.normalize, self.shuffle, self.drop_last = num_workers, normalize, shuffle, drop_last
         self.max_samples, self.sampler, self.sampler_seed = max_samples, sampler, sampler_seed
@@ -138,21 +142,26 @@ def _cache_dir() -> Path:
 
 
 def find_image_root(data_dir: str | os.PathLike) -> Path:
-    """The ImageFolder root inside ``data_dir``: ``data_dir/train`` if present, else
-    ``data_dir``. Raises [`UserError`][vae_ddp.errors.UserError] if the folder is missing or holds no images."""
+    """The ImageFolder root inside ``data_dir``: ``data_dir/train`` if present, else ``data_dir``.
+
+    Raises:
+        NotADirectoryError: ``data_dir`` is a file.
+        FileNotFoundError: ``data_dir`` does not exist.
+        ValueError: no class folder of it holds an image (``.jpg``, ``.png``, ...).
+    """
     root = Path(data_dir).expanduser()
     if root.exists() and not root.is_dir():
-        raise UserError(f"--data-dir {root} is a file, not a folder: point it at an ImageFolder tree "
-                        f"(<dir>/[train/]<class>/<image>), e.g. path/to/cifar10-jpg-subset")
+        raise NotADirectoryError(f"data_dir {root} is a file, not a folder: point it at an ImageFolder tree "
+                                 f"(<dir>/[train/]<class>/<image>), e.g. path/to/cifar10-jpg-subset")
     if not root.is_dir():
-        raise UserError(f"--data-dir {root} does not exist: point it at an ImageFolder tree "
-                        f"(<dir>/[train/]<class>/<image>), e.g. path/to/cifar10-jpg-subset")
+        raise FileNotFoundError(f"data_dir {root} does not exist: point it at an ImageFolder tree "
+                                f"(<dir>/[train/]<class>/<image>), e.g. path/to/cifar10-jpg-subset")
     if (root / "train").is_dir():
         root = root / "train"
     has_images = any(p.suffix.lower() in _IMAGE_EXTS for c in root.iterdir() if c.is_dir() for p in c.iterdir())
     if not has_images:
-        raise UserError(f"--data-dir {root} holds no images in class folders: expected "
-                        f"<dir>/[train/]<class>/<image>.jpg|.png, e.g. path/to/cifar10-jpg-subset")
+        raise ValueError(f"data_dir {root} holds no images in class folders: expected "
+                         f"<dir>/[train/]<class>/<image>.jpg|.png, e.g. path/to/cifar10-jpg-subset")
     return root
 
 
@@ -168,16 +177,17 @@ class ImageFolderDataModule(_InMemoryDataModule):
     (``.github/scripts/cifar10-subset.sh DIR`` builds the CIFAR-10 subset there).
 
     Raises:
-        UserError: no ``data_dir`` and no ``VAE_DDP_CIFAR_SUBSET``; ``data_dir`` does not
-            exist or holds no images.
+        ValueError: no ``data_dir`` and no ``VAE_DDP_CIFAR_SUBSET``; ``data_dir`` holds no images.
+        FileNotFoundError: ``data_dir`` does not exist.
+        NotADirectoryError: ``data_dir`` is a file.
     """
 
     def __init__(self, data_dir: Optional[str] = None, **kwargs) -> None:
         super().__init__(**kwargs)
         data_dir = data_dir or os.environ.get("VAE_DDP_CIFAR_SUBSET")
         if not data_dir:
-            raise UserError("ImageFolderDataModule needs data_dir (an ImageFolder tree <dir>/[train/]<class>/<image>) "
-                            "or the environment variable VAE_DDP_CIFAR_SUBSET, e.g. path/to/cifar10-jpg-subset")
+            raise ValueError("ImageFolderDataModule needs data_dir (an ImageFolder tree <dir>/[train/]<class>/<image>) "
+                             "or the environment variable VAE_DDP_CIFAR_SUBSET, e.g. path/to/cifar10-jpg-subset")
         self.data_dir = data_dir
         self.root = find_image_root(data_dir)
 
@@ -186,7 +196,7 @@ class ImageFolderDataModule(_InMemoryDataModule):
         before ``setup``; ``vae-ddp`` calls it before any training).
 
         Raises:
-            UserError: an image that cannot be decoded (names the file).
+            ValueError: an image that cannot be decoded (names the file).
         """
         self._load()
 
@@ -206,7 +216,8 @@ class ImageFolderDataModule(_InMemoryDataModule):
                 img = decode_image(path, mode=ImageReadMode.RGB)
             except (RuntimeError, ValueError, OSError) as err:  # torchvision raises RuntimeError on corrupt files
                 reason = " ".join(str(err).split())[:120]
-                raise UserError(f"cannot read image {path} ({reason}): remove or replace that file, then rerun") from None
+                raise ValueError(f"cannot read image {path} ({reason}): remove or replace that file, "
+                                 "then rerun") from None
             if img.shape[-2:] != (32, 32):
                 img = torch.nn.functional.interpolate(img[None].float(), size=(32, 32), mode="bilinear",
                                                       antialias=True)[0].round().clamp(0, 255).to(torch.uint8)
@@ -229,14 +240,21 @@ class CIFAR10DataModule(_InMemoryDataModule):
         self.data_dir = data_dir
 
     def prepare_data(self) -> None:
+        """Download CIFAR-10 into ``data_dir`` unless it is there.
+
+        Raises:
+            FileNotFoundError: CIFAR-10 is not in ``data_dir`` and cannot be downloaded (no
+                network, or a corrupt archive); says what to put there.
+        """
         from torchvision.datasets import CIFAR10
 
         try:  # torchvision checks the archive's MD5 and skips the download when the files are there
             CIFAR10(self.data_dir, train=True, download=True)
         except Exception as err:  # no network, or a corrupt archive: say what to do
-            raise UserError(f"could not get CIFAR-10 into {self.data_dir} ({type(err).__name__}): put "
-                            f"cifar-10-python.tar.gz from https://www.cs.toronto.edu/~kriz/cifar.html there "
-                            f"(torchvision extracts it), or use --data imagefolder --data-dir DIR") from None
+            raise FileNotFoundError(f"could not get CIFAR-10 into data_dir {self.data_dir} ({type(err).__name__}): put "
+                                    f"cifar-10-python.tar.gz from https://www.cs.toronto.edu/~kriz/cifar.html there "
+                                    f"(torchvision extracts it), or use data='imagefolder' with an ImageFolder tree "
+                                    f"as data_dir") from None
 
     def _load(self) -> tuple[Tensor, Tensor]:
         from torchvision.datasets import CIFAR10
@@ -249,7 +267,9 @@ def make_datamodule(data: str, data_dir: Optional[str] = None, **kwargs) -> _InM
     """Build the datamodule named ``data`` (one of ``DATASETS``); ``kwargs`` go to it.
 
     Raises:
-        UserError: unknown name, or (imagefolder) a missing or empty ``data_dir``.
+        ValueError: unknown name; (imagefolder) no ``data_dir``, or one without images.
+        FileNotFoundError: (imagefolder) ``data_dir`` does not exist.
+        NotADirectoryError: (imagefolder) ``data_dir`` is a file.
     """
     if data == "digits":
         return DigitsDataModule(**kwargs)
@@ -257,9 +277,10 @@ def make_datamodule(data: str, data_dir: Optional[str] = None, **kwargs) -> _InM
         return CIFAR10DataModule(data_dir or ".", **kwargs)
     if data == "imagefolder":
         if not data_dir:
-            raise UserError("--data imagefolder needs --data-dir DIR, e.g. path/to/cifar10-jpg-subset")
+            raise ValueError("data='imagefolder' needs data_dir, an ImageFolder tree such as "
+                             "path/to/cifar10-jpg-subset")
         return ImageFolderDataModule(data_dir, **kwargs)
-    raise UserError(f"unknown data {data!r}: use one of {', '.join(DATASETS)}")
+    raise ValueError(f"unknown data {data!r}: use one of {', '.join(DATASETS)}")
 
 
 def check_data(data: str, data_dir: Optional[str] = None) -> None:
@@ -267,7 +288,9 @@ def check_data(data: str, data_dir: Optional[str] = None) -> None:
     ImageFolder decodes (and is cached), CIFAR-10 is in ``data_dir`` or can be downloaded.
 
     Raises:
-        UserError: what is missing or unreadable, and how to get it.
+        ValueError: unknown ``data``, no or an empty ``data_dir``, an image that cannot be decoded.
+        FileNotFoundError: ``data_dir`` does not exist, or CIFAR-10 is not there and cannot be downloaded.
+        NotADirectoryError: ``data_dir`` is a file.
     """
     if data == "digits":
         return

@@ -1,5 +1,45 @@
-"""User-facing errors: one line saying what is wrong and what to do, no traceback."""
+"""User-facing errors: one line saying what is wrong and what to do, no traceback.
+
+The study application raises [`UserError`][vae_ddp.errors.UserError] in the words of the
+``vae-ddp`` command (its flags). The library ([`vae_ddp.data`][vae_ddp.data]) raises plain
+``ValueError``, ``FileNotFoundError`` and ``NotADirectoryError`` that name the Python
+argument (``data_dir``); a command line finds them with
+[`input_error`][vae_ddp.errors.input_error] and prints them with its own flag spelling.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+__all__ = ["UserError", "input_error"]
+
+#: the modules whose ValueError and OSError mean bad input (their docstrings say which)
+INPUT_MODULES = ("vae_ddp.data",)
 
 
 class UserError(Exception):
     """Bad input detected before any training starts. ``str(err)`` is the whole message."""
+
+
+def input_error(err: BaseException) -> Optional[BaseException]:
+    """The bad input behind ``err``, or None when ``err`` is something else (a bug, a failed run).
+
+    Bad input is a [`UserError`][vae_ddp.errors.UserError], or a ``ValueError`` or ``OSError``
+    raised by the library's own checks (a module of ``INPUT_MODULES``: a missing or empty
+    ``data_dir``, an image that cannot be decoded, CIFAR-10 that cannot be had), not one raised
+    further down (torch, the file system). ``err`` itself or any exception in its
+    ``__cause__``/``__context__`` chain counts (jsonargparse wraps what a data module raises).
+    """
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, UserError):
+            return err
+        if isinstance(err, (ValueError, OSError)):
+            tb = err.__traceback__
+            while tb is not None and tb.tb_next is not None:
+                tb = tb.tb_next
+            if tb is not None and tb.tb_frame.f_globals.get("__name__") in INPUT_MODULES:
+                return err
+        err = err.__cause__ or err.__context__
+    return None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import typing
 from dataclasses import dataclass, field
 from typing import Literal, Optional
@@ -27,7 +28,7 @@ from vae_ddp.fixes import registry
 from vae_ddp.model import MODELS
 from vae_ddp.studies.dp import DP_MODES, resolve_dp_mode
 
-__all__ = ["RunSpec", "CONFIGS", "choice_error", "flag"]
+__all__ = ["RunSpec", "CONFIGS", "choice_error", "flag", "in_flags"]
 
 CONFIGS = ("single", "ddp", "dp")
 
@@ -38,6 +39,19 @@ FLAGS = {"dp_mode": "--dp"}
 def flag(name: str) -> str:
     """The ``vae-ddp`` flag of the RunSpec field (or function parameter) ``name``."""
     return FLAGS.get(name, "--" + name.replace("_", "-"))
+
+
+def in_flags(message: str) -> str:
+    """A library error message in the words of ``vae-ddp``: each RunSpec field it names becomes
+    its flag (``data_dir`` -> ``--data-dir``, ``data='cifar10'`` -> ``--data cifar10``).
+
+    Only field names written as identifiers are replaced: those with an underscore
+    (``data_dir``), and any field followed by ``='value'``; a plain word such as ``data`` or
+    ``steps`` in the text, and a name inside a path (``/tmp/data_dir/x``), are left alone.
+    """
+    names = "|".join(sorted((f.name for f in dataclasses.fields(RunSpec)), key=len, reverse=True))
+    message = re.sub(rf"(?<![\w./-])({names})='([^']*)'", lambda m: f"{flag(m[1])} {m[2]}", message)
+    return re.sub(rf"(?<![\w./-])({names})(?![\w=/-])", lambda m: flag(m[1]) if "_" in m[1] else m[1], message)
 
 
 def choice_error(name: str, value: object, choices: tuple) -> UserError:
@@ -176,7 +190,10 @@ class RunSpec:
             if not self.data_dir:
                 raise UserError("--data imagefolder needs --data-dir DIR, an ImageFolder tree such as the CIFAR-10 subset "
                                 "built by .github/scripts/cifar10-subset.sh")
-            find_image_root(self.data_dir)
+            try:
+                find_image_root(self.data_dir)
+            except (ValueError, OSError) as err:
+                raise UserError(in_flags(str(err))) from None
         if spec.latent_dim is None:
             spec.latent_dim = 256 if self.model == "resnet18" else 32
         if not spec.label:
