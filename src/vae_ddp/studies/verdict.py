@@ -330,6 +330,13 @@ def verdict_box(results: dict[str, dict | None]) -> str:
     return f'!!! info "{d["title"]}"\n\n' + "\n".join(("    " + ln) if ln else "" for ln in body) + "\n"
 
 
+def _name(key: str) -> str:
+    """A factor's name, from the registry (the one place it is written)."""
+    from vae_ddp.fixes.registry import get
+
+    return get(key).name
+
+
 def dp_table(results: dict[str, dict | None]) -> str:
     """Which configuration has which factor (single, Lightning 1.x DP, DDP), each cell with its source."""
     rs = results["report_scale"] or {}
@@ -341,24 +348,24 @@ def dp_table(results: dict[str, dict | None]) -> str:
 
     dp_note = "inferred: [DP emulation](dataparallel.md), not observed on GPUs here"
     rows = [
-        ("Random streams", "one stream for the whole batch",
+        (_name("noise"), "one stream for the whole batch",
          f"every replica draws the same noise ({dp_note}: torch seeds every CUDA device alike)",
          "every rank draws the same noise (measured: [noise](factors/noise.md))" + ratio("ddp, noise back to default")),
-        ("BatchNorm statistics", "the whole batch",
+        (_name("batchnorm"), "the whole batch",
          f"each replica's chunk ({dp_note}: `nn.DataParallel` runs each replica's BatchNorm on its chunk)",
          "each rank's 128 (measured: [BatchNorm](factors/batchnorm.md))" + ratio("ddp, BatchNorm back to per-rank")),
-        ("Sampler and order", "`RandomSampler`",
+        (_name("sampler"), "`RandomSampler`",
          "the same `RandomSampler` as one device: the same batches in the same order (by construction: one process, "
          "one DataLoader; measured: [report-style curves](#what-the-report-plotted))",
          "`DistributedSampler`: other batches, interleaved (measured: [sampler](factors/sampler.md))"
          + ratio("ddp, sampler back to DistributedSampler")),
-        ("Mean reduction", "mean over the batch",
+        (_name("reduction"), "mean over the batch",
          "mean of the replica means (equal chunks but for an uneven last batch; inferred from `training_step_end`)",
          "mean of rank means, equal at this scale (measured: [reduction](factors/reduction.md))"),
-        ("Logging (`on_step`, no `sync_dist`)", "the whole batch",
+        (_name("logging") + " (`on_step`, no `sync_dist`)", "the whole batch",
          "one replica's chunk (inferred from Lightning 1.2.6 and 1.9.5 source, see [`vae_ddp.studies.dp`][vae_ddp.studies.dp])",
          "rank 0's half (measured: [logging](factors/logging.md))"),
-        ("Optimizer (Adam)", "one Adam on the batch gradient", "the same, on the mean of the replica gradients",
+        (_name("optimizer"), "one Adam on the batch gradient", "the same, on the mean of the replica gradients",
          "the same, on the all-reduced gradient (measured: [optimizer](factors/optimizer.md))"),
     ]
     both = v.get("dp (emulation of Lightning 1.x DP)"), v.get("ddp, Lightning defaults")
