@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vae_ddp.fixes.randomness import current_stream
+from vae_ddp.fixes import _current
 
 __all__ = ["GlobalBatchDropout", "SWAPPABLE"]
 
@@ -66,7 +66,7 @@ class GlobalBatchDropout(nn.Dropout):
         return f"p={self.p}, inplace={self.inplace}, batch_dim={self.batch_dim}, kind={self.kind.__name__}"
 
     def forward(self, x: Tensor) -> Tensor:
-        stream = current_stream()
+        stream = _current.stream  # the running step's GlobalBatchStream (vae_ddp.fixes.randomness)
         if not self.training or stream is None:
             return _FUNCTIONAL[self.kind](x, self.p, self.training, self.inplace)
         if self.p == 0.0:

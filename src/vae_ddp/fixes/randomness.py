@@ -43,14 +43,14 @@ from pytorch_lightning import Callback, LightningModule, Trainer
 from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor, nn
 
-from vae_ddp.fixes import _env
+from vae_ddp.fixes import _current, _env
+from vae_ddp.fixes.augmentation import set_augmentation_epoch
+from vae_ddp.fixes.dropout import SWAPPABLE, GlobalBatchDropout
 
 __all__ = ["GlobalBatchStream", "global_batch_draw", "current_stream", "GlobalBatchRandomness", "uncovered_random_layers"]
 
 #: multiplier of the base seed in the per-step seed ``seed * STEP_SEED_MULTIPLIER + step``
 STEP_SEED_MULTIPLIER = 1_000_003
-
-_CURRENT: Optional["GlobalBatchStream"] = None
 
 
 class GlobalBatchStream:
@@ -82,21 +82,19 @@ class GlobalBatchStream:
         with ``seed * 1_000_003 + step``. Makes this stream the current one
         ([`current_stream`][vae_ddp.fixes.randomness.current_stream]) until
         [`stop`][vae_ddp.fixes.randomness.GlobalBatchStream.stop]."""
-        global _CURRENT
         self.step = int(step)
         if rank is not None:
             self.rank = int(rank)
         if world_size is not None:
             self.world_size = int(world_size)
         self._generators = {}
-        _CURRENT = self
+        _current.stream = self
         return self
 
     def stop(self) -> None:
         """End the step: [`global_batch_draw`][vae_ddp.fixes.randomness.global_batch_draw] draws as usual again."""
-        global _CURRENT
-        if _CURRENT is self:
-            _CURRENT = None
+        if _current.stream is self:
+            _current.stream = None
         self._generators = {}
 
     def generator(self, device: torch.device | str = "cpu") -> torch.Generator:
@@ -142,7 +140,7 @@ class GlobalBatchStream:
 
 def current_stream() -> Optional[GlobalBatchStream]:
     """The stream of the running training step, or None outside one."""
-    return _CURRENT
+    return _current.stream
 
 
 def global_batch_draw(fn: Callable[..., Tensor], shape: Sequence[int], dtype: Optional[torch.dtype] = None,
@@ -156,7 +154,7 @@ def global_batch_draw(fn: Callable[..., Tensor], shape: Sequence[int], dtype: Op
     Example, in a module's ``forward``: ``eps = global_batch_draw(torch.randn, mu.shape,
     mu.dtype, mu.device)``.
     """
-    stream = _CURRENT
+    stream = _current.stream
     if stream is None:
         return fn(list(shape), dtype=dtype, device=torch.device(device))
     return stream.draw(fn, shape, dtype=dtype, device=device, batch_dim=batch_dim)
@@ -168,8 +166,6 @@ def uncovered_random_layers(module: nn.Module, dropout_covered: bool) -> list[st
     dropout inside), ``nn.AlphaDropout`` / ``nn.FeatureAlphaDropout``, and, when
     ``dropout_covered`` is False, every ``nn.Dropout``/``Dropout1d/2d/3d`` with ``p > 0``.
     Returns ``["name (Class)", ...]``."""
-    from vae_ddp.fixes.dropout import GlobalBatchDropout, SWAPPABLE
-
     found = []
     for name, m in module.named_modules():
         if isinstance(m, GlobalBatchDropout):
@@ -244,8 +240,6 @@ class GlobalBatchRandomness(Callback):
         self._checked = False
         self._original_noise = pl_module.__dict__.get("noise", _MISSING)
         if self.dropout:
-            from vae_ddp.fixes.dropout import GlobalBatchDropout
-
             self._swapped = GlobalBatchDropout.swap(pl_module, batch_dim=self.batch_dim)
         uncovered = uncovered_random_layers(pl_module, dropout_covered=self.dropout)
         if uncovered:
@@ -264,8 +258,6 @@ class GlobalBatchRandomness(Callback):
         self.stream.stop()
         self._restore_noise(pl_module)
         if self._swapped:
-            from vae_ddp.fixes.dropout import GlobalBatchDropout
-
             GlobalBatchDropout.unswap(self._swapped)
             self._swapped = []
 
@@ -274,8 +266,6 @@ class GlobalBatchRandomness(Callback):
         self._draws_at_start = self.stream.draws
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        from vae_ddp.fixes.augmentation import set_augmentation_epoch
-
         set_augmentation_epoch(trainer.train_dataloader, trainer.current_epoch)
 
     # ------------------------------------------------------------------ per batch
