@@ -2,7 +2,6 @@
 
 import dataclasses
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -88,9 +87,7 @@ def test_ddp_step_value_is_the_global_batch_mean(cifar_dir, tmp_path):
 def test_a_failing_rank_ends_the_whole_run(cifar_dir, tmp_path):
     spec = _spec(cifar_dir, config="ddp", steps=10)
     script = Path(__file__).parent / "scripts" / "failing_rank.py"
-    t0 = time.monotonic()
     with pytest.raises(RunFailed) as err:
         launch(spec, tmp_path, quiet=True, timeout=300, entry=[sys.executable, str(script)])
     assert "rank 1 exploded on purpose" in str(err.value)
     assert "exited with code" in str(err.value)  # ended by itself, not by our timeout
-    assert time.monotonic() - t0 < 300
