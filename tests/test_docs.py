@@ -233,15 +233,28 @@ def _is_snippet_include(source: str) -> bool:
     return bool(lines) and all(ln.startswith("--8<--") for ln in lines)
 
 
+def _code_block_skip_reason(example) -> str | None:
+    """Why ``test_code_blocks`` does not run this block (None: it runs it).
+    ``test_every_python_block_runs_or_links_to_a_script`` checks every block skipped here."""
+    settings = example.prefix_settings()
+    if m := EXCERPT_TITLE.match(settings.get("title", "")):
+        return f"an excerpt of {m['path']}, linked to the whole script"
+    if _is_snippet_include(example.source):
+        return "a file included with pymdownx.snippets (the example registry runs it)"
+    if settings.get("test") == "skip":
+        return 'marked test="skip"'
+    return None
+
+
 @pytest.mark.parametrize("example", _code_examples(), ids=str)
 def test_code_blocks(example, eval_example):
     """Every Python block of docs/**/*.md and README.md runs; a block that prints has its
     output below the print (``#> ...``) and it must match. Shell blocks (```bash) are not
-    run. Opt out with ```python test="skip"``."""
-    if _is_snippet_include(example.source):
-        pytest.skip("a file included with pymdownx.snippets (the example registry runs it)")
-    if example.prefix_settings().get("test") == "skip":
-        pytest.skip('marked test="skip"')
+    run. Not run: includes of a file or of a section of one, and excerpts titled
+    ``Excerpt of <path>`` (each checked by ``test_every_python_block_runs_or_links_to_a_script``)."""
+    reason = _code_block_skip_reason(example)
+    if reason:
+        pytest.skip(reason)
     cwd = os.getcwd()
     os.chdir(ROOT)
     try:
@@ -253,6 +266,280 @@ def test_code_blocks(example, eval_example):
         pytest.fail(f"{example}: {type(exc).__name__}: {exc}", pytrace=False)
     finally:
         os.chdir(cwd)
+
+
+# A python block is one of: run by test_code_blocks; the include of a whole script that a
+# registered example (docs/examples.yml) or a test runs; or an excerpt: titled
+# "Excerpt of <path>" (a file that exists; for a section include, the included file), with a
+# link, within LINK_WINDOW lines above or below, to a place where the whole <path> is
+# included (an anchor followed within ANCHOR_WINDOW lines by the include, or a page holding it).
+EXCERPT_TITLE = re.compile(r"Excerpt of (?P<path>[\w./-]*\w)", re.IGNORECASE)  # pytest-examples lowercases it
+LINK_WINDOW = 4
+ANCHOR_WINDOW = 12
+INCLUDE = re.compile(r'--8<--\s+"(?P<spec>[^"]+)"')
+FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
+HEADING = re.compile(r"^(?P<level>#{1,6})\s+(?P<text>.+?)\s*#*\s*$")
+LINK = re.compile(r"\[[^\]]*\]\((?P<href>[^)\s]+)(?:\s+\"[^\"]*\")?\)")
+#: Scripts that the site includes whole and that are run by a test suite of their own rather
+#: than by docs/examples.yml: script -> the test file that runs it (it must name the script).
+RUN_BY_TESTS = {
+    "examples/legacy/vae.py": "tests_legacy/test_report_script.py",
+    "examples/legacy/imagefolder_cifar10.py": "tests_legacy/test_report_script.py",
+}
+
+
+def _fences(text: str) -> list[dict]:
+    """The fenced blocks of a Markdown text: opening line (1-based), closing line, the info
+    string after the fence, and the body lines, dedented by the fence's indent."""
+    lines, blocks, i = text.splitlines(), [], 0
+    while i < len(lines):
+        m = FENCE.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        indent, fence = len(m["indent"]), m["fence"]
+        close = re.compile(rf"^[ \t]*{re.escape(fence[0])}{{{len(fence)},}}[ \t]*$")
+        j = i + 1
+        while j < len(lines) and not close.match(lines[j]):
+            j += 1
+        blocks.append({"line": i + 1, "end": j + 1, "info": m["info"].strip(),
+                       "body": [ln[indent:] if ln[:indent].strip() == "" else ln for ln in lines[i + 1:j]]})
+        i = j + 1
+    return blocks
+
+
+def _fence_language(info: str) -> str:
+    first = info.strip("{ }").split(maxsplit=1)
+    return first[0].lstrip(".").lower() if first else ""
+
+
+def _fence_title(info: str) -> str:
+    m = re.search(r'title="([^"]*)"', info)
+    return m.group(1) if m else ""
+
+
+def _anchors(text: str) -> dict[str, int]:
+    """Anchor id -> line (1-based) of the headings (toc's slugs, made unique as toc does:
+    ``_1``, ``_2``), of ``{#id}`` attribute lists and of raw HTML ``id="..."``, outside fences."""
+    from markdown.extensions.toc import slugify
+
+    fenced = {n for b in _fences(text) for n in range(b["line"], b["end"] + 1)}
+    found: dict[str, int] = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        if n in fenced:
+            continue
+        for m in re.finditer(r"""\{[^}]*#(?P<id>[\w-]+)[^}]*\}|\bid=["'](?P<html>[^"']+)["']""", line):
+            found.setdefault(m["id"] or m["html"], n)
+        h = HEADING.match(line)
+        if h and not re.search(r"\{[^}]*#[\w-]+[^}]*\}\s*$", h["text"]):
+            plain = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", h["text"]).replace("`", "")
+            slug, k = slugify(plain, "-"), 0
+            while (slug if k == 0 else f"{slug}_{k}") in found:
+                k += 1
+            found[slug if k == 0 else f"{slug}_{k}"] = n
+    return found
+
+
+def _whole_include_lines(text: str, path: str) -> list[int]:
+    return [n for n, ln in enumerate(text.splitlines(), 1) if ln.strip() == f'--8<-- "{path}"']
+
+
+def _links_to_whole_script(rel: str, text: str, block: dict, path: str, read) -> bool:
+    """Whether a link within LINK_WINDOW lines of the block leads to the include of the
+    whole ``path``: on this page (``#anchor``) or another (``page.md`` or ``page.md#anchor``)."""
+    lines = text.splitlines()
+    near = lines[max(0, block["line"] - 1 - LINK_WINDOW):block["line"] - 1] + lines[block["end"]:block["end"] + LINK_WINDOW]
+    for m in LINK.finditer(" ".join(near)):
+        target, _, anchor = m["href"].partition("#")
+        if "://" in target or target.startswith("mailto:"):
+            continue
+        page_rel = rel if not target else os.path.normpath(os.path.join(os.path.dirname(rel), target))
+        page = text if page_rel == rel else read(page_rel)
+        if page is None:
+            continue
+        includes = _whole_include_lines(page, path)
+        if not anchor:
+            if includes:
+                return True
+            continue
+        at = _anchors(page).get(anchor)
+        if at is not None and any(at < n <= at + ANCHOR_WINDOW for n in includes):
+            return True
+    return False
+
+
+def _classify_python_blocks(rel: str, text: str, *, runs: set[int], scripts: dict[str, str],
+                            read, exists) -> list[tuple[int, str, str]]:
+    """Each python block of the page ``rel`` (path from the repository root) with ``text``:
+    ``(line, kind, note)``, kind one of ``runs`` (its opening line is in ``runs``, the blocks
+    test_code_blocks runs), ``whole-file`` (includes scripts of ``scripts``, script -> what runs
+    it), ``excerpt`` or ``bad`` (the note says why). ``read(path)`` gives another page's text
+    (None if there is none), ``exists(path)`` whether a file of the repository exists."""
+    out = []
+    for b in _fences(text):
+        if _fence_language(b["info"]) not in ("python", "py"):
+            continue
+        where = f"{rel}:{b['line']}"
+        if b["line"] in runs:
+            out.append((b["line"], "runs", ""))
+            continue
+        body = [ln.strip() for ln in b["body"] if ln.strip()]
+        specs = [m["spec"] for ln in body if (m := INCLUDE.fullmatch(ln))]
+        included = body and len(specs) == len(body)
+        wholes = [s for s in specs if ":" not in s] if included else []
+        sections = [s.partition(":")[0] for s in specs if ":" in s] if included else []
+        if included and not sections:
+            unrun = [s for s in wholes if s not in scripts]
+            if unrun:
+                note = (f"{where}: includes {', '.join(unrun)}, which neither docs/examples.yml nor a "
+                        "test runs: register it, or show it as an excerpt")
+                out.append((b["line"], "bad", note))
+            else:
+                out.append((b["line"], "whole-file", ", ".join(f"{s} ({scripts[s]})" for s in wholes)))
+            continue
+        title = EXCERPT_TITLE.match(_fence_title(b["info"]))
+        problem = None
+        if not title:
+            what = (f"includes a section ({', '.join(specs)})" if included else
+                    f"is not run by test_code_blocks (```{b['info']})")
+            problem = f'{what} and is not an excerpt titled title="Excerpt of <path>..."'
+        elif not exists(title["path"]):
+            problem = f"is titled an excerpt of {title['path']}, which does not exist"
+        elif included and (set(sections) | set(wholes)) != {title["path"]}:
+            problem = f"includes {', '.join(specs)} but is titled an excerpt of {title['path']}"
+        elif not _links_to_whole_script(rel, text, b, title["path"], read):
+            problem = (f"is an excerpt of {title['path']} without a link, within {LINK_WINDOW} lines, to "
+                       f'the whole script (an anchor followed by --8<-- "{title["path"]}", or a page that includes it)')
+        if problem:
+            out.append((b["line"], "bad", f"{where}: python block {problem}"))
+        else:
+            out.append((b["line"], "excerpt", title["path"]))
+    return out
+
+
+def _doc_pages() -> list[Path]:
+    files = [p for p in sorted(DOCS.rglob("*.md")) if "generated" not in p.relative_to(DOCS).parts]
+    return files + ([ROOT / "README.md"] if (ROOT / "README.md").is_file() else [])
+
+
+def _read_page(rel: str) -> str | None:
+    path = ROOT / rel
+    return path.read_text() if path.suffix == ".md" and path.is_file() else None
+
+
+def _scripts_run() -> dict[str, str]:
+    """Script path -> what runs it: the entries of docs/examples.yml and RUN_BY_TESTS."""
+    scripts = {e["script"]: "docs/examples.yml" for e in _hook().load_registry(ROOT) if "script" in e}
+    for script, test in RUN_BY_TESTS.items():
+        assert Path(script).name in (ROOT / test).read_text() or Path(script).stem in (ROOT / test).read_text(), \
+            f"{test} does not run {script}: correct RUN_BY_TESTS"
+        scripts[script] = test
+    return scripts
+
+
+def test_every_python_block_runs_or_links_to_a_script():
+    """Every python block a reader can copy runs as shown (test_code_blocks), includes a whole
+    script that an example or a test runs, or is titled ``Excerpt of <path>`` and linked to the
+    whole script; anything else fails, naming the file and line. A block marked
+    ``test="skip"`` counts as not run."""
+    runs: dict[Path, set[int]] = {}
+    for ex in _code_examples():
+        if _code_block_skip_reason(ex) is None:
+            runs.setdefault(Path(ex.path), set()).add(ex.start_line)
+    scripts = _scripts_run()
+    kinds: dict[str, int] = {}
+    bad = []
+    for page in _doc_pages():
+        rel = page.relative_to(ROOT).as_posix()
+        for _line, kind, note in _classify_python_blocks(rel, page.read_text(), runs=runs.get(page, set()),
+                                                         scripts=scripts, read=_read_page,
+                                                         exists=lambda p: (ROOT / p).is_file()):
+            kinds[kind] = kinds.get(kind, 0) + 1
+            if kind == "bad":
+                bad.append(note)
+    print(kinds)
+    assert not bad, "python blocks that neither run nor link to a script that runs:\n" + "\n".join(bad)
+    assert kinds.get("runs", 0) > 10 and kinds.get("excerpt", 0) > 0, kinds
+
+
+_PAGE = """# A page
+
+Copy [the whole script](#the-whole-script), an excerpt of which is:
+
+```python title="Excerpt of examples/s.py: the model"
+--8<-- "examples/s.py:model"
+```
+
+```python
+--8<-- "examples/s.py:model"
+```
+
+```python title="Excerpt of examples/s.py"
+--8<-- "examples/s.py:model"
+```
+
+Text far away from any link.
+
+```python test="skip"
+x = undefined_name
+```
+
+```python title="Excerpt of examples/gone.py: part"
+y = 1
+```
+
+See [the other page](other.md#all) for all of it.
+
+```python title="Excerpt of examples/s.py: by hand"
+model = Model()
+```
+
+````python
+--8<-- "examples/unregistered.py"
+````
+
+```python
+print(1)
+```
+
+## The whole script
+
+??? example "The whole script"
+
+    ```python title="examples/s.py"
+    --8<-- "examples/s.py"
+    ```
+"""
+
+
+def test_python_block_classifier_on_made_up_blocks():
+    """The classifier of test_every_python_block_runs_or_links_to_a_script fails what it should."""
+    other = "# Other\n\n## All\n\n```python\n--8<-- \"examples/s.py\"\n```\n"
+    result = _classify_python_blocks(
+        "docs/page.md", _PAGE, runs={37}, scripts={"examples/s.py": "docs/examples.yml"},
+        read=lambda rel: other if rel == "docs/other.md" else None,
+        exists=lambda p: p == "examples/s.py")
+    assert [(line, kind) for line, kind, _ in result] == [
+        (5, "excerpt"),   # titled and linked, two lines above, to the anchor of the whole script
+        (9, "bad"),       # a section include with no title
+        (13, "bad"),      # titled, but no link within LINK_WINDOW lines
+        (19, "bad"),      # test="skip" and not an excerpt: a silent skip
+        (23, "bad"),      # an excerpt of a file that does not exist
+        (29, "excerpt"),  # linked (just above) to another page that includes the whole script
+        (33, "bad"),      # a whole-file include that nothing runs (a four-backtick fence too)
+        (37, "runs"),     # run by test_code_blocks
+        (45, "whole-file"),
+    ], result
+    notes = {line: note for line, kind, note in result if kind == "bad"}
+    assert notes[9].startswith("docs/page.md:9: ") and "Excerpt of" in notes[9]
+    assert "without a link" in notes[13] and "examples/gone.py" in notes[23]
+    assert "examples/unregistered.py" in notes[33]
+    # the anchor must exist and be followed by the include of the whole script
+    broken = _PAGE.replace("## The whole script", "## Something else")
+    lines = [(ln, k) for ln, k, _ in _classify_python_blocks(
+        "docs/page.md", broken, runs={37}, scripts={"examples/s.py": "x"}, read=lambda rel: None,
+        exists=lambda p: True)]
+    assert (5, "bad") in lines and (29, "bad") in lines
 
 
 # --------------------------------------------------------------------------- the browser
