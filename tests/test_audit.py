@@ -121,3 +121,32 @@ def test_bad_input(tmp_path, args, message, capsys, monkeypatch):
     assert len(lines) == 1 and message in lines[0], err
     assert "Traceback" not in err
     assert not (tmp_path / "a" / "runs").exists()  # nothing trained
+
+
+def test_a_failed_run_is_exit_code_3_not_a_verdict(tmp_path, capsys, monkeypatch):
+    """A run that fails (or hangs) says so in one line with exit code 3; 1 means the audit's verdict."""
+    from vae_ddp.audit import study
+    from vae_ddp.cli import main
+    from vae_ddp.studies.launch import RunFailed
+
+    def failing(*args, **kwargs):
+        raise RunFailed("run 'ddp' exited with code 1; first error: RuntimeError: boom")
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(study, "audit", failing)
+    code = main(["audit", "--model", f"{M}.Plain", "--data", f"{M}.Regression", "--out", str(tmp_path / "a")])
+    err = capsys.readouterr().err
+    assert code == 3 and "boom" in err, err
+
+
+@pytest.mark.parametrize("spelling", [["--model", "nowhere.py:Net"], ["--model=nowhere.py:Net"]])
+def test_a_missing_file_is_one_line_in_both_spellings(tmp_path, capsys, monkeypatch, spelling):
+    from vae_ddp.cli import main
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    code = main(["audit", *spelling, "--data", f"{M}.Regression", "--out", str(tmp_path / "a")])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "nowhere.py does not exist" in err, err
+

@@ -667,9 +667,6 @@ KNOWN_INTERNAL: set = {
     # the committed step-time table (benchmarks/step_time.py renders it) states the load average
     # of the machine the benchmark ran on
     ("/recipe/", "load average"),
-    # the audit's title names a model given as path/to/file.py:Class by the module name the
-    # audit imports the file as (vae_ddp.audit.spec._module_name)
-    ("/audit/", "_vae_ddp_user_"),
 }
 
 

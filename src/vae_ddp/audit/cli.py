@@ -7,15 +7,17 @@ MODEL and DATA are ``package.module.Class`` or ``path/to/file.py:Class``. DATA's
 ``batch_size`` is the global batch size (one device's batch); each DDP rank gets
 ``batch_size / devices``. Exit codes: 0 the fixed run is within 2x the one-device floor,
 1 it is not (something unexplained, or a factor the audit cannot fix by itself, such as a
-loss averaged over a variable number of items; or a run failed), 2 bad input (one line,
-before any training).
+loss averaged over a variable number of items), 2 bad input (one line, before any
+training), 3 a training run failed (its first error line, and where every rank's log is).
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -30,7 +32,11 @@ def _parser():
 
     p = ArgumentParser(prog="vae-ddp audit", exit_on_error=False, description=(
         "Train your LightningModule on one device and with DDP from the same weights and global batch, "
-        "and find which factor makes them differ."))
+        "and find which factor makes them differ. --model and --data take package.module.Class or "
+        "path/to/file.py:Class; --data.init_args.batch_size is the global batch size (each of the --devices "
+        "ranks gets batch_size / devices)."), epilog=(
+        "exit codes: 0 DDP with the fixes matches one device within 2x the one-device floor; 1 it does not "
+        "(unexplained, or a factor that needs a change in your code); 2 bad input; 3 a training run failed"))
     p.add_subclass_arguments(LightningModule, "model", required=True)
     p.add_subclass_arguments(LightningDataModule, "data", required=True)
     p.add_argument("--devices", type=int, default=2, help="DDP world size N (default: 2)")
@@ -52,21 +58,21 @@ def _resolve_files(argv: list[str]) -> tuple[list[str], dict[str, Optional[str]]
     while i < len(argv):
         a = argv[i]
         for key in ("model", "data"):
-            if a == f"--{key}" and i + 1 < len(argv) and ".py:" in argv[i + 1]:
-                try:
-                    path, files[key] = resolve_class_arg(argv[i + 1])
-                except ValueError as err:
-                    raise UserError(f"--{key}: {err}") from None
-                except Exception as err:  # the user's file fails to import
-                    raise UserError(f"--{key}: {argv[i + 1]} does not import: {type(err).__name__}: {err}") from None
-                out += [a, path]
-                i += 2
-                break
-            if a.startswith(f"--{key}=") and ".py:" in a:
-                path, files[key] = resolve_class_arg(a.split("=", 1)[1])
-                out.append(f"--{key}={path}")
-                i += 1
-                break
+            spaced = a == f"--{key}" and i + 1 < len(argv) and ".py:" in argv[i + 1]
+            joined = a.startswith(f"--{key}=") and ".py:" in a
+            if not (spaced or joined):
+                continue
+            value = argv[i + 1] if spaced else a.split("=", 1)[1]
+            try:  # the same one line in both spellings
+                path, files[key] = resolve_class_arg(value)
+            except ValueError as err:
+                raise UserError(f"--{key}: {err}") from None
+            except Exception as err:  # noqa: BLE001 - the user's file fails to import
+                first = str(err).splitlines()[0] if str(err) else ""
+                raise UserError(f"--{key}: {value} does not import: {type(err).__name__}: {first}") from None
+            out += [a, path] if spaced else [f"--{key}={path}"]
+            i += 2 if spaced else 1
+            break
         else:
             out.append(a)
             i += 1
@@ -145,14 +151,24 @@ def check(run, data_cls: type, model_cls: type) -> list[dict]:
     if model.automatic_optimization:  # manual optimization needs the trainer's optimizers: no dry run
         dtype = torch.float64 if run.dtype == "float64" else torch.float32
         try:
-            with torch.random.fork_rng():
+            with torch.random.fork_rng(), _no_trainer_warnings():
                 model.to(dtype=dtype).training_step(_cast(batch, dtype), 0)
         except Exception as err:  # noqa: BLE001 - the user's code: report its first line
             where = "on CPU" if run.accelerator == "cpu" else "on the CPU dry run"
             raise UserError(f"{model_cls.__name__}.training_step fails {where} on one batch "
                             f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}): fix the model "
                             "so that it runs on CPU, or use --accelerator gpu") from None
-    return static_findings(model, dm, batch, run.devices)
+    with _no_trainer_warnings():
+        return static_findings(model, dm, batch, run.devices)
+
+
+@contextlib.contextmanager
+def _no_trainer_warnings():
+    """The dry run calls ``training_step`` without a Trainer: Lightning's warning that
+    ``self.log`` has no Trainer to log to is about the dry run, not the user's model."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*You are trying to `self\.log\(\)`.*")
+        yield
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -196,9 +212,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     except UserError as err:
         print(f"vae-ddp audit: error: {err}", file=sys.stderr)
         return 2
-    except RunFailed as err:
+    except RunFailed as err:  # a run failed or hung: not a verdict on the model
         print(f"vae-ddp audit: error: {err}", file=sys.stderr)
-        return 1
+        return 3
     return 0 if result["within_floor"] else 1
 
 

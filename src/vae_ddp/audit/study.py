@@ -23,6 +23,7 @@ passes (exit 0); well above, the difference is "unexplained: not one of the know
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -131,7 +132,8 @@ def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, pr
               "divergence_default": div_default, "divergence_fixed": div_fixed, "ratio_to_floor": ratio,
               "findings": findings, "within_floor": within, "unexplained": unexplained,
               "largest_differences": _largest(fixed, single) if unexplained else [],
-              "model": base.model, "data": base.data, "global_batch_size": base.global_batch_size}
+              "model": base.model, "data": base.data, "global_batch_size": base.global_batch_size,
+              "model_name": shown_name(base.model, base.model_file), "data_name": shown_name(base.data, base.data_file)}
     notes = [n for runs in (one, first) for _, i in runs.values() for n in i.get("notes", [])]
     result["notes"] = list(dict.fromkeys(notes))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -140,6 +142,18 @@ def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, pr
     (out_dir / "tables.md").write_text(text + "\n")
     print(text)
     return result
+
+
+def shown_name(cls: dict, file: Optional[str]) -> str:
+    """The class as the user named it: ``path/to/file.py:Class`` (relative to the working
+    directory) for a class given by file, else its dotted ``class_path``."""
+    if not file:
+        return cls["class_path"]
+    try:
+        where = os.path.relpath(file)
+    except ValueError:  # another drive (Windows)
+        where = file
+    return f"{where}:{cls['class_path'].rpartition('.')[2]}"
 
 
 _CLEAN = {
@@ -166,7 +180,7 @@ def render(result: dict) -> str:
 
     rows = [[f["factor"], "yes" if f["exposed"] else "no", f["evidence"], contribution(f), f["fix"], f["page"]]
             for f in result["findings"]]
-    title = (f"Audit of {result['model']['class_path']} on {result['devices']} devices vs one, "
+    title = (f"Audit of {result.get('model_name') or result['model']['class_path']} on {result['devices']} devices vs one, "
              f"global batch {result['global_batch_size']}, {result['steps']} steps, {result['dtype']}")
     lines = [format_table(["factor", "exposed", "evidence", "contribution (max abs param diff without its fix)",
                            "fix", "page"], rows, title=title), ""]
