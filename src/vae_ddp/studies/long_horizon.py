@@ -334,9 +334,12 @@ def plot(result: dict, path: Path) -> None:
         axes[2].axhline(y, color="k", lw=0.8, ls="--")
     axes[2].plot([], [], color="k", lw=0.8, ls="--", label="final train KL margin")
     w = result["settings"]["window"]
-    axes[0].set(title="train KL term (global batch)", ylabel=f"KL x kl_coeff, mean over {w} steps")
-    axes[1].set(title="train reconstruction (global batch)", ylabel=f"MSE, mean over {w} steps")
-    axes[2].set(title="train KL: shared minus independent (same seed)", ylabel="difference of KL x kl_coeff")
+    axes[0].set(title="train KL term (global batch)\nmean ±1 SD over seeds",
+                ylabel=f"KL x kl_coeff, mean over {w} steps (log scale)")
+    axes[1].set(title="train reconstruction (global batch)\nmean ±1 SD over seeds",
+                ylabel=f"MSE, mean over {w} steps (log scale)")
+    axes[2].set(title="train KL: shared minus independent\n(paired by seed)",
+                ylabel=f"difference of KL x kl_coeff, mean over {w} steps")
     for ax in axes:
         ax.set_xlabel("optimizer step")
         ax.grid(alpha=0.3)

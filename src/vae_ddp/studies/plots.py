@@ -14,23 +14,37 @@ METRICS = ("loss", "kl", "recon_loss")
 TITLES = {"loss": "loss", "kl": "KL term (x kl_coeff)", "recon_loss": "reconstruction (MSE)"}
 
 
+VAL_NOTE = ("validation (dashed, markers) runs in eval mode: BatchNorm uses its running statistics, "
+            "which lag the training batches early on")
+YLABELS = {"loss": "loss (reconstruction + KL term)", "kl": "KL x kl_coeff (batch mean)",
+           "recon_loss": "MSE (mean over pixels)"}
+
+
 def plot_curves(series: Iterable[tuple[str, list[dict], list[dict]]], path: Path, title: str = "") -> Path:
     """One panel per metric; each series is ``(label, train_records, val_records)``.
-    Train curves are lines, validation points are markers on the same colour."""
-    fig = Figure(figsize=(14, 4), layout="constrained")
+    Train curves are lines, validation points are markers on the same colour; the legend,
+    below the panels, says that validation is computed in eval mode (BatchNorm running
+    statistics), which is why its points can lie far from the training curve."""
+    series = list(series)
+    fig = Figure(figsize=(14, 4.6), layout="constrained")
     axes = fig.subplots(1, 3)
     for i, (label, train, val) in enumerate(series):
         color = f"C{i}"
         for ax, m in zip(axes, METRICS):
-            ax.plot([r["step"] for r in train], [r[m] for r in train], color=color, lw=1.2, label=f"{label} train")
+            ax.plot([r["step"] for r in train], [r[m] for r in train], color=color, lw=1.2,
+                    label=f"{label}: train (batch statistics)")
             if val:
                 ax.plot([r["step"] for r in val], [r[m] for r in val], "o--", color=color, ms=4,
-                        label=f"{label} val")
+                        label=f"{label}: validation (eval mode, BatchNorm running statistics)")
     for ax, m in zip(axes, METRICS):
         ax.set_title(TITLES[m])
         ax.set_xlabel("optimizer step")
+        ax.set_ylabel(YLABELS[m])
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
+    handles, labels = axes[0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="outside lower center", ncols=max(1, len(series)), fontsize=8,
+                   title=VAL_NOTE, title_fontsize=8)
     if title:
         fig.suptitle(title)
     fig.savefig(path, dpi=110)
@@ -80,9 +94,9 @@ def plot_report_style(records: list[dict], configs: list[str], path: Path, title
         axes[0][col].set_title(f"{TITLES[m]}: as logged (report's logging)")
         axes[1][col].set_title(f"{TITLES[m]}: whole global batch")
         for row in range(2):
-            axes[row][col].set_ylabel(TITLES[m])
+            axes[row][col].set_ylabel(YLABELS[m])
+            axes[row][col].set_xlabel("optimizer step")
             axes[row][col].grid(alpha=0.3)
-        axes[1][col].set_xlabel("optimizer step")
     axes[0][0].legend(fontsize=8, title=f"rolling mean and std over {window} steps", title_fontsize=8)
     if title:
         fig.suptitle(title)

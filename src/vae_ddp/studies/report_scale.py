@@ -464,26 +464,35 @@ def render(result: dict) -> str:
 
 
 def plot(result: dict, path: Path) -> Path:
-    """Horizontal bars: each variant's gradient ratio to batch noise and logging's KL ratio (log x)."""
+    """Horizontal bars on a linear axis: each variant's gradient ratio to batch noise and
+    logging's KL ratio, with the batch-to-batch noise of one device marked at 1.0x."""
     from matplotlib.figure import Figure
 
-    rows = [(f"{name}\n({v['factor']})", v["ratio_to_batch_noise"]["all"], "C0")
-            for name, v in result["variants"].items()]
-    if result.get("logging"):
-        rows.append(("logging: rank 0's KL vs global-batch KL", result["logging"]["kl_ratio"], "C1"))
-    fig = Figure(figsize=(9, 0.6 * len(rows) + 1.6), layout="constrained")
+    grad = [(f"{name}\n({v['factor']})", v["ratio_to_batch_noise"]["all"]) for name, v in result["variants"].items()]
+    logged = [("logging: rank 0's KL\nvs global-batch KL", result["logging"]["kl_ratio"])] if result.get("logging") else []
+    n = len(grad) + len(logged)
+    fig = Figure(figsize=(9, 0.6 * n + 2.4), layout="constrained")
     ax = fig.subplots()
-    y = list(range(len(rows)))[::-1]
-    ax.barh(y, [r[1] for r in rows], color=[r[2] for r in rows])
-    ax.set_yticks(y, [r[0] for r in rows], fontsize=8)
-    ax.set_xscale("log")
-    ax.axvline(1.0, color="k", ls="--", lw=1)
-    ax.text(1.0, y[0] + 0.45, " = another batch", fontsize=8, va="bottom")
-    ax.set_xlabel("difference to one device on the same batch / difference between two batches of one device")
+    y = list(range(n))[::-1]
+    bars = ax.barh(y[:len(grad)], [r[1] for r in grad], color="C0",
+                   label="gradient after one step: difference to one device on the same batch")
+    ax.bar_label(bars, fmt="%.3g", padding=3, fontsize=8)
+    if logged:
+        bars = ax.barh(y[len(grad):], [r[1] for r in logged], color="C1",
+                       label="logged KL: rank 0's value vs the global batch's")
+        ax.bar_label(bars, fmt="%.3g", padding=3, fontsize=8)
+    ax.set_yticks(y, [r[0] for r in grad + logged], fontsize=8)
+    ax.set_ylabel("variant (factor it isolates)")
+    ax.axvline(1.0, color="k", ls="--", lw=1, label="1.0x: batch-to-batch noise of one device")
+    ax.text(0.99, 0.99, "batch noise\n(1.0x)", transform=ax.get_xaxis_transform(), ha="right", va="top", fontsize=8)
+    ax.set_xlim(0, max(1.15, 1.1 * max(r[1] for r in grad + logged)))
+    ax.set_xlabel("difference / batch-to-batch noise of one device (ratio, linear scale)")
     s = result["settings"]
-    ax.set_title(f"One step from the same weights: {s['model']} VAE, global batch {s['global_batch_size']} "
-                 f"({s['world_size']} ranks x {s['global_batch_size'] // s['world_size']}), {s['data']}", fontsize=10)
+    ax.set_title(f"One step from the same weights: {s['model']} VAE, {s['data']},\n"
+                 f"global batch {s['global_batch_size']} ({s['world_size']} ranks x "
+                 f"{s['global_batch_size'] // s['world_size']})", fontsize=10)
     ax.grid(axis="x", alpha=0.3)
+    fig.legend(loc="outside lower center", fontsize=8, ncols=1)
     fig.savefig(path, dpi=110)
     return path
 

@@ -239,23 +239,36 @@ def verdict_lines(summary: dict, margin_sd: float = MARGIN_SD) -> list[str]:
 
 
 def _plot(runs: dict, path: Path, base: RunSpec) -> None:
-    """Mean and ±1 standard deviation over seeds of each configuration's train curves."""
+    """The study's figure (`plot` of its runs, titled with the settings)."""
+    plot(runs, path, f"{base.model} VAE on {base.data}, global batch {base.global_batch_size}")
+
+
+def plot(runs: dict, path: Path, title: str = "") -> None:
+    """Mean and ±1 standard deviation over seeds of each configuration's train curves: one
+    line and one band per configuration (not one line per seed).
+
+    ``runs`` maps a configuration to its runs, one per seed, each with ``records`` (dicts
+    with ``step``, ``kl``, ``recon_loss``)."""
     import numpy as np
 
-    fig = Figure(figsize=(13, 4.2), layout="constrained")
+    fig = Figure(figsize=(13, 4.6), layout="constrained")
     axes = fig.subplots(1, 2)
     for i, (c, rs) in enumerate(runs.items()):
         steps = [x["step"] for x in rs[0]["records"]]
         for ax, key in zip(axes, ("kl", "recon_loss")):
             y = np.array([[x[key] for x in r["records"]] for r in rs])
-            m, s = y.mean(0), y.std(0, ddof=1)
-            ax.plot(steps, m, color=f"C{i}", lw=1.2, label=f"{c}: mean of {len(rs)} seeds")
-            ax.fill_between(steps, m - s, m + s, color=f"C{i}", alpha=0.15, lw=0)
-    axes[0].set(title="train KL term (global batch), mean ±1 SD over seeds", ylabel="KL x kl_coeff")
-    axes[1].set(title="train reconstruction (global batch), mean ±1 SD over seeds", ylabel="MSE")
+            m, s = y.mean(0), y.std(0, ddof=1) if len(rs) > 1 else np.zeros(len(steps))
+            ax.plot(steps, m, color=f"C{i}", lw=1.4, label=f"{c}: mean of {len(rs)} seeds")
+            ax.fill_between(steps, m - s, m + s, color=f"C{i}", alpha=0.18, lw=0,
+                            label=f"{c}: ±1 SD over seeds")
+    axes[0].set(title="train KL term (global batch)", ylabel="KL x kl_coeff, batch mean (linear scale)")
+    axes[1].set(title="train reconstruction (global batch)", ylabel="MSE, mean over pixels (linear scale)")
     for ax in axes:
         ax.set_xlabel("optimizer step")
         ax.grid(alpha=0.3)
-    axes[0].legend()
-    fig.suptitle(f"{base.model} VAE on {base.data}, global batch {base.global_batch_size}")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside right upper", fontsize=8,
+               title="line: mean over seeds\nband: ±1 seed-to-seed SD", title_fontsize=8)
+    if title:
+        fig.suptitle(title)
     fig.savefig(path, dpi=110)
