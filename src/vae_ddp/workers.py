@@ -4,8 +4,8 @@ On Linux a ``DataLoader`` with ``num_workers > 0`` starts its workers with ``for
 default. A DDP rank already runs threads when it does (gloo's, the launcher's observer of
 the other ranks, torch's thread pools); ``fork`` copies the process but only the calling
 thread, and a lock another thread held at that moment stays held in the child for ever.
-We measured it: 1 audit in 7 with ``num_workers=1`` on 2 gloo ranks hung, the new worker
-blocked in ``PyOS_AfterFork_Child`` (seen with gdb). PyTorch's multiprocessing notes warn
+It happens at random: an audit with ``num_workers=1`` on 2 gloo ranks hung now and then,
+the new worker blocked in ``PyOS_AfterFork_Child`` (seen with gdb). PyTorch's multiprocessing notes warn
 about this ("poison fork"), and Python 3.14 made ``forkserver`` the default start method
 on Linux for the same reason.
 
@@ -44,8 +44,8 @@ def worker_context(*modules: str) -> multiprocessing.context.BaseContext:
 
     Why the preload matters: a worker of a plain ``multiprocessing_context="forkserver"``
     imports torch (and re-imports the script's ``__main__`` with all it imports) every time
-    it starts, each epoch unless ``persistent_workers=True``: 2.3 s per epoch for a bare
-    ``TensorDataset`` here, against 0.08 s with the preload. (Python 3.11's forkserver does
+    it starts, each epoch unless ``persistent_workers=True``: seconds per epoch even for a
+    bare ``TensorDataset``, where the preload makes it a fraction of a second. (Python 3.11's forkserver does
     not preload ``__main__`` itself: its preparation data names the script
     ``init_main_from_path``, the server looks for ``main_path``.) The preload takes effect
     when this process starts its server, at its first loader with workers.
