@@ -291,6 +291,7 @@ LINK = re.compile(r"\[[^\]]*\]\((?P<href>[^)\s]+)(?:\s+\"[^\"]*\")?\)")
 #: Scripts that the site includes whole and that are run by a test suite of their own rather
 #: than by docs/examples.yml: script -> the test file that runs it (it must name the script).
 RUN_BY_TESTS = {
+    "examples/recipe.py": "tests/test_recipe.py",  # run as is by examples/recipe_check.py --check
     "examples/legacy/vae.py": "tests_legacy/test_report_script.py",
     "examples/legacy/imagefolder_cifar10.py": "tests_legacy/test_report_script.py",
 }

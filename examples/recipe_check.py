@@ -1,0 +1,159 @@
+"""The check of the recipe (``examples/recipe.py``): does DDP on 2 processes reach one device?
+
+``--check`` trains, each in its own process: one device; one device again with the samples
+of each batch permuted (the same loss summed in another order: the rounding floor); and DDP
+on 2 gloo processes with the recipe's plain changes and with ``vae_ddp``'s helpers, in
+float64 and float32, and compares the final parameters. ``--changes`` prints the table of
+changes. Lightning starts the other DDP rank by re-running the command line.
+
+    python examples/recipe_check.py --check --out out/recipe
+    python examples/recipe_check.py --changes
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from recipe import Digits, train  # examples/recipe.py, beside this file
+from vae_ddp.fixes import GlobalBatchDistributedSampler, GlobalBatchNoise, registry
+
+
+# --8<-- [start:helpers]
+class DigitsGlobalBatches(Digits):
+    """Change 3 with vae_ddp's sampler: each global batch dealt to the ranks in contiguous chunks."""
+
+    def sampler(self, ds, world, rank):
+        return GlobalBatchDistributedSampler(ds, self.global_batch_size, num_replicas=world, rank=rank, seed=self.seed)
+
+
+# Change 4 with vae_ddp's callback: Trainer(callbacks=[GlobalBatchNoise(seed)]) replaces
+# model.noise during each training batch by the global batch's noise, sliced in the same
+# contiguous chunks (the module keeps drawing through self.noise(mu)).
+# --8<-- [end:helpers]
+
+
+#: The recipe as data: (change number or None, factor key, plain Lightning/torch, vae_ddp helper).
+#: The numbers are those of the ``# change N`` comments above (a test checks that they agree);
+#: each factor's name and page come from ``vae_ddp.fixes.registry``.
+CHANGES = [
+    (1, "batchnorm", "`Trainer(sync_batchnorm=True)` (GPUs)",
+     "`Trainer(plugins=[GlobalSyncBatchNorm()])` (CPU/gloo, where SyncBatchNorm refuses)"),
+    (2, "logging", "`self.log(..., sync_dist=True, batch_size=len(batch[0]))`", "-"),
+    (3, "sampler", "`DistributedSampler(ds, num_replicas=world_size, rank=rank, seed=seed, "
+     "drop_last=True)` at every world size, 1 included; `Trainer(use_distributed_sampler=False)`",
+     "`GlobalBatchDistributedSampler(ds, global_batch_size)`"),
+    (3, "reduction", "equal per-rank batches: `DataLoader(batch_size=global_batch_size // world_size, "
+     "drop_last=True)`", "`GlobalBatchDistributedSampler` drops the incomplete global batch"),
+    (4, "noise", "draw `eps` for the global batch from a `torch.Generator` seeded per step, keep "
+     "this rank's rows (`noise` above)", "`Trainer(callbacks=[GlobalBatchNoise(seed)])`, noise drawn through "
+     "`self.noise(mu)`; `PerRankSeed(seed)` for independent (not identical) noise per rank"),
+    (None, "optimizer", "none of its own: given the same gradients, Adam takes the same steps", "-"),
+]
+
+
+def changes_table() -> str:
+    """The recipe table in Markdown, headed by counts taken from ``CHANGES``."""
+    numbers = sorted({c[0] for c in CHANGES if c[0] is not None})
+    notes = []
+    for n in numbers:
+        factors = [f"*{registry.get(c[1]).name}*" for c in CHANGES if c[0] == n]
+        if len(factors) > 1:
+            notes.append(f"change {n} serves both {' and '.join(factors)}" if len(factors) == 2
+                         else f"change {n} serves {', '.join(factors)}")
+    notes += [f"*{registry.get(c[1]).name}* needs none" for c in CHANGES if c[0] is None]
+    head = f"{len(numbers)} changes cover the {len(CHANGES)} factors" + (f" ({'; '.join(notes)})" if notes else "")
+    lines = [head + ":", "", "| Change | Factor | Plain Lightning / torch | `vae_ddp` helper |", "|---|---|---|---|"]
+    for n, key, plain, helper in CHANGES:
+        factor = registry.get(key)
+        lines.append(f"| {n or '-'} | [{factor.name}]({factor.page}) | {plain} | {helper} |")
+    return "\n".join(lines)
+
+
+def check_one(dtype: str, steps: int, seed: int, permutations: int, out: Path) -> None:
+    """One device: the reference run and the permuted runs (the floor), saved to ``out``."""
+    from vae_ddp.studies.equivalence import WithinBatchPermutation
+
+    for k in range(permutations + 1):
+        _, model = train(1, dtype, steps, seed, callbacks=[WithinBatchPermutation(k)] if k else [])
+        torch.save(model.state_dict(), out / (f"single-permuted-{k}.pt" if k else "single.pt"))
+
+
+def check(steps: int, seed: int, permutations: int, out: Path) -> dict:
+    """Single, permuted single and DDP on 2 (plain, helpers) in float64 and float32: the table."""
+    from vae_ddp.studies.equivalence import FLOOR_FACTOR, max_abs_diff, verdict
+
+    result = {"floor_factor": FLOOR_FACTOR, "steps": steps, "permutations": permutations, "dtypes": {}}
+    rows = []
+    for dtype in ("float64", "float32"):
+        d = out / dtype
+        d.mkdir(parents=True, exist_ok=True)
+        base = [sys.executable, __file__, "--dtype", dtype, "--steps", str(steps), "--seed", str(seed)]
+        subprocess.run([*base, "--devices", "1", "--permutations", str(permutations), "--save", str(d)], check=True)
+        # the recipe exactly as a reader runs it (examples/recipe.py), then the same with the helpers
+        subprocess.run([sys.executable, str(Path(__file__).with_name("recipe.py")), "--devices", "2", "--dtype", dtype,
+                        "--steps", str(steps), "--seed", str(seed), "--out", str(d / "ddp-plain")], check=True,
+                       stdout=subprocess.DEVNULL)
+        (d / "ddp-plain" / "model.pt").replace(d / "ddp-plain.pt")
+        subprocess.run([*base, "--devices", "2", "--helpers", "--save", str(d / "ddp-helpers.pt")], check=True)
+        single = torch.load(d / "single.pt")
+        floors = [max_abs_diff(torch.load(d / f"single-permuted-{k}.pt"), single) for k in range(1, permutations + 1)]
+        floor = max(floors)
+        entry = {"floor": floor, "floor_runs": floors, "ddp": {}}
+        for variant in ("plain", "helpers"):
+            diff = max_abs_diff(torch.load(d / f"ddp-{variant}.pt"), single)
+            ratio = diff / floor if floor > 0 else (0.0 if diff == 0 else None)
+            entry["ddp"][variant] = {"max_abs_param_diff": diff, "ratio_to_floor": ratio,
+                                     "within_floor": ratio is not None and ratio <= FLOOR_FACTOR,
+                                     "verdict": verdict(ratio)}
+            rows.append((dtype, f"DDP on 2, {'plain Lightning/torch' if variant == 'plain' else 'vae_ddp helpers'}",
+                         diff, floor, ratio, verdict(ratio)))
+        result["dtypes"][dtype] = entry
+    (out / "recipe.json").write_text(json.dumps(result, indent=1))
+    fmt = lambda v: "inf" if v is None else ("0" if v == 0 else f"{v:.3g}" if abs(v) >= 1e-3 else f"{v:.2e}")  # noqa: E731
+    print(f"BottleneckClassifier on digits, global batch 64, {steps} Adam steps: final parameters against "
+          f"one device\n")
+    print("| dtype | run | max abs param diff | one-device floor | ratio to floor | verdict |")
+    print("|---|---|---|---|---|---|")
+    for dtype, run, diff, floor, ratio, text in rows:
+        print(f"| {dtype} | {run} | {fmt(diff)} | {fmt(floor)} | {fmt(ratio)} | {text} |")
+    return result
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description="the check of the recipe: DDP on 2 against one device and its floor")
+    p.add_argument("--devices", type=int, default=2)
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--helpers", action="store_true", help="make changes 3 and 4 with vae_ddp's helpers")
+    p.add_argument("--check", action="store_true", help="compare DDP on 2 with one device and the floor")
+    p.add_argument("--changes", action="store_true", help="print the table of changes")
+    p.add_argument("--permutations", type=int, default=4, help="permuted one-device runs for the floor")
+    p.add_argument("--save", type=Path, default=None, help="(internal) where a run of --check saves")
+    p.add_argument("--out", type=Path, default=Path("out/recipe"))
+    args = p.parse_args(argv)
+    from vae_ddp.utils import quiet
+
+    quiet()
+    if args.changes:
+        print(changes_table())
+    elif args.check:
+        args.out.mkdir(parents=True, exist_ok=True)
+        check(args.steps, args.seed, args.permutations, args.out)
+    elif args.save is not None and args.devices == 1:
+        check_one(args.dtype, args.steps, args.seed, args.permutations, args.save)
+    elif args.save is not None:
+        helpers = {"callbacks": [GlobalBatchNoise(args.seed)], "data_class": DigitsGlobalBatches} if args.helpers else {}
+        trainer, model = train(args.devices, args.dtype, args.steps, args.seed, **helpers)
+        if trainer.is_global_zero:
+            torch.save(model.state_dict(), args.save)
+    else:
+        p.error("give --check, --changes or --save")
+
+
+if __name__ == "__main__":
+    main()
