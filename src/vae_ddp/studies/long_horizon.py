@@ -285,12 +285,22 @@ def _p(p: float) -> str:
 
 
 def comparison_table(comparison: dict[str, dict], a: str, b: str) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of one comparison (``a`` vs the reference ``b``), formatted."""
-    headers = ["quantity", f"mean {b}", f"mean {a}", "difference", "95% CI", "p (Holm)", "margin ±",
-               "TOST p (Holm)", "detectable (80%)", "r", "verdict"]
-    rows = [[q, _g(e["mean_b"]), _g(e["mean_a"]), _g(e["diff"]), f"{_g(e['ci_low'])} to {_g(e['ci_high'])}",
-             _p(e["p_holm"]), _g(e["margin"]), _p(e["p_tost_holm"]), _g(e["mde"]), f"{e.get('r', float('nan')):.2f}",
-             e["verdict"]] for q, e in comparison.items()]
+    """Header and rows of one comparison (``a`` vs the reference ``b``), formatted: the verdict
+    and what it rests on (difference, its 95% CI, the equivalence margin). The test statistics
+    are in :func:`statistics_table` (two narrow tables fit a page; one wide one does not)."""
+    headers = ["quantity", "verdict", f"difference ({a} - {b})", "95% CI", "margin ±"]
+    rows = [[q, e["verdict"], _g(e["diff"]), f"{_g(e['ci_low'])} to {_g(e['ci_high'])}", _g(e["margin"])]
+            for q, e in comparison.items()]
+    return headers, rows
+
+
+def statistics_table(comparison: dict[str, dict], a: str, b: str) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the statistics behind :func:`comparison_table`: the means, the
+    Holm-adjusted p of the difference and of the equivalence test (TOST), the difference
+    detectable with 80% power and the seed-to-seed correlation ``r`` of the pairs."""
+    headers = ["quantity", f"mean {b}", f"mean {a}", "p (Holm)", "TOST p (Holm)", "detectable (80%)", "r"]
+    rows = [[q, _g(e["mean_b"]), _g(e["mean_a"]), _p(e["p_holm"]), _p(e["p_tost_holm"]), _g(e["mde"]),
+             f"{e.get('r', float('nan')):.2f}"] for q, e in comparison.items()]
     return headers, rows
 
 
@@ -303,7 +313,9 @@ def render(result: dict) -> str:
     title = (f"{st['model']} VAE, {st['data']}, {result['num_seeds']} seeds x {st['steps']} steps, global batch "
              f"{st['global_batch_size']}, Adam lr {st['lr']:g}: noise shared by {st['world_size']} ranks vs independent "
              f"(paired by seed; margin {result['margin_sd']:g} SD of the independent runs)")
-    return f"Verdict: **{result['verdict']}**: {result['summary']}.\n\n{format_table(headers, rows, title=title)}"
+    s_headers, s_rows = statistics_table(result["comparison"], "shared", "independent")
+    return (f"Verdict: **{result['verdict']}**: {result['summary']}.\n\n{format_table(headers, rows, title=title)}"
+            f"\n\n{format_table(s_headers, s_rows, title='The statistics behind each verdict')}")
 
 
 def plot(result: dict, path: Path) -> None:

@@ -194,7 +194,7 @@ def _g(v: float) -> str:
 
 def render(result: dict) -> str:
     """The study's verdict lines, then its tables (Markdown), from its ``seeds.json`` content."""
-    from vae_ddp.studies.long_horizon import comparison_table
+    from vae_ddp.studies.long_horizon import comparison_table, statistics_table
     from vae_ddp.studies.table import format_table
 
     st, n = result["settings"], result["num_seeds"]
@@ -205,9 +205,12 @@ def render(result: dict) -> str:
     for c, qs in result["summary"].items():
         if c == "single":
             continue
-        headers, rows = comparison_table({q: e["vs_single"] for q, e in qs.items()}, c, "single")
+        comparison = {q: e["vs_single"] for q, e in qs.items()}
+        headers, rows = comparison_table(comparison, c, "single")
         parts.append(format_table(headers, rows, title=f"{c} vs single, paired by seed (shared: "
                                                          f"{result['shared_with_single'][c]})"))
+        headers, rows = statistics_table(comparison, c, "single")
+        parts.append(format_table(headers, rows, title=f"{c} vs single: the statistics behind each verdict"))
     lines = "\n".join(f"- {v}" for v in result["verdict_lines"])
     head = (f"Verdict against single ({n} seeds, paired by seed; Holm over the {len(QUANTITIES)} quantities at 5%; "
             f"equivalence margin ±{result['margin_sd']:g} standard deviation of single over seeds):")
