@@ -84,8 +84,13 @@ def _start_site_build() -> None:
     out = Path(tempfile.mkdtemp(prefix="vae-ddp-site-"))
     log = open(out.with_suffix(".log"), "w+")
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
-    proc = subprocess.Popen([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out / "site")],
-                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+    from vae_ddp.guard import guarded
+
+    # under a guard: the build and every example it runs end with the session, even when
+    # pytest itself is killed (SIGTERM/SIGKILL skip pytest_sessionfinish)
+    cmd = guarded([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out / "site")],
+                  stall=3600)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
     _SITE.update(proc=proc, out=out, log=log, t0=time.monotonic())
 
 
@@ -109,7 +114,7 @@ def site_build(timeout: float = 3600) -> tuple[Path, str, float]:
     try:
         proc.wait(timeout=max(1.0, timeout - (time.monotonic() - _SITE["t0"])))
     except subprocess.TimeoutExpired:
-        proc.kill()
+        proc.terminate()  # the guard ends the build's whole tree
         raise
     _SITE.setdefault("seconds", time.monotonic() - _SITE["t0"])
     _SITE["log"].seek(0)
@@ -121,7 +126,8 @@ def site_build(timeout: float = 3600) -> tuple[Path, str, float]:
 def pytest_sessionfinish(session, exitstatus):
     if _SITE:
         if _SITE["proc"].poll() is None:
-            _SITE["proc"].kill()
+            _SITE["proc"].terminate()  # the guard ends the build's whole tree
+            _SITE["proc"].wait(timeout=30)
         _SITE["log"].close()
         shutil.rmtree(_SITE["out"], ignore_errors=True)
         Path(_SITE["log"].name).unlink(missing_ok=True)
