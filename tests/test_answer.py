@@ -372,3 +372,30 @@ def test_home_verdict_is_generated_from_the_committed_results(generated):
     rs = results["report_scale"]
     if rs:
         assert f"{rs['logging']['kl_ratio']:#.3g}x a batch-to-batch change" in box
+
+
+def test_factor_table_and_report_scale_rank_by_the_same_quantity(site):
+    """Home's factor table and the report-scale table show each training factor's effect as
+    the same number from the same JSON (one step's gradient change over batch noise), and the
+    ranking holds only that quantity (logging's logged-KL ratio is another kind)."""
+    from conftest import _hook
+    from vae_ddp.fixes import registry
+    from vae_ddp.studies.report_scale import factor_effects, ranking
+
+    r = json.loads((REPORT_SCALE / "report_scale.json").read_text())
+    effects = factor_effects(r)
+    assert set(effects) == {"noise", "batchnorm", "sampler"}
+    assert {row["kind"] for row in ranking(r)} == {"gradient"}
+    hook = _hook()
+    summary = (ROOT / hook.GENERATED / "summary" / "output.md").read_text()
+    tables = (REPORT_SCALE / "tables.md").read_text()
+    assert hook.REPORT_SCALE_COLUMN in summary.splitlines()[0]
+    for key, value in effects.items():
+        name = registry.get(key).name
+        row = next(ln for ln in summary.splitlines() if f"[{name}]" in ln)
+        assert row.split("|")[2].strip() == f"{value:.3g}x", row
+        assert re.search(rf"^\| {re.escape(name)} \(.*\) \| \*\*{re.escape(f'{value:.3g}')}\*\* \|", tables, re.M), name
+    for f in registry.factors():
+        if f.key not in effects:
+            row = next(ln for ln in summary.splitlines() if f"[{f.name}]" in ln)
+            assert row.split("|")[2].strip() == "-", row

@@ -81,3 +81,10 @@ def test_recipe_table_uses_the_registry_names():
     table = mod.changes_table()
     linked = re.findall(r"\| \[([^\]]+)\]\(([^)]+)\) \|", table)
     assert sorted(linked) == sorted((f.name, f.page) for f in registry.factors()), linked
+
+
+def test_report_scale_names_each_factor_as_the_registry_does():
+    from vae_ddp.studies.report_scale import FACTOR_VARIANTS, VARIANTS
+
+    for key, variant in FACTOR_VARIANTS.items():
+        assert VARIANTS[variant][2] == registry.get(key).name, (key, VARIANTS[variant])

@@ -263,6 +263,21 @@ def write_if_changed(path: Path, text: str) -> None:
         path.write_text(text)
 
 
+#: The factor table's column with the one quantity every training factor is ranked by (Home's
+#: report-scale study, committed under docs/results/report-scale/).
+REPORT_SCALE_COLUMN = "One step's gradient change at the report's scale, over batch noise"
+
+
+def report_scale_effects(root: Path) -> dict[str, float]:
+    """``{factor key: ratio}`` from the committed report-scale study (empty when absent)."""
+    path = root / "docs" / "results" / "report-scale" / "report_scale.json"
+    if not path.is_file():
+        return {}
+    from vae_ddp.studies.report_scale import factor_effects
+
+    return factor_effects(json.loads(path.read_text()))
+
+
 def write_summary(root: Path, entries: list[dict[str, Any]]) -> None:
     """``docs/generated/summary/output.md``: one row per ``summary: true`` entry."""
     rows: list[dict[str, Any]] = []
@@ -279,6 +294,9 @@ def write_summary(root: Path, entries: list[dict[str, Any]]) -> None:
         if e.get("page"):
             first = next(iter(row)) if row else "factor"
             row[first] = f"[{row.get(first, e['name'])}]({e['page']})"
+            effect = report_scale_effects(root).get(Path(e["page"]).stem)
+            row = {first: row[first], REPORT_SCALE_COLUMN: "-" if effect is None else f"{effect:.3g}x",
+                   **{k: v for k, v in row.items() if k != first}}
         rows.append(row)
     if not rows:
         return

@@ -52,20 +52,25 @@ import torch
 
 from vae_ddp.studies.configs import RunSpec
 
-__all__ = ["VARIANTS", "command_md", "plot", "ranking", "render", "report_scale"]
+__all__ = ["VARIANTS", "FACTOR_VARIANTS", "command_md", "factor_effects", "plot", "ranking", "render",
+           "report_scale"]
 
 #: name -> (configuration, fields changed from the exact spec, factor it isolates).
 VARIANTS: dict[str, tuple[str, dict, str]] = {
     "ddp, Lightning defaults": ("ddp", {"noise": "default", "sync_bn": False, "sampler": "default",
                                         "sync_dist_logging": False}, "all factors together"),
-    "ddp, noise back to default": ("ddp", {"noise": "default"}, "random streams per rank"),
+    "ddp, noise back to default": ("ddp", {"noise": "default"}, "Random streams per rank"),
     "ddp, BatchNorm back to per-rank": ("ddp", {"sync_bn": False}, "BatchNorm statistics"),
-    "ddp, sampler back to DistributedSampler": ("ddp", {"sampler": "default"}, "sampler and order"),
+    "ddp, sampler back to DistributedSampler": ("ddp", {"sampler": "default"}, "Sampler and data order"),
     "dp (emulation of Lightning 1.x DP)": ("dp", {"noise": "default", "sync_bn": False, "sampler": "global",
                                                   "sync_dist_logging": False}, "DP's chunks"),
     "ddp, every fix": ("ddp", {}, "none (rounding floor)"),
 }
 DEFAULT_VARIANT = "ddp, Lightning defaults"
+#: factor key of ``vae_ddp.fixes.registry`` -> the variant that isolates it (every fix on but that one);
+#: the factor names in ``VARIANTS`` are the registry's (tests/test_names.py checks)
+FACTOR_VARIANTS = {"noise": "ddp, noise back to default", "batchnorm": "ddp, BatchNorm back to per-rank",
+                   "sampler": "ddp, sampler back to DistributedSampler"}
 GROUPS = ("all", "encoder", "fc_mu/fc_var", "decoder")
 
 
@@ -210,16 +215,23 @@ def _relvar(values: list[float]) -> float:
 
 
 def ranking(result: dict) -> list[dict]:
-    """The factors by their measured effect on one step of what the report plotted, largest
-    first: each training factor's gradient ratio and logging's logged-KL ratio (both: the
-    difference the factor causes over the difference another batch causes)."""
-    rows = [{"factor": v["factor"], "variant": name, "ratio": v["ratio_to_batch_noise"]["all"], "kind": "gradient"}
+    """The training factors by their measured effect on one step's gradient, largest first:
+    the gradient difference the factor causes over the difference another batch causes (one
+    quantity for every row). Logging changes what is plotted, not the gradient: its ratio
+    (``result["logging"]``) is another quantity and is not ranked with these."""
+    rows = [{"factor": VARIANTS[name][2] if name in VARIANTS else v["factor"], "variant": name,
+             "ratio": v["ratio_to_batch_noise"]["all"], "kind": "gradient"}
             for name, v in result["variants"].items()
             if v["config"] == "ddp" and name not in (DEFAULT_VARIANT, "ddp, every fix")]
-    if result.get("logging"):
-        rows.append({"factor": "logging", "variant": DEFAULT_VARIANT, "ratio": result["logging"]["kl_ratio"],
-                     "kind": "logged KL"})
     return sorted(rows, key=lambda r: -r["ratio"])
+
+
+def factor_effects(result: dict) -> dict[str, float]:
+    """``{factor key: ratio}``: each training factor's one-step gradient difference over the
+    batch-to-batch noise of one device (all parameters), from a ``report_scale.json`` content;
+    the quantity the factor table and the ranking share."""
+    return {key: result["variants"][name]["ratio_to_batch_noise"]["all"]
+            for key, name in FACTOR_VARIANTS.items() if name in result["variants"]}
 
 
 def report_scale(
@@ -434,13 +446,13 @@ def render(result: dict) -> str:
             f"frozen initial weights, {s['grad_steps']} global batches")
     lines = [f"Gradient difference to one device on the same global batch, over the batch-to-batch noise of one "
              f"device ({head})", "",
-             "| variant | factor | ratio to batch noise | encoder | fc_mu/fc_var | decoder | per step |",
-             "|---|---|---|---|---|---|---|"]
+             "| factor (variant) | ratio to batch noise | encoder | fc_mu/fc_var | decoder |",
+             "|---|---|---|---|---|"]
     for name, v in result["variants"].items():
         r = v["ratio_to_batch_noise"]
-        steps = ", ".join(_f(x) for x in v["ratio_per_step"])
-        lines.append(f"| {name} | {v['factor']} | {_f(r['all'])} | {_f(r['encoder'])} | {_f(r['fc_mu/fc_var'])} | "
-                     f"{_f(r['decoder'])} | {steps} |")
+        factor = VARIANTS[name][2] if name in VARIANTS else v["factor"]
+        lines.append(f"| {factor} ({name}) | **{_f(r['all'])}** | {_f(r['encoder'])} | {_f(r['fc_mu/fc_var'])} | "
+                     f"{_f(r['decoder'])} |")
     n, g = result["batch_noise"], result["grad_norm"]
     lines += ["", f"Batch-to-batch noise of one device: mean ||g(batch k) - g(batch k')|| = {_f(n['all'])}, "
               f"mean gradient norm ||g|| = {_f(g['all'])} (ratio {_f(n['all'] / g['all'])})"]

@@ -326,7 +326,7 @@ def verdict_box(results: dict[str, dict | None]) -> str:
     seeds, lh, rs = results["seeds"], results["long_horizon"], results["report_scale"]
     d = decide(seeds, lh)
     body = [" ".join([_seen(rs), d["training"], _dp(seeds)]), "", *_table(seeds, lh, d["verdicts"]), "",
-            "**The change**: [the recipe](recipe.md)."]
+            "**The change**: one script with every change, below ([the recipe](recipe.md) explains each)."]
     return f'!!! info "{d["title"]}"\n\n' + "\n".join(("    " + ln) if ln else "" for ln in body) + "\n"
 
 
