@@ -148,3 +148,20 @@ def test_report_style_figure(tmp_path, captured):
                for c, rs in _runs(["single", "ddp", "dp"], seeds=1, steps=40).items() for x in rs[0]["records"]]
     plot_report_style(records, ["single", "ddp", "dp"], tmp_path / "rs.png", "small VAE on digits")
     check_readable(_single(captured))
+
+
+def test_committed_seed_study_figure_is_its_final_values(tmp_path, captured):
+    """The committed full study's figure is drawn from its own seeds.json: per quantity, one
+    dot per seed and one mean ±1 SD bar per configuration, every text inside the figure."""
+    import json
+
+    from conftest import ROOT
+    from vae_ddp.studies.seeds import plot_finals
+
+    r = json.loads((ROOT / "docs" / "results" / "seeds-full" / "seeds.json").read_text())
+    plot_finals(r, tmp_path / "seeds-finals.png")
+    fig = _single(captured)
+    check_readable(fig)
+    for ax in fig.axes:
+        assert len(ax.containers) == len(r["configs"])  # one error bar per configuration
+    assert (ROOT / "docs" / "results" / "seeds-full" / "seeds-finals.png").stat().st_size > 10_000

@@ -41,7 +41,8 @@ from vae_ddp.studies.configs import RunSpec
 from vae_ddp.studies.launch import launch_group
 from vae_ddp.studies.stats import compare_metrics
 
-__all__ = ["seed_study", "analyse", "reanalyse", "render", "verdict_lines", "STUDY_CONFIGS", "MARGIN_SD"]
+__all__ = ["seed_study", "analyse", "reanalyse", "render", "plot", "plot_finals", "verdict_lines", "STUDY_CONFIGS",
+           "MARGIN_SD"]
 
 STUDY_CONFIGS = ("single", "ddp", "ddp+fixed", "ddp+per_rank", "dp")
 QUANTITIES = ("train_kl", "train_recon_loss", "val_kl", "val_recon_loss")
@@ -128,6 +129,7 @@ def seed_study(base: RunSpec, configs: list[str], num_seeds: int, out_dir: Path,
     result = analyse(result, margin_sd)
     out_dir.mkdir(parents=True, exist_ok=True)
     _plot(runs, out_dir / "seeds.png", base)
+    plot_finals(result, out_dir / "seeds-finals.png")
     _write(result, out_dir)
     print(render(result))
     return result
@@ -244,6 +246,36 @@ def verdict_lines(summary: dict, margin_sd: float = MARGIN_SD) -> list[str]:
 def _plot(runs: dict, path: Path, base: RunSpec) -> None:
     """The study's figure (`plot` of its runs, titled with the settings)."""
     plot(runs, path, f"{base.model} VAE on {base.data}, global batch {base.global_batch_size}")
+
+
+def plot_finals(result: dict, path: Path) -> None:
+    """The final value of each quantity per configuration, from a ``seeds.json`` content: one
+    dot per seed, and the mean with a ±1 seed-to-seed standard deviation bar per configuration
+    (the values the study's tests compare)."""
+    import numpy as np
+
+    summary, configs = result["summary"], result["configs"]
+    quantities = list(summary[configs[0]])
+    fig = Figure(figsize=(13, 3.6), layout="constrained")
+    axes = fig.subplots(1, len(quantities))
+    rng = np.random.default_rng(0)  # horizontal jitter of the dots only
+    for ax, q in zip(np.atleast_1d(axes), quantities):
+        for i, c in enumerate(configs):
+            v = np.array(summary[c][q]["values"])
+            ax.scatter(i + rng.uniform(-0.12, 0.12, len(v)), v, s=10, color=f"C{i}", alpha=0.55, lw=0,
+                       label=f"{c}: one dot per seed")
+            sd = v.std(ddof=1) if len(v) > 1 else 0.0
+            ax.errorbar(i + 0.3, v.mean(), yerr=sd, fmt="o", color=f"C{i}", ms=5, capsize=4,
+                        label=f"{c}: mean ±1 SD over {len(v)} seeds")
+        ax.set_xticks(range(len(configs)), configs, fontsize=8)
+        ax.set(title=q.replace("_", " "), xlabel="configuration", ylabel="final value (linear scale)")
+        ax.grid(alpha=0.3, axis="y")
+    handles, labels = np.atleast_1d(axes)[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside right upper", fontsize=7)
+    st = result["settings"]
+    fig.suptitle(f"{st['model']} VAE on {st['data']}, global batch {st['global_batch_size']}, "
+                 f"{st['steps']} steps: final values, {result['num_seeds']} seeds")
+    fig.savefig(path, dpi=110)
 
 
 def plot(runs: dict, path: Path, title: str = "") -> None:
