@@ -1,9 +1,11 @@
 """The check of the recipe (``examples/recipe.py``): does DDP on 2 processes reach one device?
 
-``--check`` trains, each in its own process: one device; one device again with the samples
-of each batch permuted (the same loss summed in another order: the rounding floor); and DDP
-on 2 gloo processes with the recipe's plain changes and with ``vae_ddp``'s helpers, in
-float64 and float32, and compares the final parameters. ``--changes`` prints the table of
+``--check`` trains, each in its own process: one device, which records its weights at every
+step; one device again with the samples of each batch permuted (the same loss summed in
+another order: the rounding floor); and DDP on 2 gloo processes with the recipe's plain
+changes (``train`` of ``examples/recipe.py``) and with ``vae_ddp``'s helpers, in float64 and
+float32. Every run but the first starts each step from one device's weights at that step,
+and its gradient (after DDP's all-reduce) is compared with one device's. ``--changes`` prints the table of
 changes. Lightning starts the other DDP rank by re-running the command line.
 
     python examples/recipe_check.py --check --out out/recipe
@@ -74,39 +76,50 @@ def changes_table() -> str:
 
 
 def check_one(dtype: str, steps: int, seed: int, permutations: int, out: Path) -> None:
-    """One device: the reference run and the permuted runs (the floor), saved to ``out``."""
+    """One device: the reference run, which records its weights and gradient at every step
+    (``single-steps.pt``), and the permuted runs (the floor), each started at every step from
+    the reference's weights (``single-permuted-K.pt``: their gradients)."""
+    from vae_ddp.probes import StepProbe
     from vae_ddp.studies.equivalence import WithinBatchPermutation
 
-    for k in range(permutations + 1):
-        _, model = train(1, dtype, steps, seed, callbacks=[WithinBatchPermutation(k)] if k else [])
-        torch.save(model.state_dict(), out / (f"single-permuted-{k}.pt" if k else "single.pt"))
+    reference = StepProbe(record_states=True)
+    train(1, dtype, steps, seed, callbacks=[reference])
+    torch.save({"states": reference.states, "grads": reference.grads}, out / "single-steps.pt")
+    for k in range(1, permutations + 1):
+        probe = StepProbe(reference.states)
+        train(1, dtype, steps, seed, callbacks=[probe, WithinBatchPermutation(k)])
+        torch.save({"grads": probe.grads}, out / f"single-permuted-{k}.pt")
 
 
 def check(steps: int, seed: int, permutations: int, out: Path) -> dict:
-    """Single, permuted single and DDP on 2 (plain, helpers) in float64 and float32: the table."""
-    from vae_ddp.studies.equivalence import FLOOR_FACTOR, max_abs_diff, verdict
+    """Single, permuted single and DDP on 2 (plain, helpers) in float64 and float32, every step
+    started from one device's weights: the table."""
+    from vae_ddp.probes import relative_difference
+    from vae_ddp.studies.equivalence import FLOOR_FACTOR, verdict
 
-    result = {"floor_factor": FLOOR_FACTOR, "steps": steps, "permutations": permutations, "dtypes": {}}
+    result = {"method": "teacher-forced", "floor_factor": FLOOR_FACTOR, "steps": steps, "permutations": permutations,
+              "dtypes": {}}
     rows = []
     for dtype in ("float64", "float32"):
         d = out / dtype
         d.mkdir(parents=True, exist_ok=True)
         base = [sys.executable, __file__, "--dtype", dtype, "--steps", str(steps), "--seed", str(seed)]
         subprocess.run([*base, "--devices", "1", "--permutations", str(permutations), "--save", str(d)], check=True)
-        # the recipe exactly as a reader runs it (examples/recipe.py), then the same with the helpers
-        subprocess.run([sys.executable, str(Path(__file__).with_name("recipe.py")), "--devices", "2", "--dtype", dtype,
-                        "--steps", str(steps), "--seed", str(seed), "--out", str(d / "ddp-plain")], check=True,
-                       stdout=subprocess.DEVNULL)
-        (d / "ddp-plain" / "model.pt").replace(d / "ddp-plain.pt")
-        subprocess.run([*base, "--devices", "2", "--helpers", "--save", str(d / "ddp-helpers.pt")], check=True)
-        single = torch.load(d / "single.pt")
-        floors = [max_abs_diff(torch.load(d / f"single-permuted-{k}.pt"), single) for k in range(1, permutations + 1)]
-        floor = max(floors)
-        entry = {"floor": floor, "floor_runs": floors, "ddp": {}}
+        teacher = ["--teacher", str(d / "single-steps.pt")]
+        for variant, flag in (("plain", []), ("helpers", ["--helpers"])):
+            subprocess.run([*base, "--devices", "2", *flag, *teacher, "--save", str(d / f"ddp-{variant}.pt")],
+                           check=True)
+        ref = torch.load(d / "single-steps.pt")["grads"]
+        per_step = lambda grads: [relative_difference(a, b) for a, b in zip(grads, ref)]  # noqa: E731
+        floor_steps = [per_step(torch.load(d / f"single-permuted-{k}.pt")["grads"]) for k in range(1, permutations + 1)]
+        floor_runs = [max(f) for f in floor_steps]
+        floor = max(floor_runs)
+        entry = {"floor": floor, "floor_runs": floor_runs, "floor_steps": floor_steps, "ddp": {}}
         for variant in ("plain", "helpers"):
-            diff = max_abs_diff(torch.load(d / f"ddp-{variant}.pt"), single)
+            steps_diff = per_step(torch.load(d / f"ddp-{variant}.pt")["grads"])
+            diff = max(steps_diff)
             ratio = diff / floor if floor > 0 else (0.0 if diff == 0 else None)
-            entry["ddp"][variant] = {"max_abs_param_diff": diff, "ratio_to_floor": ratio,
+            entry["ddp"][variant] = {"max_grad_diff": diff, "grad_steps": steps_diff, "ratio_to_floor": ratio,
                                      "within_floor": ratio is not None and ratio <= FLOOR_FACTOR,
                                      "verdict": verdict(ratio)}
             rows.append((dtype, f"DDP on 2, {'plain Lightning/torch' if variant == 'plain' else 'vae_ddp helpers'}",
@@ -114,9 +127,9 @@ def check(steps: int, seed: int, permutations: int, out: Path) -> dict:
         result["dtypes"][dtype] = entry
     (out / "recipe.json").write_text(json.dumps(result, indent=1))
     fmt = lambda v: "inf" if v is None else ("0" if v == 0 else f"{v:.3g}" if abs(v) >= 1e-3 else f"{v:.2e}")  # noqa: E731
-    print(f"BottleneckClassifier on digits, global batch 64, {steps} Adam steps: final parameters against "
-          f"one device\n")
-    print("| dtype | run | max abs param diff | one-device floor | ratio to floor | verdict |")
+    print(f"BottleneckClassifier on digits, global batch 64, {steps} Adam steps, each started from one device's "
+          f"weights: the gradient's largest relative difference to one device's over the steps\n")
+    print("| dtype | run | gradient difference | floor | ratio | verdict |")
     print("|---|---|---|---|---|---|")
     for dtype, run, diff, floor, ratio, text in rows:
         print(f"| {dtype} | {run} | {fmt(diff)} | {fmt(floor)} | {fmt(ratio)} | {text} |")
@@ -134,6 +147,8 @@ def main(argv=None):
     p.add_argument("--changes", action="store_true", help="print the table of changes")
     p.add_argument("--permutations", type=int, default=4, help="permuted one-device runs for the floor")
     p.add_argument("--save", type=Path, default=None, help="(internal) where a run of --check saves")
+    p.add_argument("--teacher", type=Path, default=None,
+                   help="(internal) start every step from the weights this reference recorded")
     p.add_argument("--out", type=Path, default=Path("out/recipe"))
     args = p.parse_args(argv)
     from vae_ddp.utils import quiet
@@ -147,10 +162,14 @@ def main(argv=None):
     elif args.save is not None and args.devices == 1:
         check_one(args.dtype, args.steps, args.seed, args.permutations, args.save)
     elif args.save is not None:
-        helpers = {"callbacks": [GlobalBatchNoise(args.seed)], "data_class": DigitsGlobalBatches} if args.helpers else {}
-        trainer, model = train(args.devices, args.dtype, args.steps, args.seed, **helpers)
+        from vae_ddp.probes import StepProbe
+
+        probe = StepProbe(torch.load(args.teacher)["states"])  # first: the step starts from θ_k
+        helpers = {"callbacks": [probe, GlobalBatchNoise(args.seed)], "data_class": DigitsGlobalBatches} \
+            if args.helpers else {"callbacks": [probe]}
+        trainer, _ = train(args.devices, args.dtype, args.steps, args.seed, **helpers)
         if trainer.is_global_zero:
-            torch.save(model.state_dict(), args.save)
+            torch.save({"grads": probe.grads}, args.save)
     else:
         p.error("give --check, --changes or --save")
 

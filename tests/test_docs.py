@@ -291,7 +291,7 @@ LINK = re.compile(r"\[[^\]]*\]\((?P<href>[^)\s]+)(?:\s+\"[^\"]*\")?\)")
 #: Scripts that the site includes whole and that are run by a test suite of their own rather
 #: than by docs/examples.yml: script -> the test file that runs it (it must name the script).
 RUN_BY_TESTS = {
-    "examples/recipe.py": "tests/test_recipe.py",  # run as is by examples/recipe_check.py --check
+    "examples/recipe.py": "tests/test_recipe.py",  # run as shown on 2 processes; its train() by recipe_check
     "examples/legacy/vae.py": "tests_legacy/test_report_script.py",
     "examples/legacy/imagefolder_cifar10.py": "tests_legacy/test_report_script.py",
 }
@@ -757,4 +757,39 @@ def test_wide_tables_are_reachable_on_a_phone(site, server, browser):
                      if not (t["fits"] or t["scrolls"])]
         page.close()
     context.close()
+    assert not problems, "\n".join(problems)
+
+
+_TABLE_WIDTHS = """() => {
+    document.querySelectorAll('article details').forEach(d => { d.open = true; });
+    return [...document.querySelectorAll('article table')].map(t => {
+        const wrap = t.closest('.md-typeset__scrollwrap') || t.parentElement;
+        const heads = [...t.querySelectorAll('thead th')];
+        const v = heads.find(h => /verdict/i.test(h.textContent));
+        return {width: t.scrollWidth, column: wrap.clientWidth,
+                head: heads.map(h => h.textContent.trim()).join(' | ').slice(0, 120),
+                verdictRight: v ? v.getBoundingClientRect().right : null};
+    });
+}"""
+
+
+def test_tables_fit_the_column_on_a_desktop_and_show_the_verdict_on_a_phone(site, server, browser):
+    """At 1280 x 800 no table (collapsed blocks opened) is wider than the column it sits in,
+    so no column is cut off; at 390 x 844 the verdict column of every table that has one is
+    on the screen without scrolling sideways."""
+    problems = []
+    for viewport, phone in (({"width": 1280, "height": 800}, False), ({"width": 390, "height": 844}, True)):
+        context = browser.new_context(viewport=viewport, is_mobile=phone)
+        for path in pages(site):
+            page = context.new_page()
+            page.goto(server + path, wait_until="networkidle")
+            for t in page.evaluate(_TABLE_WIDTHS):
+                if not phone and t["width"] > t["column"] + 1:
+                    problems.append(f"1280 px: {path}: table '{t['head']}' is {t['width']} px wide "
+                                    f"in a {t['column']} px column")
+                if phone and t["verdictRight"] is not None and t["verdictRight"] > viewport["width"] + 1:
+                    problems.append(f"390 px: {path}: the verdict column of '{t['head']}' ends at "
+                                    f"{t['verdictRight']:.0f} px, off the screen")
+            page.close()
+        context.close()
     assert not problems, "\n".join(problems)

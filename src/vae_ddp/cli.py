@@ -60,7 +60,8 @@ class Command:
 
 
 #: RunSpec fields that are set by the studies, not by the command line.
-INTERNAL = frozenset({"config", "seeds", "label", "save_params", "record_indices", "permute_seed"})
+INTERNAL = frozenset({"config", "seeds", "label", "save_params", "record_indices", "permute_seed", "steps_file",
+                      "teacher_forced"})
 _COMMANDS: dict[str, Callable[[], Command]] = {}
 
 

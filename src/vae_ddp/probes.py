@@ -12,7 +12,7 @@ import torch
 from pytorch_lightning import Callback, LightningModule, Trainer
 from torch import Tensor
 
-__all__ = ["NoiseProbe", "GradientProbe"]
+__all__ = ["NoiseProbe", "GradientProbe", "StepProbe", "relative_difference"]
 
 
 class NoiseProbe(Callback):
@@ -73,3 +73,67 @@ class GradientProbe(Callback):
         if trainer.global_step == self.step:
             self.grads = {n: p.grad.detach().clone() for n, p in pl_module.named_parameters() if p.grad is not None}
             self.params = {n: p.detach().clone() for n, p in pl_module.named_parameters()}
+
+
+class StepProbe(Callback):
+    """Every optimizer step's gradient, optionally from weights forced to another run's.
+
+    Recording (``states=None``): at the start of step ``k`` keep the module's state (parameters
+    and buffers, the weights θ_k), and before the optimizer steps keep the gradient it receives
+    (all-reduced over ranks under ``strategy="ddp"``) and the BatchNorm buffers the step's
+    forward left. Teacher forcing (``states`` = the ``states`` another run recorded): at the
+    start of step ``k`` load θ_k into the module first, on every rank alike, so the step starts
+    from the reference run's weights and its gradient differs from the reference's only by
+    what this run computes differently (grouping over ranks, order of the samples), never by
+    differences carried over from earlier steps. The optimizer still steps, but its result is
+    replaced at the next step.
+
+    Args:
+        states: the reference's ``{name: Tensor}`` per step, or None to record them.
+        record_states: keep θ_k of each step (the reference run).
+
+    Attributes:
+        grads: per step, the gradient as one float64 vector ``(P,)`` (parameters in
+            ``named_parameters`` order, those without a gradient left out).
+        buffers: per step, the floating-point buffers as one float64 vector (empty without BatchNorm).
+        states: the θ_k loaded or recorded, per step.
+
+    Raises:
+        RuntimeError: a forced run that has more steps than the reference recorded.
+    """
+
+    def __init__(self, states: Optional[list[dict[str, Tensor]]] = None, record_states: bool = False) -> None:
+        self.forced = states is not None
+        self.states: list[dict[str, Tensor]] = list(states) if states is not None else []
+        self.record_states = record_states and not self.forced
+        self.grads: list[Tensor] = []
+        self.buffers: list[Tensor] = []
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        k = trainer.global_step
+        if self.forced:
+            if k >= len(self.states):
+                raise RuntimeError(f"StepProbe: step {k} is past the {len(self.states)} steps of the reference")
+            own = pl_module.state_dict()
+            with torch.no_grad():
+                for name, value in self.states[k].items():
+                    if name in own:
+                        own[name].copy_(value.to(own[name].device, own[name].dtype))
+        elif self.record_states:
+            self.states.append({n: t.detach().cpu().clone() for n, t in pl_module.state_dict().items()})
+
+    def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer) -> None:
+        grads = [p.grad.detach().reshape(-1).double().cpu() for _, p in pl_module.named_parameters() if p.grad is not None]
+        self.grads.append(torch.cat(grads) if grads else torch.zeros(0, dtype=torch.float64))
+        bufs = [b.detach().reshape(-1).double().cpu() for _, b in pl_module.named_buffers() if b.is_floating_point()]
+        self.buffers.append(torch.cat(bufs) if bufs else torch.zeros(0, dtype=torch.float64))
+
+
+def relative_difference(a: Tensor, b: Tensor) -> float:
+    """``||a - b|| / ||b||`` in float64 (0.0 when both are zero; ``inf`` when only ``b`` is)."""
+    a, b = a.double(), b.double()
+    nb = float(b.norm())
+    d = float((a - b).norm())
+    if nb == 0:
+        return 0.0 if d == 0 else float("inf")
+    return d / nb

@@ -95,6 +95,11 @@ class RunSpec:
         permute_seed: one device only: permute the samples inside each batch with this seed,
             each keeping its noise (the same loss, summed in another order: the reordering
             floor of `equivalence`). None: off.
+        steps_file: per-step record of the run (``StepProbe``): the reference run (not
+            ``teacher_forced``) writes its weights θ_k and gradients of every step there; a
+            ``teacher_forced`` run reads the weights from it and starts every step from them,
+            writing its own gradients beside its parameters (``steps-<seed>.pt``). None: off.
+        teacher_forced: start every step from the weights recorded in ``steps_file``.
         label: name used in progress lines and results.
     """
 
@@ -123,6 +128,8 @@ class RunSpec:
     kl_estimator: Literal["mc", "analytic"] = "mc"
     optimizer: Literal["adam", "sgd"] = "adam"
     permute_seed: Optional[int] = None
+    steps_file: Optional[str] = None
+    teacher_forced: bool = False
     label: str = ""
 
     @property

@@ -1,20 +1,23 @@
-"""Equivalence: with every fix on, does Lightning DDP match one device to the last digits?
+"""Equivalence: with every fix on, does Lightning DDP compute what one device computes?
 
 ``vae-ddp equivalence --world-sizes 2 4 --dtype float64 --out DIR`` trains ``single`` and
 ``ddp`` at each world size from the same seed, data and global batch size with every fix
-on ([`exact`][vae_ddp.studies.configs.RunSpec.exact]), through Lightning's ``Trainer``, and compares the final
-parameters: ``max |theta_ddp - theta_single|`` over all parameters.
+on ([`exact`][vae_ddp.studies.configs.RunSpec.exact]), through Lightning's ``Trainer``, and
+compares them step by step from the same weights (teacher forcing): every step of the DDP
+run starts from the one-device run's weights at that step, and its all-reduced gradient and
+BatchNorm buffers are compared with one device's.
 
-What "to the last digits" means is measured in the same run, not assumed: a second
-one-device run trains the same model on the same batches, but with the samples inside
-each batch permuted ([`WithinBatchPermutation`][vae_ddp.studies.equivalence.WithinBatchPermutation]).
-Its loss is mathematically the same (the same samples, each with its own noise; a mean
-and BatchNorm statistics do not depend on the order), so ``max |theta_permuted -
-theta_single|`` is what floating-point rounding alone does to one device: the
-*reordering floor*. DDP sums the same terms in another grouping (per rank, then across
-ranks), so it cannot be expected to come closer to one device than that; each world
-size is reported as a multiple of the floor, and matches one device when the multiple is
-at most [`FLOOR_FACTOR`][vae_ddp.studies.equivalence.FLOOR_FACTOR].
+What "to the last digits" means is measured in the same run, not assumed: one-device runs
+that start every step from the same weights but with the samples inside each batch permuted
+([`WithinBatchPermutation`][vae_ddp.studies.equivalence.WithinBatchPermutation]) compute
+mathematically the same step (the same samples, each with its own noise; a mean and
+BatchNorm statistics do not depend on the order), so their differences are rounding alone:
+the *reordering floor*, several draws of it per step. DDP sums the same terms in another
+grouping (per rank, then across ranks) and matches one device when its largest per-step
+difference is at most [`FLOOR_FACTOR`][vae_ddp.studies.equivalence.FLOOR_FACTOR] times the
+largest draw of the floor. Comparing final parameters after K steps instead is a noisy
+yardstick: Adam carries a last-bit difference of one step into every later one, so the
+same comparison of two permuted one-device runs moves by orders of magnitude with the draw.
 """
 
 from __future__ import annotations
@@ -35,8 +38,8 @@ from vae_ddp.studies.table import format_table, write_tables
 
 __all__ = ["equivalence", "max_abs_diff", "param_diffs", "WithinBatchPermutation", "FLOOR_FACTOR", "verdict"]
 
-#: DDP matches one device when ``max |theta_ddp - theta_single|`` is at most this many
-#: times the one-device reordering floor measured in the same run.
+#: DDP matches one device when its largest per-step relative difference (gradient, BatchNorm
+#: buffers) is at most this many times the largest draw of the one-device reordering floor.
 FLOOR_FACTOR = 2.0
 
 def _is_buffer(name: str) -> bool:
@@ -155,99 +158,139 @@ def _summary(result: dict) -> str:
     """One sentence over all world sizes, chosen from the ratios."""
     ws = result["world_sizes"]
     ok = [n for n, e in ws.items() if e["within_floor"]]
-    head = f"{result['dtype']}, {result['optimizer']}: "
+    head = f"{result['dtype']}, {result['optimizer']}, every step started from one device's weights: "
     if len(ok) == len(ws):
         worst = max((e["ratio_to_floor"] for e in ws.values()), default=0.0)
-        return (head + f"DDP at world size {', '.join(ws)} matches one device: every difference is within "
-                f"{FLOOR_FACTOR:g}x of the one-device reordering floor ({_g(result['floor'])}; largest ratio "
+        return (head + f"DDP at world size {', '.join(ws)} matches one device: its gradient differs from one "
+                f"device's by at most {FLOOR_FACTOR:g}x the largest difference that permuting the "
+                f"samples of the batch makes on one device ({_g(result['floor'])} relative; largest ratio "
                 f"{_g(worst)}).")
     bad = [n for n in ws if n not in ok]
-    return (head + f"DDP at world size {', '.join(bad)} differs from one device by more than {FLOOR_FACTOR:g}x "
-            f"the one-device reordering floor ({_g(result['floor'])}); see `worst_params` in equivalence.json.")
+    return (head + f"DDP at world size {', '.join(bad)} differs from one device by more than {FLOOR_FACTOR:g}x the "
+            f"largest difference that permuting the samples makes on one device ({_g(result['floor'])} relative); "
+            f"see `steps` in equivalence.json.")
+
+
+def _steps(result: tuple[dict, Path]) -> dict:
+    """Per-step record (``grads``, ``buffers``) of one spec's result of ``launch_by_world_size``."""
+    run = result[0]["runs"][0]
+    return torch.load(result[1] / run["steps"])
+
+
+def _per_step(record: dict, ref: dict, key: str) -> list[float]:
+    from vae_ddp.probes import relative_difference
+
+    return [relative_difference(a, b) if b.numel() else 0.0 for a, b in zip(record[key], ref[key])]
 
 
 def equivalence(base: RunSpec, world_sizes: list[int], out_dir: Path, permutations: int = 4) -> dict:
     """Run the comparison; write and return ``out_dir/equivalence.json``::
 
-        {"dtype", "optimizer", "steps", "model", "floor_factor",
-         "floor": the largest max |theta_permuted - theta_single| of the permuted runs,
-         "floor_runs": [that difference for each permuted run],
+        {"dtype", "optimizer", "steps", "model", "floor_factor", "method": "teacher-forced",
+         (per world size also "buffer_ratio_to_floor" and "buffer_eps": the BatchNorm buffers'
+         largest difference over their permuted floor and in machine epsilons; reported, not judged)
+         "floor": the largest per-step relative difference of any permuted run,
+         "floor_runs": [the largest per-step difference of each permuted run],
+         "floor_steps": [[per-step relative gradient difference] per permuted run],
+         "floor_calibration": the largest ratio of one permuted run to the others' floor,
          "single": settings,
-         "world_sizes": {N: {"max_abs_param_diff", "ratio_to_floor", "within_floor",
-                             "max_abs_buffer_diff", "final_loss_diff", "verdict",
-                             "worst_params": [{"name", "diff", "floor", "ratio"}, ...],
+         "world_sizes": {N: {"max_grad_diff", "max_buffer_diff", "ratio_to_floor", "within_floor",
+                             "steps_within_draws", "grad_steps", "buffer_steps", "verdict",
                              "settings"}},
          "summary": one sentence}
+
+    The comparison is *teacher-forced*: the one-device run records its weights θ_k
+    (parameters and buffers) at the start of every step k; every other run (the permuted
+    one-device runs and DDP at each world size, real Lightning DDP with every fix on) starts
+    each step from that θ_k ([`StepProbe`][vae_ddp.probes.StepProbe]) and its gradient (after
+    DDP's all-reduce) and BatchNorm buffers after the step are compared with one device's:
+    ``||g - g_single|| / ||g_single||``. Each step starts from the same weights, so nothing is
+    carried over from earlier steps: no chaotic amplification (a trajectory after K Adam steps
+    moves by orders of magnitude with the order of the samples alone), only what each step
+    computes differently.
 
     Args:
         base: the run's settings (model, data, steps, global batch size, dtype, optimizer, seed);
             the fixes are all turned on here.
         world_sizes: DDP world sizes to compare with one device.
         out_dir: where the runs and ``equivalence.json`` go.
-        permutations: one-device runs with the samples of each batch permuted; the floor is
-            the largest of their differences from one device.
+        permutations: one-device runs that permute the samples inside every batch with their
+            own seed ([`WithinBatchPermutation`][vae_ddp.studies.equivalence.WithinBatchPermutation]):
+            the same loss summed in another order, i.e. a draw of rounding alone at every step.
 
-    ``permutations`` one-device runs each permute the samples inside every batch with their
-    own seed ([`WithinBatchPermutation`][vae_ddp.studies.equivalence.WithinBatchPermutation]);
-    the floor is the largest of their differences from ``single`` (one permutation is one
-    draw of a rounding error that Adam amplifies unevenly; the largest of a few is a
-    steadier yardstick). ``ratio_to_floor`` is ``max_abs_param_diff / floor`` (None if the
-    floor is 0 and the difference is not); ``worst_params`` lists the 5 parameters with the
-    largest difference, each with the floor of that parameter (largest over the permuted runs).
+    The floor is the largest per-step difference over all permuted runs and steps;
+    ``ratio_to_floor`` is DDP's largest per-step gradient difference over it, and DDP matches
+    when it is at most :data:`FLOOR_FACTOR`.
+    The verdict judges the gradient, what the optimizer receives; BatchNorm's running statistics
+    are reported beside it in machine epsilons (their sums are short and permuting them moves
+    them less than DDP's per-rank grouping does, so their permuted floor is too tight a
+    yardstick).
+    ``floor_calibration`` applies the same rule to each permuted run against the others: a
+    value above :data:`FLOOR_FACTOR` would mean the rule flags rounding itself.
 
     Raises:
-        UserError: ``permutations`` below 1.
+        UserError: ``permutations`` below 2 (the calibration needs two draws).
     """
-    if permutations < 1:
-        raise UserError(f"--permutations must be at least 1 (the floor needs a permuted run), got {permutations}")
+    if permutations < 2:
+        raise UserError(f"--permutations must be at least 2 (the floor is a distribution of draws), got {permutations}")
     out_dir = Path(out_dir)
-    exact = dataclasses.replace(base, save_params=True, val_every=0, seeds=base.seeds[:1]).exact()
+    reference = out_dir / "runs" / "single-steps.pt"
+    exact = dataclasses.replace(base, save_params=False, val_every=0, seeds=base.seeds[:1],
+                                steps_file=str(reference.resolve())).exact()
     single = dataclasses.replace(exact, config="single", label="single").validate()
-    permuted = [dataclasses.replace(single, label=f"single, permuted {k}", permute_seed=k)
+    forced = dataclasses.replace(single, teacher_forced=True)
+    permuted = [dataclasses.replace(forced, label=f"single, permuted {k}", permute_seed=k)
                 for k in range(1, permutations + 1)]
-    ddps = [dataclasses.replace(exact, config="ddp", devices=n, label=f"ddp-{n}").validate() for n in world_sizes]
-    # one launch per world size: single and the permuted runs share one process
+    ddps = [dataclasses.replace(exact, config="ddp", devices=n, label=f"ddp-{n}", teacher_forced=True).validate()
+            for n in world_sizes]
+    reference.parent.mkdir(parents=True, exist_ok=True)
+    # one launch per world size: single (the reference, first) and the permuted runs share one process
     launched = launch_by_world_size([single, *permuted, *ddps], out_dir / "runs")
-    ref, ref_last = _final(launched[0])
-    floor_by_param: dict[str, float] = {}
-    floor_runs, rows = [], []
+    ref = _steps(launched[0])
+    floor_steps, floor_buffers, rows = [], [], []
     for spec, run in zip(permuted, launched[1:]):
-        perm, perm_last = _final(run)
-        by_param = param_diffs(perm, ref)
-        for k, v in by_param.items():
-            floor_by_param[k] = max(v, floor_by_param.get(k, 0.0))
-        floor_runs.append(max(by_param.values(), default=0.0))
-        rows.append([f"1, samples permuted (seed {spec.permute_seed})", single.global_batch_size, _g(floor_runs[-1]),
-                     "-", _g(max_abs_diff(perm, ref, buffers=True)), _g(abs(perm_last["loss"] - ref_last["loss"])),
-                     "the floor" if len(permuted) == 1 else "one draw of the floor"])
+        rec = _steps(run)
+        floor_steps.append(_per_step(rec, ref, "grads"))
+        floor_buffers.append(_per_step(rec, ref, "buffers"))
+        eps = torch.finfo(torch.float64 if base.dtype == "float64" else torch.float32).eps
+        rows.append([f"1, samples permuted (seed {spec.permute_seed})", _g(max(floor_steps[-1])), "-",
+                     f"{max(floor_buffers[-1]) / eps:.2g} eps", "one draw of the floor"])
+    floor_runs = [max(f) for f in floor_steps]
     floor = max(floor_runs)
+    buffer_floor = max(max(f) for f in floor_buffers)
+    calibration = max((_ratio(floor_runs[i], max(floor_runs[:i] + floor_runs[i + 1:])) or 0.0)
+                      for i in range(len(floor_runs)))
     result = {"dtype": base.dtype, "optimizer": base.optimizer, "steps": base.steps, "model": base.model,
-              "floor_factor": FLOOR_FACTOR, "floor": floor, "floor_runs": floor_runs,
+              "method": "teacher-forced", "floor_factor": FLOOR_FACTOR, "floor": floor, "floor_runs": floor_runs,
+              "floor_steps": floor_steps, "buffer_floor": buffer_floor, "floor_calibration": calibration,
               "single": dataclasses.asdict(single), "world_sizes": {}}
+    per_step_floor = [max(col) for col in zip(*floor_steps)]
     for spec, run in zip(ddps, launched[1 + len(permuted):]):
-        params, last = _final(run)
-        by_param = param_diffs(params, ref)
-        d = max(by_param.values(), default=0.0)
-        ratio = _ratio(d, floor)
-        worst = sorted(by_param, key=by_param.get, reverse=True)[:5]
-        entry = {"max_abs_param_diff": d, "ratio_to_floor": ratio,
+        rec = _steps(run)
+        grads, bufs = _per_step(rec, ref, "grads"), _per_step(rec, ref, "buffers")
+        ratio = _ratio(max(grads), floor)
+        eps = torch.finfo(torch.float64 if base.dtype == "float64" else torch.float32).eps
+        entry = {"max_grad_diff": max(grads), "max_buffer_diff": max(bufs), "ratio_to_floor": ratio,
+                 "buffer_ratio_to_floor": _ratio(max(bufs), buffer_floor), "buffer_eps": max(bufs) / eps,
                  "within_floor": ratio is not None and ratio <= FLOOR_FACTOR,
-                 "max_abs_buffer_diff": max_abs_diff(params, ref, buffers=True),
-                 "final_loss_diff": abs(last["loss"] - ref_last["loss"]), "verdict": verdict(ratio),
-                 "worst_params": [{"name": k, "diff": by_param[k], "floor": floor_by_param[k],
-                                   "ratio": _ratio(by_param[k], floor_by_param[k])} for k in worst],
+                 "steps_within_draws": sum(d <= f for d, f in zip(grads, per_step_floor)),
+                 "grad_steps": grads, "buffer_steps": bufs, "verdict": verdict(ratio),
                  "settings": dataclasses.asdict(spec)}
         result["world_sizes"][str(spec.devices)] = entry
-        rows.append([spec.devices, spec.per_device_batch_size, _g(d), _g(ratio), _g(entry["max_abs_buffer_diff"]),
-                     _g(entry["final_loss_diff"]), entry["verdict"]])
+        rows.append([f"{spec.devices} (per-device batch {spec.per_device_batch_size})", _g(max(grads)), _g(ratio),
+                     f"{entry['buffer_eps']:.2g} eps", entry["verdict"]])
     result["summary"] = _summary(result)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "equivalence.json").write_text(json.dumps(result, indent=1))
-    table = format_table(["world size", "per-device batch", "max abs param diff vs single", "ratio to floor",
-                          "BatchNorm buffers", "final loss diff", "verdict"], rows,
+    table = format_table(["world size", "gradient: largest step difference", "ratio to floor",
+                          "BatchNorm buffers", "verdict"], rows,
                          title=f"{base.model} VAE, {base.data}, global batch {base.global_batch_size}, {base.steps} "
-                               f"steps, {base.dtype}, {base.optimizer}, all fixes on")
-    text = f"{result['summary']}\n\n{table}"
+                               f"steps each started from one device's weights, {base.dtype}, {base.optimizer}, all "
+                               f"fixes on; relative differences to one device")
+    text = (f"{result['summary']}\n\n{table}\n\nThe verdict compares the gradient. The permuted runs against "
+            f"each other: the largest is {_g(calibration)}x the others' floor. BatchNorm buffers: the largest relative "
+            f"difference after a step, in machine epsilons of {base.dtype} (eps = "
+            f"{torch.finfo(torch.float64 if base.dtype == 'float64' else torch.float32).eps:.3g}).")
     print(text)
     write_tables(out_dir, text)
     return result

@@ -85,10 +85,26 @@ def train_one(spec: RunSpec, seed: int, out_dir: Optional[Path] = None, progress
     model = build_model(spec, seed)
     recorder = GlobalBatchRecorder(spec.steps, spec.val_every, f"{spec.label} seed {seed}", progress,
                                    record_indices=spec.record_indices)
-    trainer = build_trainer(spec, seed, [recorder])
+    callbacks: list = [recorder]
+    probe = None
+    if spec.steps_file:
+        from vae_ddp.probes import StepProbe
+
+        states = torch.load(spec.steps_file)["states"] if spec.teacher_forced else None
+        probe = StepProbe(states, record_states=not spec.teacher_forced)
+        callbacks.insert(0, probe)  # first: the step starts from θ_k before any other callback acts
+    trainer = build_trainer(spec, seed, callbacks)
     trainer.fit(model, datamodule=dm)
     if not trainer.is_global_zero:
         return None
+    steps = None
+    if probe is not None:
+        record = {"grads": probe.grads, "buffers": probe.buffers}
+        if not spec.teacher_forced:
+            torch.save({**record, "states": probe.states}, spec.steps_file)
+        if out_dir is not None:
+            steps = f"steps-{seed}.pt"
+            torch.save(record, out_dir / steps)
     params = None
     if spec.save_params and out_dir is not None:
         params = f"params-{seed}.pt"
@@ -96,7 +112,8 @@ def train_one(spec: RunSpec, seed: int, out_dir: Optional[Path] = None, progress
         adam_v = {n: opt.state[p]["exp_avg_sq"].detach().cpu() for n, p in model.named_parameters() if p in opt.state}
         torch.save({"state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()}, "adam_v": adam_v},
                    out_dir / params)
-    return {"seed": seed, "records": recorder.records, "val_records": recorder.val_records, "params": params}
+    return {"seed": seed, "records": recorder.records, "val_records": recorder.val_records, "params": params,
+            "steps": steps}
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -115,7 +132,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         where.mkdir(parents=True, exist_ok=True)
         runs = [train_one(spec, seed, where) for seed in spec.seeds]
         if isinstance(payload, list):
-            runs = [r and dict(r, params=r["params"] and f"{k}/{r['params']}") for r in runs]
+            runs = [r and dict(r, params=r["params"] and f"{k}/{r['params']}",
+                               steps=r.get("steps") and f"{k}/{r['steps']}") for r in runs]
         results.append({"spec": json.loads(spec.to_json()), "runs": runs})
     if int(os.environ.get("LOCAL_RANK", "0")) == 0 and int(os.environ.get("NODE_RANK", "0")) == 0:
         out = {"group": results} if isinstance(payload, list) else results[0]
