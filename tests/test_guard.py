@@ -151,7 +151,7 @@ def test_no_process_of_an_audit_outlives_its_top_process(tmp_path, sig):
     ``subprocess.run(timeout=...)`` sends): 15 s later no process of the launch is alive."""
     out = tmp_path / "audit"
     top = subprocess.Popen([sys.executable, "-m", "vae_ddp.cli", "audit", "--model", "examples.audit_models.Plain",
-                            "--data", "examples.audit_models.Regression", "--steps", "500", "--out", str(out)],
+                            "--data", "examples.audit_models.Regression", "--steps", "30", "--out", str(out)],
                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         def ranks() -> list[int]:  # the DDP launch's ranks (not its guard, not the one-device launch)
