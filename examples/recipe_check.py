@@ -129,10 +129,10 @@ def check(steps: int, seed: int, permutations: int, out: Path) -> dict:
     fmt = lambda v: "inf" if v is None else ("0" if v == 0 else f"{v:.3g}" if abs(v) >= 1e-3 else f"{v:.2e}")  # noqa: E731
     print(f"BottleneckClassifier on digits, global batch 64, {steps} Adam steps, each started from one device's "
           f"weights: the gradient's largest relative difference to one device's over the steps\n")
-    print("| dtype | run | gradient difference | floor | ratio | verdict |")
+    print("| dtype | run | verdict | gradient difference | floor | ratio |")
     print("|---|---|---|---|---|---|")
     for dtype, run, diff, floor, ratio, text in rows:
-        print(f"| {dtype} | {run} | {fmt(diff)} | {fmt(floor)} | {fmt(ratio)} | {text} |")
+        print(f"| {dtype} | {run} | {text} | {fmt(diff)} | {fmt(floor)} | {fmt(ratio)} |")
     return result
 
 

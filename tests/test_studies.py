@@ -36,7 +36,8 @@ def _check_floor(r: dict, dtype: str, optimizer: str, bound: bool = True) -> Non
         if bound:
             assert e["ratio_to_floor"] <= EQUIVALENCE_BOUND, (n, e["grad_steps"], r["floor_steps"])
         assert e["within_floor"] == (e["ratio_to_floor"] <= FLOOR_FACTOR)
-        assert e["verdict"] == verdict(e["ratio_to_floor"])
+        assert e["verdict"] == verdict(e["ratio_to_floor"], e["outlier_steps"], e["typical_ratio"], r["steps"])
+        assert e["outlier_steps"] == [k for k, d in enumerate(e["grad_steps"]) if d > FLOOR_FACTOR * r["floor"]]
         assert e["settings"]["devices"] == int(n) and e["settings"]["noise"] == "global"
         assert e["settings"]["sync_bn"] and e["settings"]["sampler"] == "global" and e["settings"]["teacher_forced"]
     assert r["summary"].startswith(f"{dtype}, {optimizer}, every step started from one device's weights: DDP at ")
@@ -51,13 +52,17 @@ def test_equivalence_float64_within_the_one_device_floor(generated):
 @pytest.mark.parametrize("name, optimizer", [("equivalence32", "adam"), ("equivalence32sgd", "sgd")])
 def test_equivalence_float32_within_the_one_device_floor(generated, name, optimizer):
     r = generated(name, "equivalence.json")
-    # Not bounded here: in float32 the small VAE at world size 2 has shown steps whose gradient
-    # differs from one device's by 2e-4 to 5e-4 relative (2 of 10 steps on digits), far above the
-    # floor's draws (about 1e-6) and unexplained so far; the page reports whatever is measured,
-    # worded from the ratio (checked above). The recipe's module stays within the floor in
-    # float32 (tests/test_recipe.py).
+    # Not bounded here: in float32 single steps of the small VAE differ from one device's by
+    # 1e-4 to 1e-3 relative (a few in ten), far above the floor's draws (about 1e-6), while the
+    # median step is within the floor. Replayed by hand, each such step is one ReLU input within
+    # float32 rounding of zero that flips sign: DDP's BatchNorm (global statistics combined in
+    # float64, then normalised) rounds the normalised value differently from nn.BatchNorm2d, and
+    # permuting the samples on one device leaves the forward bitwise unchanged, so the floor
+    # cannot draw such a flip. The page words each result from its ratios (checked above).
     _check_floor(r, "float32", optimizer, bound=False)
     assert r["floor"] < 1e-4  # float32 rounding of one step's gradient, not a trajectory's drift
+    for n, e in r["world_sizes"].items():  # the median step within the floor, whatever single steps do
+        assert e["typical_ratio"] <= FLOOR_FACTOR, (n, e["grad_steps"], r["floor_steps"])
 
 
 @pytest.mark.slow
@@ -234,3 +239,18 @@ def test_what_runs_of_one_seed_share_with_single(tmp_path):
         assert all(weights[k].equal(ref[k]) for k in ref)  # DDP broadcasts rank 0's, built the same way
     assert first["dp"] == first["single"] and "data order" in SHARED_WITH_SINGLE["dp"]
     assert sorted(first["ddp"]) != sorted(first["single"]) and "data order" not in SHARED_WITH_SINGLE["ddp"]
+
+
+def test_equivalence_verdict_wording():
+    """The rules that word a world size's result: within the floor; beyond it at a few steps
+    (never worded as a match); beyond it throughout."""
+    assert verdict(1.5) == "within 2x of the one-device floor"
+    assert verdict(None) == "differs where one device does not"
+    few = verdict(770.0, [1, 6], 0.9, 8)
+    assert few == "within 2x of the floor at 6 of 8 steps; steps 1, 6 up to 770x"
+    assert "match" not in few and "one-device floor" not in few
+    assert verdict(770.0, [3], 0.9, 8).endswith("step 3 up to 770x")
+    # the median step beyond the floor too, or every step an outlier: a plain difference
+    assert verdict(5.0, [0, 1, 2], 3.0, 4) == "5x the one-device floor: more than reordering explains"
+    assert verdict(5.0, [0, 1], 1.0, 2) == "5x the one-device floor: more than reordering explains"
+    assert verdict(5.0) == "5x the one-device floor: more than reordering explains"

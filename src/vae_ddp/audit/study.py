@@ -178,12 +178,17 @@ def render(result: dict) -> str:
         times = f" ({c / floor:.3g}x the floor)" if floor > 0 else ""
         return f"{c:.3g}{times}" + ("" if f["bites"] else ": does not bite")
 
-    rows = [[f["factor"], "yes" if f["exposed"] else "no", f["evidence"], contribution(f), f["fix"], f["page"]]
-            for f in result["findings"]]
+    def name(key: str) -> str:  # the registry's name of a factor, one name everywhere
+        return registry.get(key).name if key in {f.key for f in registry.factors()} else key
+
+    rows = [[name(f["factor"]), "yes" if f["exposed"] else "no", contribution(f), f["fix"]] for f in result["findings"]]
     title = (f"Audit of {result.get('model_name') or result['model']['class_path']} on {result['devices']} devices vs one, "
              f"global batch {result['global_batch_size']}, {result['steps']} steps, {result['dtype']}")
-    lines = [format_table(["factor", "exposed", "evidence", "contribution (max abs param diff without its fix)",
-                           "fix", "page"], rows, title=title), ""]
+    lines = [format_table(["factor", "exposed", "contribution", "fix"], rows, title=title), "",
+             "contribution: the largest parameter difference to one device with every fix on but this "
+             "factor's. Evidence, per factor:", ""]
+    lines += [f"- {name(f['factor'])}: {f['evidence']} ([{f['page']}]({f['page']}))" for f in result["findings"]]
+    lines.append("")
     lines.append(f"- one-device floor (samples permuted inside each batch): {result['floor']:.3g}")
     lines.append(f"- DDP with Lightning's defaults vs one device: {result['divergence_default']:.3g}")
     lines.append(f"- DDP with every fix vs one device: {result['divergence_fixed']:.3g} "

@@ -180,9 +180,10 @@ def compare(base: RunSpec, configs: list[str], out_dir: Path, exact: bool = Fals
 def render(result: dict, rows: list[list]) -> str:
     """The Markdown tables of a comparison (``rows``: the last step of each configuration)."""
     steps = result["settings"]["steps"]
-    out = [format_table(["config", "processes", "per-device batch", "train loss", "train kl", "train recon",
-                         "val kl", "val recon", "val recon, BatchNorm batch statistics"], rows,
-                        title=f"after {steps} steps")]
+    out = [format_table(["config", "processes", "per-device batch", "train loss", "train kl", "train recon"],
+                        [r[:6] for r in rows], title=f"Training, after {steps} steps"),
+           format_table(["config", "val kl", "val recon", "val recon, BatchNorm batch statistics"],
+                        [[r[0], *r[6:]] for r in rows], title=f"Validation, after {steps} steps")]
     spread = result["spread_ratio"]
     out.append(format_table(
         ["config", "KL: logged spread / global-batch spread", "reconstruction: logged / global-batch",

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -145,12 +146,20 @@ def _g(v: Optional[float]) -> str:
     return "0" if v == 0 else (f"{v:.3g}" if abs(v) >= 1e-3 else f"{v:.2e}")
 
 
-def verdict(ratio: Optional[float]) -> str:
-    """The wording of one world size's result, from its ratio to the floor."""
+def verdict(ratio: Optional[float], outliers: Optional[list[int]] = None, typical: Optional[float] = None,
+            steps: Optional[int] = None) -> str:
+    """The wording of one world size's result, from its ratio to the floor (its largest step)
+    and, when given, the steps beyond ``FLOOR_FACTOR`` (``outliers``, 0-based), the median
+    step's ratio (``typical``) and the number of steps. A result beyond the floor is never
+    worded as a match: when most steps are within it, the wording says which are not."""
     if ratio is None:
         return "differs where one device does not"
     if ratio <= FLOOR_FACTOR:
         return f"within {FLOOR_FACTOR:g}x of the one-device floor"
+    if outliers and typical is not None and typical <= FLOOR_FACTOR and steps and len(outliers) < steps:
+        which = ", ".join(str(k) for k in outliers)
+        return (f"within {FLOOR_FACTOR:g}x of the floor at {steps - len(outliers)} of {steps} steps; "
+                f"step{'s' if len(outliers) > 1 else ''} {which} up to {ratio:.3g}x")
     return f"{ratio:.3g}x the one-device floor: more than reordering explains"
 
 
@@ -166,9 +175,14 @@ def _summary(result: dict) -> str:
                 f"samples of the batch makes on one device ({_g(result['floor'])} relative; largest ratio "
                 f"{_g(worst)}).")
     bad = [n for n in ws if n not in ok]
-    return (head + f"DDP at world size {', '.join(bad)} differs from one device by more than {FLOOR_FACTOR:g}x the "
-            f"largest difference that permuting the samples makes on one device ({_g(result['floor'])} relative); "
-            f"see `steps` in equivalence.json.")
+    few = [n for n in bad if ws[n]["outlier_steps"] and ws[n]["typical_ratio"] is not None
+           and ws[n]["typical_ratio"] <= FLOOR_FACTOR]
+    text = (head + f"DDP at world size {', '.join(bad)} differs from one device by more than {FLOOR_FACTOR:g}x the "
+            f"largest difference that permuting the samples makes on one device ({_g(result['floor'])} relative)")
+    if few:
+        text += (f"; at world size {', '.join(few)} only at some steps, the median step being within the floor "
+                 f"(`grad_steps` in equivalence.json)")
+    return text + "."
 
 
 def _steps(result: tuple[dict, Path]) -> dict:
@@ -188,7 +202,9 @@ def equivalence(base: RunSpec, world_sizes: list[int], out_dir: Path, permutatio
 
         {"dtype", "optimizer", "steps", "model", "floor_factor", "method": "teacher-forced",
          (per world size also "buffer_ratio_to_floor" and "buffer_eps": the BatchNorm buffers'
-         largest difference over their permuted floor and in machine epsilons; reported, not judged)
+         largest difference over their permuted floor and in machine epsilons; reported, not judged;
+         "outlier_steps": the steps beyond FLOOR_FACTOR x the floor, "typical_ratio": the median
+         step's ratio)
          "floor": the largest per-step relative difference of any permuted run,
          "floor_runs": [the largest per-step difference of each permuted run],
          "floor_steps": [[per-step relative gradient difference] per permuted run],
@@ -253,8 +269,8 @@ def equivalence(base: RunSpec, world_sizes: list[int], out_dir: Path, permutatio
         floor_steps.append(_per_step(rec, ref, "grads"))
         floor_buffers.append(_per_step(rec, ref, "buffers"))
         eps = torch.finfo(torch.float64 if base.dtype == "float64" else torch.float32).eps
-        rows.append([f"1, samples permuted (seed {spec.permute_seed})", _g(max(floor_steps[-1])), "-",
-                     f"{max(floor_buffers[-1]) / eps:.2g} eps", "one draw of the floor"])
+        rows.append([f"1, samples permuted (seed {spec.permute_seed})", "one draw of the floor",
+                     _g(max(floor_steps[-1])), "-", f"{max(floor_buffers[-1]) / eps:.2g} eps"])
     floor_runs = [max(f) for f in floor_steps]
     floor = max(floor_runs)
     buffer_floor = max(max(f) for f in floor_buffers)
@@ -269,21 +285,24 @@ def equivalence(base: RunSpec, world_sizes: list[int], out_dir: Path, permutatio
         rec = _steps(run)
         grads, bufs = _per_step(rec, ref, "grads"), _per_step(rec, ref, "buffers")
         ratio = _ratio(max(grads), floor)
+        outliers = [k for k, d in enumerate(grads) if d > FLOOR_FACTOR * floor]
+        typical = _ratio(statistics.median(grads), floor)
         eps = torch.finfo(torch.float64 if base.dtype == "float64" else torch.float32).eps
         entry = {"max_grad_diff": max(grads), "max_buffer_diff": max(bufs), "ratio_to_floor": ratio,
                  "buffer_ratio_to_floor": _ratio(max(bufs), buffer_floor), "buffer_eps": max(bufs) / eps,
                  "within_floor": ratio is not None and ratio <= FLOOR_FACTOR,
                  "steps_within_draws": sum(d <= f for d, f in zip(grads, per_step_floor)),
-                 "grad_steps": grads, "buffer_steps": bufs, "verdict": verdict(ratio),
+                 "outlier_steps": outliers, "typical_ratio": typical,
+                 "grad_steps": grads, "buffer_steps": bufs, "verdict": verdict(ratio, outliers, typical, len(grads)),
                  "settings": dataclasses.asdict(spec)}
         result["world_sizes"][str(spec.devices)] = entry
-        rows.append([f"{spec.devices} (per-device batch {spec.per_device_batch_size})", _g(max(grads)), _g(ratio),
-                     f"{entry['buffer_eps']:.2g} eps", entry["verdict"]])
+        rows.append([f"{spec.devices} (per-device batch {spec.per_device_batch_size})", entry["verdict"],
+                     _g(max(grads)), _g(ratio), f"{entry['buffer_eps']:.2g} eps"])
     result["summary"] = _summary(result)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "equivalence.json").write_text(json.dumps(result, indent=1))
-    table = format_table(["world size", "gradient: largest step difference", "ratio to floor",
-                          "BatchNorm buffers", "verdict"], rows,
+    table = format_table(["world size", "verdict", "gradient: largest step difference", "ratio to floor",
+                          "BatchNorm buffers"], rows,
                          title=f"{base.model} VAE, {base.data}, global batch {base.global_batch_size}, {base.steps} "
                                f"steps each started from one device's weights, {base.dtype}, {base.optimizer}, all "
                                f"fixes on; relative differences to one device")
