@@ -294,11 +294,16 @@ def comparison_table(comparison: dict[str, dict], a: str, b: str) -> tuple[list[
     return headers, rows
 
 
+#: The title of every statistics table: what its short column names mean.
+STATISTICS_TITLE = ("The statistics behind each verdict (p: the difference's, TOST p: the equivalence test's, both "
+                    "Holm-adjusted; detectable: the difference found with 80% power; r: correlation of the pairs)")
+
+
 def statistics_table(comparison: dict[str, dict], a: str, b: str) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the statistics behind :func:`comparison_table`: the means, the
     Holm-adjusted p of the difference and of the equivalence test (TOST), the difference
     detectable with 80% power and the seed-to-seed correlation ``r`` of the pairs."""
-    headers = ["quantity", f"mean {b}", f"mean {a}", "p (Holm)", "TOST p (Holm)", "detectable (80%)", "r"]
+    headers = ["quantity", f"mean {b}", f"mean {a}", "p", "TOST p", "detectable", "r"]
     rows = [[q, _g(e["mean_b"]), _g(e["mean_a"]), _p(e["p_holm"]), _p(e["p_tost_holm"]), _g(e["mde"]),
              f"{e.get('r', float('nan')):.2f}"] for q, e in comparison.items()]
     return headers, rows
@@ -315,7 +320,7 @@ def render(result: dict) -> str:
              f"(paired by seed; margin {result['margin_sd']:g} SD of the independent runs)")
     s_headers, s_rows = statistics_table(result["comparison"], "shared", "independent")
     return (f"Verdict: **{result['verdict']}**: {result['summary']}.\n\n{format_table(headers, rows, title=title)}"
-            f"\n\n{format_table(s_headers, s_rows, title='The statistics behind each verdict')}")
+            f"\n\n{format_table(s_headers, s_rows, title=STATISTICS_TITLE)}")
 
 
 def plot(result: dict, path: Path) -> None:

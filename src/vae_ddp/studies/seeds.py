@@ -196,7 +196,7 @@ def _g(v: float) -> str:
 
 def render(result: dict) -> str:
     """The study's verdict lines, then its tables (Markdown), from its ``seeds.json`` content."""
-    from vae_ddp.studies.long_horizon import comparison_table, statistics_table
+    from vae_ddp.studies.long_horizon import STATISTICS_TITLE, comparison_table, statistics_table
     from vae_ddp.studies.table import format_table
 
     st, n = result["settings"], result["num_seeds"]
@@ -212,7 +212,7 @@ def render(result: dict) -> str:
         parts.append(format_table(headers, rows, title=f"{c} vs single, paired by seed (shared: "
                                                          f"{result['shared_with_single'][c]})"))
         headers, rows = statistics_table(comparison, c, "single")
-        parts.append(format_table(headers, rows, title=f"{c} vs single: the statistics behind each verdict"))
+        parts.append(format_table(headers, rows, title=f"{c} vs single: {STATISTICS_TITLE[0].lower()}{STATISTICS_TITLE[1:]}"))
     lines = "\n".join(f"- {v}" for v in result["verdict_lines"])
     head = (f"Verdict against single ({n} seeds, paired by seed; Holm over the {len(QUANTITIES)} quantities at 5%; "
             f"equivalence margin ±{result['margin_sd']:g} standard deviation of single over seeds):")

@@ -306,16 +306,17 @@ def _cell(qs: list[str], verdicts: dict[str, str], cmp: dict) -> str:
 
 
 def _table(seeds: dict, lh: dict | None, combined: dict[str, str]) -> list[str]:
-    """Each study's words per term, then the combined verdict (Markdown table rows)."""
+    """The combined verdict per term, then each study's words (Markdown table rows; the verdict
+    second, so that it stays on a phone's screen)."""
     studies = _studies(seeds, lh)
     names = {"seeds": "[DDP vs one device](is-it-a-bug.md#result-ten-seeds-of-each-configuration)",
              "long_horizon": "[shared vs independent noise]"
                              "(is-it-a-bug.md#long-horizon-does-noise-shared-across-ranks-shift-the-kl)"}
-    head = ["final value (training, validation)"] + [f"{names[s['name']]}, {s['scope']}" for s in studies] + ["verdict"]
+    head = ["final value (training, validation)", "verdict"] + [f"{names[s['name']]}, {s['scope']}" for s in studies]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for term, qs in _terms(combined).items():
         cells = [_cell(qs, s["verdicts"], s["cmp"]) for s in studies]
-        out.append(f"| {term} | " + " | ".join(cells) + f" | **{worst([combined[q] for q in qs])}** |")
+        out.append(f"| {term} | **{worst([combined[q] for q in qs])}** | " + " | ".join(cells) + " |")
     return out
 
 
