@@ -18,7 +18,6 @@ import importlib.util
 import os
 import re
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -715,13 +714,17 @@ def _search(browser, server, query: str) -> list[str]:
     box = page.locator("input.md-search__input")
     box.click()
     box.press_sequentially(query, delay=20)
-    page.locator(".md-search-result__item").first.wait_for(state="visible", timeout=20000)
-    time.sleep(0.5)  # the result list is filled in one go after the worker answers
-    # Material renders the results ten at a time as the list scrolls: scroll until all are there
-    count = -1
-    while count != (count := page.locator(".md-search-result__item").count()):
+    # Material's worker answers in one go: the meta line then says "N matching documents"; the
+    # list renders its items ten at a time as it scrolls, so scroll until all N are there
+    meta = ".md-search-result__meta"
+    page.wait_for_function(f"() => /\\d+ matching|No matching/.test(document.querySelector('{meta}')?.textContent)",
+                           timeout=20000)
+    found = re.search(r"(\d+) matching", page.text_content(meta))
+    total = int(found.group(1)) if found else 0
+    items = ".md-search-result__item"
+    while (count := page.locator(items).count()) < total:
         page.eval_on_selector(".md-search__scrollwrap", "el => el.scrollTo(0, el.scrollHeight)")
-        time.sleep(0.3)
+        page.wait_for_function(f"n => document.querySelectorAll('{items}').length > n", arg=count, timeout=20000)
     paths = page.eval_on_selector_all(".md-search-result__item > a", "els => els.map(e => new URL(e.href).pathname)")
     page.close()
     return sorted(set(paths))
