@@ -94,7 +94,7 @@ def check_one(dtype: str, steps: int, seed: int, permutations: int, out: Path) -
 def check(steps: int, seed: int, permutations: int, out: Path) -> dict:
     """Single, permuted single and DDP on 2 (plain, helpers) in float64 and float32, every step
     started from one device's weights: the table."""
-    from vae_ddp.probes import relative_difference
+    from vae_ddp.probes import per_step_differences
     from vae_ddp.studies.equivalence import FLOOR_FACTOR, verdict
 
     result = {"method": "teacher-forced", "floor_factor": FLOOR_FACTOR, "steps": steps, "permutations": permutations,
@@ -110,13 +110,13 @@ def check(steps: int, seed: int, permutations: int, out: Path) -> dict:
             subprocess.run([*base, "--devices", "2", *flag, *teacher, "--save", str(d / f"ddp-{variant}.pt")],
                            check=True)
         ref = torch.load(d / "single-steps.pt")["grads"]
-        per_step = lambda grads: [relative_difference(a, b) for a, b in zip(grads, ref)]  # noqa: E731
-        floor_steps = [per_step(torch.load(d / f"single-permuted-{k}.pt")["grads"]) for k in range(1, permutations + 1)]
+        floor_steps = [per_step_differences(torch.load(d / f"single-permuted-{k}.pt")["grads"], ref)
+                       for k in range(1, permutations + 1)]
         floor_runs = [max(f) for f in floor_steps]
         floor = max(floor_runs)
         entry = {"floor": floor, "floor_runs": floor_runs, "floor_steps": floor_steps, "ddp": {}}
         for variant in ("plain", "helpers"):
-            steps_diff = per_step(torch.load(d / f"ddp-{variant}.pt")["grads"])
+            steps_diff = per_step_differences(torch.load(d / f"ddp-{variant}.pt")["grads"], ref)
             diff = max(steps_diff)
             ratio = diff / floor if floor > 0 else (0.0 if diff == 0 else None)
             entry["ddp"][variant] = {"max_grad_diff": diff, "grad_steps": steps_diff, "ratio_to_floor": ratio,

@@ -256,3 +256,14 @@ def test_equivalence_verdict_wording():
     assert verdict(5.0, [0, 1, 2], 3.0, 4) == "5x the one-device floor: more than reordering explains"
     assert verdict(5.0, [0, 1], 1.0, 2) == "5x the one-device floor: more than reordering explains"
     assert verdict(5.0) == "5x the one-device floor: more than reordering explains"
+
+
+def test_per_step_differences_compare_each_step_with_the_same_step():
+    from vae_ddp.probes import per_step_differences
+
+    ref = [torch.tensor([3.0, 4.0], dtype=torch.float64), torch.zeros(0, dtype=torch.float64)]
+    steps = [torch.tensor([3.0, 4.5], dtype=torch.float64), torch.zeros(0, dtype=torch.float64)]
+    assert per_step_differences(steps, ref) == [pytest.approx(0.1), 0.0]  # ||(0, 0.5)|| / ||(3, 4)||; no buffers
+    assert per_step_differences([torch.ones(2)], [torch.zeros(2)]) == [float("inf")]
+    with pytest.raises(ValueError, match="2 steps compared with a reference of 1"):
+        per_step_differences(steps, ref[:1])

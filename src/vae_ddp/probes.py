@@ -12,7 +12,7 @@ import torch
 from pytorch_lightning import Callback, LightningModule, Trainer
 from torch import Tensor
 
-__all__ = ["NoiseProbe", "GradientProbe", "StepProbe", "relative_difference"]
+__all__ = ["NoiseProbe", "GradientProbe", "StepProbe", "relative_difference", "per_step_differences"]
 
 
 class NoiseProbe(Callback):
@@ -137,3 +137,16 @@ def relative_difference(a: Tensor, b: Tensor) -> float:
     if nb == 0:
         return 0.0 if d == 0 else float("inf")
     return d / nb
+
+
+def per_step_differences(steps: list[Tensor], reference: list[Tensor]) -> list[float]:
+    """[`relative_difference`][vae_ddp.probes.relative_difference] of each step's tensor
+    (``StepProbe.grads`` or ``.buffers``: one flat float64 tensor per optimizer step) against
+    the same step of ``reference`` (0.0 for a step with an empty reference, e.g. no buffers).
+
+    Raises:
+        ValueError: the two records hold different numbers of steps.
+    """
+    if len(steps) != len(reference):
+        raise ValueError(f"{len(steps)} steps compared with a reference of {len(reference)}")
+    return [relative_difference(a, b) if b.numel() else 0.0 for a, b in zip(steps, reference)]

@@ -192,9 +192,9 @@ def _steps(result: tuple[dict, Path]) -> dict:
 
 
 def _per_step(record: dict, ref: dict, key: str) -> list[float]:
-    from vae_ddp.probes import relative_difference
+    from vae_ddp.probes import per_step_differences
 
-    return [relative_difference(a, b) if b.numel() else 0.0 for a, b in zip(record[key], ref[key])]
+    return per_step_differences(record[key], ref[key])
 
 
 def equivalence(base: RunSpec, world_sizes: list[int], out_dir: Path, permutations: int = 4) -> dict:
