@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Optional
 
@@ -81,24 +82,40 @@ def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, pr
 
     def launch_all(tag: str, specs: list[AuditRun]) -> dict[str, tuple[dict, dict]]:
         """Train ``specs`` (one world size) in one launch; {label: (params, info)}."""
-        if progress:
-            for spec in specs:
-                print(f"[audit] {spec.label}: {spec.devices} process(es), fixes: {', '.join(spec.fixes) or 'none'}"
-                      f"{', samples permuted in each batch' if spec.permute else ''}", flush=True)
         where = out_dir / "runs" / tag
         info = launch(RunGroup(specs), where, quiet=True, entry=[sys.executable, "-m", "vae_ddp.audit.run"])
         return {s.label: (torch.load(where / f"{s.label}.pt"), info[s.label]) for s in specs}
 
-    one = launch_all("one-device", [base.replace(label="single", devices=1, fixes=fixes),
-                                    base.replace(label="floor", devices=1, fixes=fixes, permute=True)])
-    single = one["single"][0]
-    floor = _diff(one["floor"][0], single)
+    one_device = [base.replace(label="single", devices=1, fixes=fixes),
+                  base.replace(label="floor", devices=1, fixes=fixes, permute=True)]
     # The ablation (every fix but one) runs in the same launch for every fixable factor; only
     # the factors found exposed below are reported (a launch costs more than a few short runs).
-    first = launch_all("ddp", [base.replace(label="ddp", devices=n, fixes=[]),
-                               base.replace(label="ddp+fixed", devices=n, fixes=fixes),
-                               *(base.replace(label=f"ddp-{f}", devices=n, fixes=[g for g in fixes if g != f])
-                                 for f in fixes)])
+    ddp = [base.replace(label="ddp", devices=n, fixes=[]), base.replace(label="ddp+fixed", devices=n, fixes=fixes),
+           *(base.replace(label=f"ddp-{f}", devices=n, fixes=[g for g in fixes if g != f]) for f in fixes)]
+    if progress:
+        for spec in one_device + ddp:
+            print(f"[audit] {spec.label}: {spec.devices} process(es), fixes: {', '.join(spec.fixes) or 'none'}"
+                  f"{', samples permuted in each batch' if spec.permute else ''}", flush=True)
+    # The two launches at the same time (most of a launch is its processes importing torch and
+    # Lightning). A daemon thread: if this process ends first, its launch's guard gets SIGTERM
+    # (PR_SET_PDEATHSIG, vae_ddp.guard) and ends that tree, as on any exit of this process.
+    box: dict = {}
+
+    def launch_one_device() -> None:
+        try:
+            box["one"] = launch_all("one-device", one_device)
+        except BaseException as e:  # raised in the main thread below
+            box["error"] = e
+
+    thread = threading.Thread(target=launch_one_device, name="audit-one-device", daemon=True)
+    thread.start()
+    first = launch_all("ddp", ddp)
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    one = box["one"]
+    single = one["single"][0]
+    floor = _diff(one["floor"][0], single)
     default, info = first["ddp"]
     fixed = first["ddp+fixed"][0]
     found = {f["factor"]: f for f in info["findings"]}
