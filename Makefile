@@ -3,8 +3,6 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 OUT ?= runs
-# the tests in two pytest-xdist workers beside the site build (tests/conftest.py): CI's 2 cores stay busy
-PYTEST_ARGS ?= -n 2 --dist worksteal
 
 .PHONY: setup browser demo test test-full docs docs-serve legacy legacy-test bench bench-docs stress clean
 
@@ -37,10 +35,10 @@ demo: setup  ## the main job on the bundled digits: single, ddp (2 gloo processe
 	$(VENV)/bin/vae-ddp compare --out $(OUT)/demo
 
 test: setup browser  ## the test suite (reduced studies; CPU, gloo), the docs build and the browser test
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest
 
 test-full: setup browser  ## the full-size studies too (tens of minutes on 2 cores)
-	VAE_DDP_FULL=1 $(PY) -m pytest $(PYTEST_ARGS)
+	VAE_DDP_FULL=1 $(PY) -m pytest
 
 bench: setup  ## benchmarks (medians and ratios): step time per fix, CPU sync BatchNorm, DDPAudit overhead
 	$(PY) benchmarks/step_time.py

@@ -28,6 +28,16 @@ def run_cli(*args: str, timeout: float = 600):
                      timeout=timeout, cwd=ROOT)
 
 
+def pytest_collection_modifyitems(config, items):
+    """Full-size studies run only with VAE_DDP_FULL=1 (`make test-full`); CI runs the reduced ones."""
+    if FULL:
+        return
+    skip = pytest.mark.skip(reason="full-size study: run with VAE_DDP_FULL=1 (make test-full)")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
 def _hook():
     import importlib.util
 
@@ -67,115 +77,57 @@ def generated(request):
 
 
 # --------------------------------------------------------------------------- the site build
-# The site build (``mkdocs build --strict``, which runs every example of the docs registry) is
-# the longest step of the suite: when the session has a test that reads the built site, it
-# starts as soon as the tests are collected and runs beside them, and the tests that read it
-# run last. The docs hook locks each example, so an example a test asks for while the build
-# runs it is run once and read by both.
-#
-# Under pytest-xdist (``make test`` runs ``pytest -n 2``) the controller starts the one build
-# and owns it: the workers say that they need it (the file ``needed`` in the folder the
-# controller names in $VAE_DDP_TEST_SITE before it starts them). The build holds an exclusive
-# lock on ``lock`` until it has written its exit code to ``rc``; a worker waits for the lock.
-# A build ends with the session that started it (the controller, or the one pytest process).
 _SITE: dict = {}
-SHARED = "VAE_DDP_TEST_SITE"
-_RC = "import pathlib, subprocess, sys; pathlib.Path(sys.argv[1]).write_text(str(subprocess.call(sys.argv[2:])))"
 
 
-def _start_site_build(out: Path | None = None) -> None:
-    import fcntl
-
+def _start_site_build() -> None:
+    out = Path(tempfile.mkdtemp(prefix="vae-ddp-site-"))
+    log = open(out.with_suffix(".log"), "w+")
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
     from vae_ddp.guard import guarded
 
-    out = Path(out) if out else Path(tempfile.mkdtemp(prefix="vae-ddp-site-"))
-    log = open(out / "build.log", "w+")
-    lock = open(out / "lock", "w")
-    fcntl.flock(lock, fcntl.LOCK_EX)  # held by the guard from here until the build has ended
-    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
     # under a guard: the build and every example it runs end with the session, even when
     # pytest itself is killed (SIGTERM/SIGKILL skip pytest_sessionfinish)
-    build = [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out / "site")]
-    cmd = guarded([sys.executable, "-c", _RC, str(out / "rc"), *build], stall=3600)
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
-                            pass_fds=(lock.fileno(),))
-    lock.close()
+    cmd = guarded([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out / "site")],
+                  stall=3600)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
     _SITE.update(proc=proc, out=out, log=log, t0=time.monotonic())
 
 
-def _is_worker(config) -> bool:
-    return hasattr(config, "workerinput")
-
-
-def pytest_configure(config):
-    """The xdist controller names the folder of the shared build before it starts the workers."""
-    if not _is_worker(config) and getattr(config.option, "numprocesses", None):
-        os.environ[SHARED] = tempfile.mkdtemp(prefix="vae-ddp-site-")
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's worker reports its collection to the controller
 def pytest_collection_finish(session):
+    """The site build (``mkdocs build --strict``, which runs every example of the docs registry)
+    is the longest step of the suite: when the session has a test that reads the built site,
+    start it now, beside the other tests. The docs hook locks each example, so an example a
+    test asks for while the build runs it is run once and read by both."""
     if session.config.option.collectonly:
         return
     if any("site" in getattr(item, "fixturenames", ()) for item in session.items):
-        if _is_worker(session.config):
-            (Path(os.environ[SHARED]) / "needed").touch()
-        else:
-            _start_site_build()
+        _start_site_build()
 
 
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_node_collection_finished(node, ids):
-    """Controller: start the build once, when the first worker that needs it has collected
-    (before any test is handed out)."""
-    shared = Path(os.environ[SHARED])
-    if not _SITE and (shared / "needed").exists():
-        _start_site_build(shared)
-
-
-def site_build() -> tuple[Path, str, float]:
+def site_build(timeout: float = 3600) -> tuple[Path, str, float]:
     """Wait for the site build (start it if the session did not) and return the built site's
     folder, the build's output and its duration in seconds."""
-    import fcntl
-
-    if "PYTEST_XDIST_WORKER" in os.environ:  # the controller's build
-        out = Path(os.environ[SHARED])
-        assert (out / "lock").exists(), "the test session did not start the site build"
-    else:
-        if not _SITE:
-            _start_site_build()
-        out = _SITE["out"]
-    with open(out / "lock") as lock:
-        fcntl.flock(lock, fcntl.LOCK_SH)  # released when the build has ended
-    log = (out / "build.log").read_text()
-    assert (out / "rc").exists(), f"the site build was ended before it finished:\n{log[-8000:]}"
-    assert (out / "rc").read_text() == "0", f"mkdocs build --strict failed:\n{log[-8000:]}"
-    return out / "site", log, (out / "rc").stat().st_mtime - (out / "lock").stat().st_mtime
-
-
-def pytest_collection_modifyitems(config, items):
-    """Full-size studies run only with VAE_DDP_FULL=1 (`make test-full`); CI runs the reduced
-    ones. Tests that read the built site run last and may wait for the build (1 hour)."""
-    later = [i for i in items if "site" in getattr(i, "fixturenames", ())]
-    items[:] = [i for i in items if i not in later] + later
-    for item in later:
-        item.add_marker(pytest.mark.timeout(3600))
-    if FULL:
-        return
-    skip = pytest.mark.skip(reason="full-size study: run with VAE_DDP_FULL=1 (make test-full)")
-    for item in items:
-        if "slow" in item.keywords:
-            item.add_marker(skip)
+    if not _SITE:
+        _start_site_build()
+    proc = _SITE["proc"]
+    try:
+        proc.wait(timeout=max(1.0, timeout - (time.monotonic() - _SITE["t0"])))
+    except subprocess.TimeoutExpired:
+        proc.terminate()  # the guard ends the build's whole tree
+        raise
+    _SITE.setdefault("seconds", time.monotonic() - _SITE["t0"])
+    _SITE["log"].seek(0)
+    log = _SITE["log"].read()
+    assert proc.returncode == 0, f"mkdocs build --strict failed:\n{log[-8000:]}"
+    return _SITE["out"] / "site", log, _SITE["seconds"]
 
 
 def pytest_sessionfinish(session, exitstatus):
-    if _is_worker(session.config):
-        return  # the controller owns the shared build
     if _SITE:
         if _SITE["proc"].poll() is None:
             _SITE["proc"].terminate()  # the guard ends the build's whole tree
             _SITE["proc"].wait(timeout=30)
         _SITE["log"].close()
-    out = _SITE.get("out") or (Path(os.environ[SHARED]) if os.environ.get(SHARED) else None)
-    if out:
-        shutil.rmtree(out, ignore_errors=True)
+        shutil.rmtree(_SITE["out"], ignore_errors=True)
+        Path(_SITE["log"].name).unlink(missing_ok=True)
