@@ -152,3 +152,19 @@ def test_a_missing_file_is_one_line_in_both_spellings(tmp_path, capsys, monkeypa
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1 and "nowhere.py does not exist" in err, err
 
+
+
+def test_the_reduction_check_reads_several_seeded_batches(monkeypatch):
+    """A mean over tokens per rank equals the global mean on a batch whose chunks hold as many
+    tokens each (one random first batch in 8 here: the check flickered). The one-process check
+    reads the first global batches of the loader, drawn from the audit's seed."""
+    from examples.audit_models import MaskedTokens, Plain, Regression
+    from vae_ddp.audit.cli import check
+    from vae_ddp.audit.spec import AuditRun
+
+    monkeypatch.chdir(ROOT)
+    for seed in range(8):
+        run = AuditRun(model={"class_path": f"{M}.MaskedTokens"}, data={"class_path": f"{M}.Regression"},
+                       devices=2, global_batch_size=16, seed=seed)
+        assert [f["factor"] for f in check(run, Regression, MaskedTokens)] == ["reduction"], seed
+    assert check(run, Regression, Plain) == []

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import itertools
 import os
 import sys
 import warnings
@@ -22,6 +23,9 @@ from pathlib import Path
 from typing import Literal, Optional
 
 from vae_ddp.errors import UserError
+
+#: global batches of the user's training loader that the one-process checks look at
+STATIC_BATCHES = 4
 
 __all__ = ["main", "check"]
 
@@ -140,7 +144,12 @@ def check(run, data_cls: type, model_cls: type) -> list[dict]:
     try:
         dm.prepare_data()
         dm.setup("fit")
-        batch = next(iter(dm.train_dataloader()))
+        with torch.random.fork_rng():  # the same batches on every audit of this seed
+            torch.manual_seed(run.seed)
+            batches = list(itertools.islice(dm.train_dataloader(), STATIC_BATCHES))
+        if not batches:
+            raise StopIteration
+        batch = batches[0]
     except StopIteration:
         raise UserError(f"{data_cls.__name__}.train_dataloader() yields no batch: give it data") from None
     except Exception as err:  # noqa: BLE001 - the user's datamodule: its first line
@@ -159,7 +168,7 @@ def check(run, data_cls: type, model_cls: type) -> list[dict]:
                             f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}): fix the model "
                             "so that it runs on CPU, or use --accelerator gpu") from None
     with _no_trainer_warnings():
-        return static_findings(model, dm, batch, run.devices)
+        return static_findings(model, dm, batches, run.devices)
 
 
 @contextlib.contextmanager
