@@ -71,6 +71,21 @@ class Plain(Base):
     """No exposure at all (with an unshuffled, evenly divisible dataset and synced logging)."""
 
 
+class NoisyStep(Base):
+    """Input noise drawn with `torch.randn_like` in `training_step`: not keyed to the sample."""
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.mse_loss(self(x + 0.1 * torch.randn_like(x)), y)
+
+
+class Clipped(Base):
+    """Gradient clipping by the global norm, through Lightning's own hook."""
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+        self.clip_gradients(optimizer, gradient_clip_val=0.1, gradient_clip_algorithm="norm")
+
+
 class WithDropout(Base):
     def __init__(self, p: float = 0.1) -> None:
         super().__init__()

@@ -88,6 +88,10 @@ class StepProbe(Callback):
     differences carried over from earlier steps. The optimizer still steps, but its result is
     replaced at the next step.
 
+    ``k`` counts training batches (one optimizer step each under automatic optimization); the
+    gradients are kept at every optimizer step, so a manual-optimization module that steps two
+    optimizers per batch (a GAN) records two per batch, in both runs alike.
+
     Args:
         states: the reference's ``{name: Tensor}`` per step, or None to record them.
         record_states: keep θ_k of each step (the reference run).
@@ -108,12 +112,19 @@ class StepProbe(Callback):
         self.record_states = record_states and not self.forced
         self.grads: list[Tensor] = []
         self.buffers: list[Tensor] = []
+        self._batch = 0
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._batch = 0
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        k = trainer.global_step
+        # counted per training batch, not by `global_step`: with manual optimization and two
+        # optimizers, Lightning counts two steps per batch
+        k = self._batch
+        self._batch += 1
         if self.forced:
             if k >= len(self.states):
-                raise RuntimeError(f"StepProbe: step {k} is past the {len(self.states)} steps of the reference")
+                raise RuntimeError(f"StepProbe: batch {k} is past the {len(self.states)} batches of the reference")
             own = pl_module.state_dict()
             with torch.no_grad():
                 for name, value in self.states[k].items():

@@ -5,10 +5,12 @@
 
 MODEL and DATA are ``package.module.Class`` or ``path/to/file.py:Class``. DATA's
 ``batch_size`` is the global batch size (one device's batch); each DDP rank gets
-``batch_size / devices``. Exit codes: 0 the fixed run is within 2x the one-device floor,
-1 it is not (something unexplained, or a factor the audit cannot fix by itself, such as a
-loss averaged over a variable number of items), 2 bad input (one line, before any
-training), 3 a training run failed (its first error line, and where every rank's log is).
+``batch_size / devices``. Exit codes: 0 DDP with the fixes, started at every step from one
+device's weights, computes a gradient within 2x the one-device floor; 1 it does not
+(something unexplained, a factor the audit cannot fix by itself, such as a loss averaged over
+a variable number of items, or random draws that do not follow their sample), 2 bad input
+(one line, before any training), 3 a training run failed (its first error line, and where
+every rank's log is).
 """
 
 from __future__ import annotations
@@ -39,8 +41,9 @@ def _parser():
         "and find which factor makes them differ. --model and --data take package.module.Class or "
         "path/to/file.py:Class; --data.init_args.batch_size is the global batch size (each of the --devices "
         "ranks gets batch_size / devices)."), epilog=(
-        "exit codes: 0 DDP with the fixes matches one device within 2x the one-device floor; 1 it does not "
-        "(unexplained, or a factor that needs a change in your code); 2 bad input; 3 a training run failed"))
+        "exit codes: 0 DDP with the fixes, started at every step from one device's weights, computes a gradient "
+        "within 2x the one-device floor; 1 it does not (unexplained, a factor that needs a change in your code, "
+        "or random draws that do not follow their sample); 2 bad input; 3 a training run failed"))
     p.add_subclass_arguments(LightningModule, "model", required=True)
     p.add_subclass_arguments(LightningDataModule, "data", required=True)
     p.add_argument("--devices", type=int, default=2, help="DDP world size N (default: 2)")

@@ -4,16 +4,20 @@
 they are trained one after the other in the same processes (Lightning reuses the process
 group), which saves a launch per variant. Under ``strategy="ddp"`` Lightning's launcher
 re-runs this command for the other ranks. Rank 0 writes ``OUT_DIR/<label>.pt`` (the final
-parameters of each run) and ``OUT_DIR/run.json``: ``{label: {"findings": [...], "steps": int}}``,
-the findings being what [`DDPAudit`][vae_ddp.audit.callback.DDPAudit] saw.
+parameters of each run), ``OUT_DIR/<label>.steps.pt`` (per-step gradients, for a run with a
+``steps_file``) and ``OUT_DIR/run.json``: ``{label: {"findings": [...], "steps": int}}``,
+the findings being what [`DDPAudit`][vae_ddp.audit.callback.DDPAudit] saw. A teacher-forced run
+waits until the reference run (in another launch) has written its weights.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import pytorch_lightning as pl
 import torch
@@ -21,10 +25,12 @@ from pytorch_lightning import Callback, LightningModule, Trainer
 from torch.utils.data import DataLoader
 
 from vae_ddp.audit.callback import DDPAudit
-from vae_ddp.audit.spec import AuditRun, import_class
+from vae_ddp.audit.spec import AuditRun, failed_marker, import_class
 from vae_ddp.fixes.batchnorm import GlobalSyncBatchNorm
 from vae_ddp.fixes.randomness import GlobalBatchRandomness, current_stream
 from vae_ddp.fixes.sampler import GlobalBatchDistributedSampler
+from vae_ddp.guard import beat
+from vae_ddp.probes import StepProbe
 from vae_ddp.utils import close_process_group, quiet
 from vae_ddp.workers import make_fork_safe
 
@@ -79,21 +85,22 @@ def _tensors(batch: Any) -> list[torch.Tensor]:
     return [t for t in batch if isinstance(t, torch.Tensor)]
 
 
-def build(run: AuditRun) -> tuple[LightningModule, pl.LightningDataModule, Trainer]:
+def build(run: AuditRun, probe: Optional[StepProbe] = None) -> tuple[LightningModule, pl.LightningDataModule, Trainer]:
     """Seed, build the user's module and datamodule (per-device batch size) and the Trainer with
-    ``run.fixes`` on. Call in every rank (Lightning re-runs the command)."""
+    ``run.fixes`` on (and ``probe`` as its first callback). Call in every rank (Lightning re-runs
+    the command)."""
     pl.seed_everything(run.seed, verbose=False)
     model_cls = import_class(run.model["class_path"], run.model_file)
     data_cls = import_class(run.data["class_path"], run.data_file)
     model = model_cls(**run.model.get("init_args", {}))
     data_args = dict(run.data.get("init_args", {}), batch_size=run.global_batch_size // run.devices)
     dm = data_cls(**data_args)
-    callbacks: list[Callback] = []
+    callbacks: list[Callback] = [probe] if probe is not None else []  # first: θ_k before any other acts
     extra: dict[str, Any] = {}
     if "noise" in run.fixes:  # dropout layers and a `noise` attribute, drawn for the global batch
         callbacks.append(GlobalBatchRandomness(run.seed))
     if run.permute:
-        callbacks.append(PermuteWithinBatch(run.seed))
+        callbacks.append(PermuteWithinBatch(run.seed * 1009 + run.permute))
     if "batchnorm" in run.fixes and run.devices > 1:
         if run.accelerator == "gpu":
             extra["sync_batchnorm"] = True
@@ -159,18 +166,53 @@ def _deal_global_batches(dm: pl.LightningDataModule, run: AuditRun, rank: int) -
     dm.train_dataloader = train_dataloader
 
 
+#: Seconds a teacher-forced run waits for the reference's weights (the one-device launch,
+#: which runs beside it, records them; its own watchdog ends it long before).
+WAIT_S = 1800.0
+
+
+def wait_for_steps(steps_file: Path, timeout: float = WAIT_S) -> list[dict]:
+    """The per-batch weights θ_k the reference run records in ``steps_file`` (``states``),
+    once it has written them; the guard's heartbeat goes on meanwhile.
+
+    Raises:
+        RuntimeError: the reference failed (its marker file exists) or ``timeout`` seconds passed.
+    """
+    rank = int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")))
+    deadline = time.monotonic() + timeout
+    while not steps_file.exists():
+        if failed_marker(steps_file).exists():
+            raise RuntimeError(f"the one-device reference run failed; no weights in {steps_file}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no reference weights in {steps_file} after {timeout:g} s")
+        beat(rank)
+        time.sleep(0.2)
+    return torch.load(steps_file)["states"]
+
+
 def main(argv: list[str]) -> int:
     runs, out = [AuditRun(**r) for r in json.loads(argv[0])], Path(argv[1])
     quiet()
     out.mkdir(parents=True, exist_ok=True)
     info = {}
     for run in runs:
-        model, dm, trainer = build(run)
+        probe = None
+        if run.steps_file:
+            probe = StepProbe(wait_for_steps(Path(run.steps_file)) if run.teacher_forced else None,
+                              record_states=not run.teacher_forced)
+        model, dm, trainer = build(run, probe)
         trainer.fit(model, datamodule=dm)
         if trainer.is_global_zero:
             audit = next(c for c in trainer.callbacks if isinstance(c, DDPAudit))
             torch.save({n: p.detach().cpu() for n, p in model.named_parameters()}, out / f"{run.label}.pt")
             info[run.label] = {"findings": audit.state(), "steps": trainer.global_step, "notes": list(NOTES)}
+            if probe is not None:
+                record = {"grads": probe.grads, "buffers": probe.buffers}
+                torch.save(record, out / f"{run.label}.steps.pt")
+                if not run.teacher_forced:  # the reference: its weights, for the forced runs (written whole)
+                    tmp = Path(run.steps_file).with_suffix(".partial")
+                    torch.save({**record, "states": probe.states}, tmp)
+                    os.replace(tmp, run.steps_file)
     if info:
         (out / "run.json").write_text(json.dumps(info))
     close_process_group()

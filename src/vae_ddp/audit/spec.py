@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-__all__ = ["AuditRun", "import_class", "resolve_class_arg", "FIXABLE"]
+__all__ = ["AuditRun", "import_class", "resolve_class_arg", "failed_marker", "FIXABLE"]
 
 FIXABLE = ("noise", "batchnorm", "sampler")
 """Factors the audit can switch on for any LightningModule, in the order it applies them."""
@@ -90,6 +90,12 @@ def import_class(class_path: str, file: Optional[str] = None) -> type:
     return getattr(importlib.import_module(module), name)
 
 
+def failed_marker(steps_file: Path) -> Path:
+    """The file whose presence tells the teacher-forced runs waiting for ``steps_file`` that
+    the reference run failed."""
+    return steps_file.with_suffix(".failed")
+
+
 @dataclass
 class AuditRun:
     """One training run of the audit (JSON-serialisable; the child process re-reads it).
@@ -103,8 +109,13 @@ class AuditRun:
         steps: optimizer steps. dtype: ``float64`` or ``float32``. accelerator: ``cpu``/``gpu``.
         seed: ``seed_everything(seed)`` before the model is built (same initial weights).
         fixes: names of `FIXABLE` factors whose fix is on.
-        permute: permute the samples inside each batch (and the noise rows with them): the
-            one-device reordering floor.
+        permute: 0, or the draw (1, 2, ...) of a permutation of the samples inside each batch
+            (the noise rows permuted with them): the one-device reordering floor.
+        steps_file: a ``.pt`` file of per-step weights: the run records its weights θ_k, gradients
+            and buffers there (``teacher_forced`` False; one device) or starts every batch from
+            the θ_k recorded there (``teacher_forced`` True), see
+            [`StepProbe`][vae_ddp.probes.StepProbe].
+        teacher_forced: start every batch from the weights of ``steps_file``.
         label: the run's name in the report.
     """
 
@@ -119,7 +130,9 @@ class AuditRun:
     accelerator: str = "cpu"
     seed: int = 0
     fixes: list[str] = field(default_factory=list)
-    permute: bool = False
+    permute: int = 0
+    steps_file: Optional[str] = None
+    teacher_forced: bool = False
     label: str = ""
 
     @property

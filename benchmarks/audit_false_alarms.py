@@ -1,0 +1,95 @@
+"""How often `vae-ddp audit` raises a false alarm: audits of modules that DDP with the fixes trains exactly.
+
+    python benchmarks/audit_false_alarms.py [--seeds 0 1 2] [--dtypes float64 float32] [--out DIR]
+    python benchmarks/audit_false_alarms.py --out docs/results/audit-false-alarms   # the docs' numbers
+
+Each audit (2 gloo ranks, 3 steps, the default global batch) of a module of
+``examples/audit_models.py`` whose every exposure the audit fixes by itself — no factor,
+gradient clipping, BatchNorm, dropout, two optimizers — must end with exit code 0: any other
+code is a false alarm of the audit's verdict rule (one step's gradient from the same weights
+within 2x the largest one-device floor draw). The table gives, per audit, the exit code, the
+largest per-step ratio to the floor and the floor itself; the summary counts the false alarms.
+Many minutes on 2 CPU cores (about 30 s an audit): run it on an idle machine and commit its output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: Modules the audit can make exact by itself (see examples/audit_models.py).
+CLEAN = ("Plain", "Clipped", "WithBatchNorm", "WithDropout", "TwoOptimizers")
+
+
+def audit_one(model: str, seed: int, dtype: str, out: Path) -> dict:
+    """One `vae-ddp audit` in a subprocess (under the project's guard); its exit code and verdict numbers."""
+    sys.path.insert(0, str(ROOT / "src"))
+    from vae_ddp import guard
+
+    cmd = [sys.executable, "-m", "vae_ddp.cli", "audit", "--model", f"examples/audit_models.py:{model}",
+           "--data", "examples/audit_models.py:Regression", "--steps", "3", "--seed", str(seed),
+           "--dtype", dtype, "--out", str(out)]
+    proc = guard.run(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=900)
+    r = json.loads((out / "audit.json").read_text()) if (out / "audit.json").exists() else {}
+    return {"model": model, "seed": seed, "dtype": dtype, "exit_code": proc.returncode,
+            "ratio_to_floor": r.get("ratio_to_floor"), "floor": r.get("floor")}
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--dtypes", nargs="+", choices=["float64", "float32"], default=["float64", "float32"])
+    p.add_argument("--models", nargs="+", choices=CLEAN, default=list(CLEAN))
+    p.add_argument("--out", type=Path, default=None, help="write audit_false_alarms.json, tables.md and command.md here")
+    args = p.parse_args(argv)
+    audits = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for dtype in args.dtypes:
+            for model in args.models:
+                for seed in args.seeds:
+                    audits.append(audit_one(model, seed, dtype, Path(tmp) / f"{model}-{seed}-{dtype}"))
+                    print(json.dumps(audits[-1]), flush=True)
+    result = {"seeds": args.seeds, "dtypes": args.dtypes, "models": args.models, "audits": audits,
+              "false_alarms": sum(a["exit_code"] != 0 for a in audits)}
+    text = render(result)
+    print(text)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "audit_false_alarms.json").write_text(json.dumps(result, indent=1))
+        (args.out / "tables.md").write_text(text + "\n")
+        (args.out / "command.md").write_text(command_md(result, args.out.as_posix()))
+    return result
+
+
+def render(result: dict) -> str:
+    """The table and the count of ``audit_false_alarms.json`` (what ``--out`` writes into ``tables.md``)."""
+    audits = result["audits"]
+    cell = lambda a: (f"{a['exit_code']} ({a['ratio_to_floor']:.2f})" if a["ratio_to_floor"] is not None  # noqa: E731
+                      else f"{a['exit_code']}")
+    head = [f"{d}, seed {s}" for d in result["dtypes"] for s in result["seeds"]]
+    lines = ["| module | " + " | ".join(head) + " |", "|---|" + "---|" * len(head)]
+    for model in result["models"]:
+        row = {(a["dtype"], a["seed"]): a for a in audits if a["model"] == model}
+        lines.append(f"| {model} | " + " | ".join(cell(row[(d, s)]) for d in result["dtypes"] for s in result["seeds"])
+                     + " |")
+    ratios = [a["ratio_to_floor"] for a in audits if a["ratio_to_floor"] is not None]
+    lines += ["", f"- exit code (in parentheses: DDP's largest per-step gradient difference over the floor); "
+                  f"false alarms: {result['false_alarms']} of {len(audits)} audits"
+                  + (f"; the largest ratio {max(ratios):.2f}" if ratios else "")]
+    return "\n".join(lines)
+
+
+def command_md(result: dict, out: str) -> str:
+    """The command line that wrote ``out`` (``command.md`` for the page)."""
+    return (f"```bash\npython benchmarks/audit_false_alarms.py --seeds {' '.join(map(str, result['seeds']))} "
+            f"--dtypes {' '.join(result['dtypes'])} --out {out}\n```\n")
+
+
+if __name__ == "__main__":
+    main()
