@@ -14,17 +14,48 @@ def _findings(tmp_path, mode):
     proc = guard.run([sys.executable, str(ROOT / "tests" / "scripts" / "audit_callback.py"), str(out), mode],
                      capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return {f["factor"]: f for f in json.loads(out.read_text())}
+    found: dict = {}
+    for f in json.loads(out.read_text()):
+        found.setdefault(f["factor"], []).append(f)
+    return found
 
 
 def test_exposed_module(tmp_path):
     found = _findings(tmp_path, "exposed")
     assert set(found) == {"noise", "optimizer", "batchnorm", "sampler", "reduction", "logging"}
-    assert "1 BatchNorm layer" in found["batchnorm"]["evidence"]
-    assert "train: 1 repeated of 101" in found["reduction"]["evidence"]
-    assert "train_loss" in found["logging"]["evidence"]
-    assert all(f["page"].endswith(".md") for f in found.values())
+    assert "1 BatchNorm layer" in found["batchnorm"][0]["evidence"]
+    assert "train: 1 repeated of 101" in found["reduction"][0]["evidence"]
+    unsynced, epoch_mean = found["logging"]  # after the first batch; at the end of the validation epoch
+    assert "train_loss" in unsynced["evidence"]
+    # 51 + 50 samples: Lightning's integer average of the counts is 50, the epoch mean 101/100 of the true one
+    assert "51, 50 samples" in epoch_mean["evidence"] and "1.01x the true mean" in epoch_mean["evidence"]
+    assert "val_loss" in epoch_mean["evidence"] and "MeanMetric" in epoch_mean["fix"]
+    assert all(f["page"].endswith(".md") for fs in found.values() for f in fs)
 
 
 def test_clean_module(tmp_path):
     assert _findings(tmp_path, "clean") == {}
+
+
+def test_loader_batch_against_the_sampler():
+    """DataLoader(batch_size=B) over GlobalBatchDistributedSampler(ds, B) on 2 ranks trains
+    with a global batch of 2B: the sampler check says so (checked without a process group)."""
+    from types import SimpleNamespace
+
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from vae_ddp.audit import DDPAudit
+    from vae_ddp.fixes import GlobalBatchDistributedSampler
+
+    ds = TensorDataset(torch.randn(64, 8))
+    sampler = GlobalBatchDistributedSampler(ds, 16, num_replicas=2, rank=0)
+    for batch_size, flagged in ((16, True), (8, False)):
+        audit = DDPAudit(warn=False)
+        audit._check_sampler(SimpleNamespace(train_dataloader=DataLoader(ds, batch_size=batch_size, sampler=sampler),
+                                             val_dataloaders=None))
+        found = [f for f in audit.findings if "per step" in f.evidence]
+        assert bool(found) == flagged, audit.findings
+        if flagged:
+            assert found[0].factor == "sampler" and "a global batch of 32, not 16" in found[0].evidence
+            assert "batch_size=8" in found[0].fix

@@ -1,7 +1,8 @@
 """Run a small foreign LightningModule under 2-rank DDP (gloo) with DDPAudit; rank 0 writes the findings.
 
 Usage: python tests/scripts/audit_callback.py OUT_JSON {exposed,clean}
-  exposed: BatchNorm, dropout drawn with the shared seed, unsynced logging, 101 samples (padding)
+  exposed: BatchNorm, dropout drawn with the shared seed, unsynced logging, 101 samples (padding);
+           validation over 101 samples without padding, logged with sync_dist=True (integer count)
   clean:   no BatchNorm, per-rank seed, sync_dist logging, 96 samples, contiguous global-batch sampler
 """
 
@@ -16,6 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from vae_ddp.audit import DDPAudit
 from vae_ddp.fixes import GlobalBatchDistributedSampler, PerRankSeed
+from vae_ddp.fixes.evaluation import unrepeated_sampler
 from vae_ddp.utils import quiet
 
 
@@ -33,6 +35,10 @@ class Net(pl.LightningModule):
         self.log("train_loss", loss, sync_dist=self.sync, batch_size=len(x))
         return loss
 
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", nn.functional.mse_loss(self.net(x).squeeze(-1), y), sync_dist=True, batch_size=len(x))
+
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
@@ -46,7 +52,8 @@ def main(out: str, mode: str) -> None:
     ds = TensorDataset(torch.randn(n, 8), torch.randn(n))
     audit = DDPAudit()
     callbacks = [audit] if exposed else [PerRankSeed(0), audit]
-    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_steps=2, logger=False,
+    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=1, limit_train_batches=2,
+                         num_sanity_val_steps=0, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                          use_distributed_sampler=exposed, callbacks=callbacks)
     if exposed:
@@ -54,7 +61,12 @@ def main(out: str, mode: str) -> None:
     else:
         rank = trainer.global_rank
         dl = DataLoader(ds, batch_size=8, sampler=GlobalBatchDistributedSampler(ds, 16, num_replicas=2, rank=rank))
-    trainer.fit(Net(batchnorm=exposed, sync=not exposed), dl)
+    val = None
+    if exposed:  # 51 and 50 samples on the two ranks, no padding
+        val_set = TensorDataset(torch.randn(101, 8), torch.randn(101))
+        val = DataLoader(val_set, batch_size=16, sampler=unrepeated_sampler(val_set, num_replicas=2,
+                                                                            rank=trainer.global_rank))
+    trainer.fit(Net(batchnorm=exposed, sync=not exposed), dl, val)
     if trainer.is_global_zero:
         with open(out, "w") as f:
             json.dump(audit.state(), f)

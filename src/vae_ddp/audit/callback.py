@@ -69,12 +69,19 @@ class DDPAudit(Callback):
     - ``sampler``: a ``torch.utils.data.DistributedSampler`` (Lightning inserts one under
       DDP) that shuffles: its ranks get interleaved rows of a permutation other than a
       one-device ``RandomSampler``'s; and it pads the dataset with repeated samples up to a multiple
-      of the world size (counted for the training and validation loaders).
+      of the world size (counted for the training and validation loaders); and a training
+      ``DataLoader`` whose ``batch_size`` is not its ``GlobalBatchDistributedSampler``'s
+      per-device batch (``DataLoader(batch_size=B)`` over a sampler of global batch ``B`` on
+      N ranks trains with a global batch of ``N * B``).
     - ``reduction``: padding also changes the mean: repeated samples count twice.
     - ``logging``: metrics logged with ``self.log(..., sync_dist=False)`` (the default):
       under DDP the logged value is rank 0's share of the batch, checked after the first
       training batch.
     - ``parameters``: parameters that differ across ranks at the start (a hash per rank).
+    - ``logging`` again, at the end of the first validation epoch: metrics logged as tensors
+      with ``sync_dist=True`` on ranks whose validation sample counts add up to a total the
+      world size does not divide (an unpadded sampler): Lightning's epoch mean is then off by
+      its integer average of the counts (Lightning issues #21838, #21859).
 
     Attributes:
         findings: list of [`Finding`][vae_ddp.audit.callback.Finding], the same on every rank.
@@ -89,6 +96,8 @@ class DDPAudit(Callback):
         self._logging_checked = False
         self._streams_shared = False
         self._rng_before: Optional[list[torch.Tensor]] = None
+        self._val_samples = 0
+        self._val_checked = False
 
     # ------------------------------------------------------------------ hooks
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -117,7 +126,42 @@ class DDPAudit(Callback):
         self._check_logging(trainer)
         self._report(trainer, self.findings[before:])
 
+    def on_validation_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
+                                batch_idx: int, dataloader_idx: int = 0) -> None:
+        if not trainer.sanity_checking:
+            tensors = _batch_tensors(batch)
+            self._val_samples += len(tensors[0]) if tensors and tensors[0].dim() > 0 else 0
+
+    def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._val_checked or trainer.sanity_checking or trainer.world_size < 2:
+            return
+        self._val_checked = True
+        before = len(self.findings)
+        self._check_epoch_mean(trainer)
+        self._report(trainer, self.findings[before:])
+
     # ------------------------------------------------------------------ checks
+    def _check_epoch_mean(self, trainer: Trainer) -> None:
+        """Validation metrics logged as tensors with ``sync_dist=True`` on ranks whose sample
+        counts add up to a total the world size does not divide: Lightning averages the ranks'
+        counts in an integer tensor at the epoch end (``cumulated_batch_size``, Lightning 2.x;
+        issues #21838, #21859), so the epoch mean is too large by ``(total / N) / floor(total / N)``."""
+        results = trainer._results  # the validation loop's _ResultCollection here (Lightning 2.x)
+        names = sorted({m.meta.name for m in (results.values() if results is not None else [])
+                        if getattr(m, "is_tensor", False) and m.meta.sync.should and m.meta.on_epoch})
+        counts = _gather_ints(trainer, self._val_samples)
+        n, total = len(counts), sum(counts)
+        if not names or n < 2 or total % n == 0:
+            return
+        factor = (total / n) / (total // n)
+        self.findings.append(Finding(
+            "logging", f"validation: the ranks hold {', '.join(map(str, counts))} samples ({total} in all) and log "
+            f"{', '.join(names[:4])} with sync_dist=True: Lightning averages the ranks' counts in an integer tensor "
+            f"at the epoch end, so the epoch mean is {factor:.4g}x the true mean (Lightning issues #21838, #21859)",
+            "log a torchmetrics.MeanMetric updated with (value, weight=batch size) as an object, "
+            "self.log(name, metric), whose states are summed over the ranks (vae_ddp.fixes.evaluation)",
+            "factors/logging.md"))
+
     def _check_noise(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Same next draws on every rank? (the hash of 16 draws from a forked generator)"""
         names = {type(c).__name__ for c in trainer.callbacks}
@@ -156,6 +200,17 @@ class DDPAudit(Callback):
                 "Trainer(plugins=[vae_ddp.fixes.GlobalSyncBatchNorm()])", "factors/batchnorm.md"))
 
     def _check_sampler(self, trainer: Trainer) -> None:
+        for dl in _loader_list(trainer.train_dataloader):
+            s = _samplers(dl)[0] if _samplers(dl) else None
+            per_device = getattr(s, "per_device_batch_size", None)
+            bs = getattr(dl, "batch_size", None)
+            if per_device is not None and bs is not None and bs != per_device:
+                self.findings.append(Finding(
+                    "sampler", f"DataLoader(batch_size={bs}) over {type(s).__name__}(global_batch_size="
+                    f"{s.global_batch_size}) on {s.num_replicas} ranks: each rank takes {bs} samples per step, a "
+                    f"global batch of {bs * s.num_replicas}, not {s.global_batch_size}",
+                    f"DataLoader(dataset, batch_size=sampler.per_device_batch_size, sampler=sampler), here "
+                    f"batch_size={per_device}", "factors/sampler.md"))
         train = _samplers(trainer.train_dataloader)
         for s in train:
             if not isinstance(s, DistributedSampler) or type(s).__name__ == "GlobalBatchDistributedSampler":
@@ -224,16 +279,19 @@ def _rng_states(pl_module: LightningModule) -> list[torch.Tensor]:
     return states
 
 
-def _samplers(loaders: Optional[Any]) -> list:
-    """The samplers of a DataLoader, a list of them, or a dict of them (CombinedLoader flattened)."""
+def _loader_list(loaders: Optional[Any]) -> list:
+    """A DataLoader, a list of them, or a dict of them, as a list."""
     if loaders is None:
         return []
     if isinstance(loaders, dict):
         loaders = list(loaders.values())
-    if not isinstance(loaders, (list, tuple)):
-        loaders = [loaders]
+    return list(loaders) if isinstance(loaders, (list, tuple)) else [loaders]
+
+
+def _samplers(loaders: Optional[Any]) -> list:
+    """The samplers of a DataLoader, a list of them, or a dict of them (CombinedLoader flattened)."""
     out = []
-    for dl in loaders:
+    for dl in _loader_list(loaders):
         s = getattr(dl, "sampler", None)
         bs = getattr(dl, "batch_sampler", None)
         if bs is not None and getattr(bs, "sampler", None) is not None:
@@ -241,6 +299,23 @@ def _samplers(loaders: Optional[Any]) -> list:
         if s is not None:
             out.append(s)
     return out
+
+
+def _batch_tensors(batch: Any) -> list[torch.Tensor]:
+    if isinstance(batch, torch.Tensor):
+        return [batch]
+    if isinstance(batch, dict):
+        batch = list(batch.values())
+    return [t for t in batch if isinstance(t, torch.Tensor)] if isinstance(batch, (list, tuple)) else []
+
+
+def _gather_ints(trainer: Trainer, value: int) -> list[int]:
+    """``value`` from every rank (all_gather_object over the process group)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return [value]
+    out: list[Optional[int]] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value)
+    return [int(v) for v in out if v is not None]
 
 
 def _gather_digest(trainer: Trainer, payload: bytes) -> list[bytes]:
