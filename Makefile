@@ -48,9 +48,10 @@ bench: setup  ## benchmarks (medians and ratios): step time per fix, CPU sync Ba
 stress: setup  ## 30 runs of each DDP case with DataLoader workers: hangs, failures, exit noise (tens of minutes)
 	$(PY) benchmarks/stress_workers.py --iterations 30 --out $(OUT)/stress
 
-bench-docs: setup  ## the timings the site shows, rewritten into docs/results/ (run on an idle machine, then commit)
+bench-docs: setup  ## the timings and audit calibration the site shows, rewritten into docs/results/ (idle machine; then commit)
 	$(PY) benchmarks/step_time.py --models small --out docs/results/step-time
 	$(PY) benchmarks/audit_overhead.py --out docs/results/audit-overhead
+	$(PY) benchmarks/audit_false_alarms.py --out docs/results/audit-false-alarms
 
 docs: setup  ## build the site strictly into site/, running every example of docs/examples.yml (cached)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site

@@ -125,6 +125,32 @@ class TwoOptimizers(Base):
         return torch.optim.Adam(first, lr=1e-2), torch.optim.SGD(second, lr=1e-2)
 
 
+class Gan(Base):
+    """Two optimizers, each stepping on a loss that leaves the other's parameters out (Lightning's
+    GAN example pattern): DDP needs ``strategy="ddp_find_unused_parameters_true"``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.critic = nn.Sequential(nn.Linear(1, 8), nn.Tanh(), nn.Linear(8, 1))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        opt_g, opt_c = self.optimizers()
+        fake = self(x)
+        loss_c = F.mse_loss(self.critic(fake.detach().unsqueeze(-1)).squeeze(-1), y)  # the critic's only
+        opt_c.zero_grad()
+        self.manual_backward(loss_c)
+        opt_c.step()
+        loss_g = F.mse_loss(fake, y)  # the generator's only
+        opt_g.zero_grad()
+        self.manual_backward(loss_g)
+        opt_g.step()
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.net.parameters(), lr=1e-2), torch.optim.Adam(self.critic.parameters(), lr=1e-2)
+
+
 class MaskedTokens(LightningModule):
     """Next-token-like loss: cross entropy averaged over the valid tokens of each rank's batch."""
 

@@ -44,7 +44,8 @@ def _load(name: str):
 
 
 @pytest.mark.parametrize("name, folder, page", [("step_time", "step-time", "recipe.md"),
-                                                ("audit_overhead", "audit-overhead", "audit.md")])
+                                                ("audit_overhead", "audit-overhead", "audit.md"),
+                                                ("audit_false_alarms", "audit-false-alarms", "audit.md")])
 def test_committed_benchmark_is_what_the_benchmark_renders(name, folder, page):
     """Timings are measured by `make bench` on an idle machine and committed under
     docs/results/ (the docs build would time them on a shared CPU): the page includes exactly
