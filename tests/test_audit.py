@@ -48,11 +48,40 @@ def test_no_exposure(tmp_path):
     assert "no factor makes a difference here" in log
 
 
-def test_gradient_clipping_is_no_false_alarm(tmp_path):
-    """Clipping by the global norm: one step's gradient from the same weights, not the
-    parameters after K steps, is judged (a K-step comparison once called this 'unexplained')."""
-    code, result, log = audit(tmp_path, f"{M}.Clipped")
+def test_gradient_clipping_and_accumulation_pass_through(tmp_path):
+    """The user's Trainer arguments reach every run, as LightningCLI spells them. Clipping by
+    the global norm is no false alarm: one step's gradient from the same weights is judged,
+    not the parameters after K steps (a K-step comparison once called clipping 'unexplained')."""
+    code, result, log = audit(tmp_path, f"{M}.Plain", "--trainer.gradient_clip_val", "0.05",
+                              "--trainer.accumulate_grad_batches=2")
     assert code == 0 and result["within_floor"], log[-3000:]
+    assert result["trainer"] == {"gradient_clip_val": 0.05, "accumulate_grad_batches": 2}
+    assert "gradient_clip_val=0.05" in log and "accumulate_grad_batches=2" in log  # the table's title and "Tip:" not in log and "GPU available" not in log
+
+
+def test_gan_with_the_strategy_it_needs(tmp_path):
+    """Two optimizers whose losses leave the other's parameters out (Lightning's GAN pattern)
+    need find_unused_parameters: the audit takes the strategy and passes."""
+    code, result, log = audit(tmp_path, f"{M}.Gan", "--trainer.strategy", "ddp_find_unused_parameters_true")
+    assert code == 0 and result["within_floor"], log[-3000:]
+
+
+def test_a_run_that_needs_unused_parameters_says_how(capsys, monkeypatch, tmp_path):
+    from vae_ddp.audit import study
+    from vae_ddp.cli import main
+    from vae_ddp.studies.launch import RunFailed
+
+    def failing(*args, **kwargs):
+        raise RunFailed("run 'ddp' exited with code 1; first error: RuntimeError: ... `strategy='ddp_find_unused_"
+                        "parameters_true'` or by setting the flag in the strategy with `strategy=DDPStrategy("
+                        "find_unused_parameters=True)`.")
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(study, "audit", failing)
+    code = main(["audit", "--model", f"{M}.Gan", "--data", f"{M}.Regression", "--out", str(tmp_path / "a")])
+    assert code == 3
+    assert "needs --trainer.strategy ddp_find_unused_parameters_true" in capsys.readouterr().err
 
 
 def test_random_draws_in_the_step_are_not_judged(tmp_path):
@@ -130,6 +159,10 @@ def test_augmentation_with_workers(tmp_path):
     (["--model", f"{M}.Plain", "--data.init_args.batch_size", "15"], "not divisible by 2"),
     (["--model", f"{M}.OnlyCuda"], "fails on CPU"),
     (["--model", "examples/missing.py:Net"], "does not exist"),
+    (["--model", f"{M}.Plain", "--trainer.strategy", "fsdp"], "is not a DDP strategy"),
+    (["--model", f"{M}.Plain", "--trainer.strategy=deepspeed"], "is not a DDP strategy"),
+    (["--model", f"{M}.Plain", "--trainer.accumulate_grad_batches", "0"], "--trainer.accumulate_grad_batches"),
+    (["--model", f"{M}.Plain", "--trainer.gradient_clip_algorithm=sideways"], "--trainer.gradient_clip_algorithm"),
 ])
 def test_bad_input(tmp_path, args, message, capsys, monkeypatch):
     """In this process (each is found before anything is launched): exit code 2, one line."""
@@ -203,3 +236,7 @@ def test_the_page_states_the_audit_rules():
     assert f"({ROUNDING_EPS:g} machine epsilons)" in page
     assert f"{words[FLOOR_DRAWS]} draws" in page
     assert f"within {FLOOR_RATIO:g}x the floor's largest draw" in page
+    from vae_ddp.audit.spec import DDP_STRATEGIES, TRAINER_ARGS
+
+    flat = " ".join(page.split())
+    assert all(f"`--trainer.{a}`" in flat for a in TRAINER_ARGS) and all(f"`{s}`" in flat for s in DDP_STRATEGIES[:2])

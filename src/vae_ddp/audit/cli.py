@@ -2,6 +2,7 @@
 
     vae-ddp audit --model MODEL --data DATA [--model.init_args.* / --data.init_args.*]
                   [--devices 2] [--steps 4] [--dtype float64] [--accelerator cpu] [--out DIR]
+                  [--trainer.strategy ddp_find_unused_parameters_true] [--trainer.* ...]
 
 MODEL and DATA are ``package.module.Class`` or ``path/to/file.py:Class``. DATA's
 ``batch_size`` is the global batch size (one device's batch); each DDP rank gets
@@ -18,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import itertools
+import logging
 import os
 import sys
 import warnings
@@ -53,6 +55,12 @@ def _parser():
     p.add_argument("--accelerator", type=Literal["cpu", "gpu"], default="cpu")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=str, default="runs/audit", help="output folder (default: runs/audit)")
+    # the Trainer arguments of the user's training, spelled as LightningCLI spells them
+    from pytorch_lightning import Trainer
+
+    from vae_ddp.audit.spec import TRAINER_ARGS
+
+    p.add_class_arguments(Trainer, "trainer", skip=set(inspect.signature(Trainer).parameters) - set(TRAINER_ARGS))
     return p
 
 
@@ -107,6 +115,43 @@ def _check_class_paths(argv: list[str]) -> None:
         if not (isinstance(cls, type) and issubclass(cls, base[key])):
             raise UserError(f"--{key} {path} is not a {base[key].__name__} subclass: give "
                             "package.module.Class or path/to/file.py:Class")
+
+
+def _trainer_args(given: dict) -> dict:
+    """The ``--trainer.*`` values that differ from Lightning's defaults; ``strategy`` checked.
+
+    Raises:
+        UserError: a strategy that is not one of ``DDP_STRATEGIES``.
+    """
+    from pytorch_lightning import Trainer
+
+    from vae_ddp.audit.spec import DDP_STRATEGIES
+
+    defaults = {k: v.default for k, v in inspect.signature(Trainer).parameters.items()}
+    args = {k: v for k, v in given.items() if v != defaults.get(k)}
+    strategy = args.get("strategy", "ddp")
+    if not isinstance(strategy, str) or strategy not in DDP_STRATEGIES:
+        raise UserError(f"--trainer.strategy {strategy!r} is not a DDP strategy the audit launches: give one of "
+                        f"{', '.join(DDP_STRATEGIES)}")
+    if args.get("accumulate_grad_batches", 1) < 1:  # Lightning takes 0 and fails at the first step
+        raise UserError(f"--trainer.accumulate_grad_batches must be at least 1, got {args['accumulate_grad_batches']}")
+    rest = {k: v for k, v in args.items() if k != "strategy"}
+    loggers = [logging.getLogger(n) for n in ("pytorch_lightning", "lightning_fabric", "lightning.pytorch")]
+    levels = [lg.level for lg in loggers]
+    try:  # Lightning's own checks of the values, here rather than in every run (its chatter silenced)
+        for lg in loggers:
+            lg.setLevel(logging.ERROR)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                    enable_progress_bar=False, enable_model_summary=False, **rest)
+    except Exception as err:  # noqa: BLE001 - Lightning's MisconfigurationException/ValueError: its first line
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise UserError(f"--trainer.{'/'.join(rest)}: {first}") from None
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+    return args
 
 
 def _one_line(message: str) -> str:
@@ -210,7 +255,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             gbs = None if default is None or default.default is inspect.Parameter.empty else default.default
         run = AuditRun(model=model, data=data, model_file=files["model"], data_file=files["data"],
                        devices=cfg.devices, global_batch_size=int(gbs or 0), steps=cfg.steps, dtype=cfg.dtype,
-                       accelerator=cfg.accelerator, seed=cfg.seed)
+                       accelerator=cfg.accelerator, seed=cfg.seed, trainer=_trainer_args(d.get("trainer") or {}))
         static = check(run, data_cls, model_cls)
         out = Path(cfg.out)
         try:
@@ -226,6 +271,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     except RunFailed as err:  # a run failed or hung: not a verdict on the model
         print(f"vae-ddp audit: error: {err}", file=sys.stderr)
+        if "find_unused_parameters" in str(err):
+            print("vae-ddp audit: a module whose losses leave parameters out (a GAN's two optimizers) needs "
+                  "--trainer.strategy ddp_find_unused_parameters_true", file=sys.stderr)
         return 3
     return 0 if result["within_floor"] else 1
 

@@ -4,7 +4,7 @@
 they are trained one after the other in the same processes (Lightning reuses the process
 group), which saves a launch per variant. Under ``strategy="ddp"`` Lightning's launcher
 re-runs this command for the other ranks. Rank 0 writes ``OUT_DIR/<label>.pt`` (the final
-parameters of each run), ``OUT_DIR/<label>.steps.pt`` (per-step gradients, for a run with a
+floating-point parameters and buffers of each run), ``OUT_DIR/<label>.steps.pt`` (per-step gradients, for a run with a
 ``steps_file``) and ``OUT_DIR/run.json``: ``{label: {"findings": [...], "steps": int}}``,
 the findings being what [`DDPAudit`][vae_ddp.audit.callback.DDPAudit] saw. A teacher-forced run
 waits until the reference run (in another launch) has written its weights.
@@ -107,8 +107,11 @@ def build(run: AuditRun, probe: Optional[StepProbe] = None) -> tuple[LightningMo
         else:
             extra["plugins"] = [GlobalSyncBatchNorm()]
     callbacks.append(DDPAudit(warn=False))
+    user = dict(run.trainer)
+    strategy = user.pop("strategy", "ddp")
+    strategy = strategy if run.devices > 1 else "auto"
     trainer = Trainer(
-        accelerator=run.accelerator, devices=run.devices, strategy="ddp" if run.devices > 1 else "auto",
+        accelerator=run.accelerator, devices=run.devices, strategy=strategy, **user,
         max_steps=run.steps, max_epochs=-1, limit_val_batches=0, num_sanity_val_steps=0, logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         precision="64-true" if run.dtype == "float64" else "32-true",
@@ -204,7 +207,8 @@ def main(argv: list[str]) -> int:
         trainer.fit(model, datamodule=dm)
         if trainer.is_global_zero:
             audit = next(c for c in trainer.callbacks if isinstance(c, DDPAudit))
-            torch.save({n: p.detach().cpu() for n, p in model.named_parameters()}, out / f"{run.label}.pt")
+            torch.save({n: t.detach().cpu() for n, t in model.state_dict().items() if t.is_floating_point()},
+                       out / f"{run.label}.pt")
             info[run.label] = {"findings": audit.state(), "steps": trainer.global_step, "notes": list(NOTES)}
             if probe is not None:
                 record = {"grads": probe.grads, "buffers": probe.buffers}

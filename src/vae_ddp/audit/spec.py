@@ -19,10 +19,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-__all__ = ["AuditRun", "import_class", "resolve_class_arg", "failed_marker", "FIXABLE"]
+__all__ = ["AuditRun", "import_class", "resolve_class_arg", "failed_marker", "FIXABLE", "TRAINER_ARGS",
+           "DDP_STRATEGIES"]
 
 FIXABLE = ("noise", "batchnorm", "sampler")
 """Factors the audit can switch on for any LightningModule, in the order it applies them."""
+
+TRAINER_ARGS = ("strategy", "accumulate_grad_batches", "gradient_clip_val", "gradient_clip_algorithm",
+                "deterministic", "detect_anomaly")
+"""``Trainer`` arguments the audit passes through (``--trainer.NAME`` as LightningCLI spells
+them); the audit sets the others (devices, precision from ``--dtype``, steps, samplers, ...)."""
+
+DDP_STRATEGIES = ("ddp", "ddp_find_unused_parameters_true", "ddp_find_unused_parameters_false")
+"""``--trainer.strategy`` values: Lightning's registered DDP strategies that launch by
+re-running the command (``find_unused_parameters=True`` for modules that leave parameters
+out of a loss, such as a GAN's two optimizers)."""
 
 
 def _module_name(path: Path) -> str:
@@ -116,6 +127,9 @@ class AuditRun:
             the θ_k recorded there (``teacher_forced`` True), see
             [`StepProbe`][vae_ddp.probes.StepProbe].
         teacher_forced: start every batch from the weights of ``steps_file``.
+        trainer: Trainer arguments of the user's training that every run takes alike
+            (``TRAINER_ARGS``: ``strategy`` for the DDP runs, ``accumulate_grad_batches``,
+            ``gradient_clip_val``, ...).
         label: the run's name in the report.
     """
 
@@ -133,6 +147,7 @@ class AuditRun:
     permute: int = 0
     steps_file: Optional[str] = None
     teacher_forced: bool = False
+    trainer: dict = field(default_factory=dict)
     label: str = ""
 
     @property

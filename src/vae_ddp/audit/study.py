@@ -16,8 +16,9 @@ size, see [`vae_ddp.audit.run`][vae_ddp.audit.run]):
 4. context, compared after all the steps (a chaotic yardstick: Adam carries a last-bit
    difference into every later step): ``ddp`` (Lightning's defaults, its
    [`DDPAudit`][vae_ddp.audit.callback.DDPAudit] findings tell which factors the run is exposed
-   to), ``ddp+fixed``, ``ddp-<factor>`` (every fix but one: the factor's contribution) and
-   ``permuted`` (one device, samples permuted).
+   to), ``ddp+fixed`` and ``permuted`` (one device, samples permuted);
+5. ``ddp-<factor>``: every fix but one, every step from one device's weights: the factor's
+   contribution, in the same units as the verdict (the ablation).
 
 DDP passes (exit 0) when its largest per-step gradient difference is within 2x the largest
 floor draw (the rule of ``vae-ddp equivalence``). When the floor itself is more than rounding
@@ -77,8 +78,9 @@ def _diff(a: dict, b: dict) -> float:
 
 
 def _largest(a: dict, b: dict, n: int = 3) -> list[dict]:
+    """The ``n`` parameters or buffers of two saved states that differ most."""
     d = sorted(((float((a[k].double() - b[k].double()).abs().max()), k) for k in a), reverse=True)[:n]
-    return [{"parameter": k, "max_abs_diff": v} for v, k in d]
+    return [{"name": k, "max_abs_diff": v} for v, k in d]
 
 
 def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, progress: bool = True) -> dict:
@@ -95,10 +97,11 @@ def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, pr
         ``floor`` (the largest of ``floor_draws``, the same for one device with the samples
         permuted) and ``ratio_to_floor`` (the largest DDP step over ``max(floor, eps)``);
         ``deterministic``: the floor is rounding (at most ``ROUNDING_EPS`` machine epsilons).
-        Context, not the verdict: ``divergence_*`` and ``trajectory_floor``, the largest parameter
-        difference after ``steps`` steps; ``contribution`` is that divergence with every fix but
-        this factor's (None where there is no automatic fix or the factor changes no parameter,
-        e.g. logging). ``notes``: what the runs noticed beside the factors, e.g. DataLoader
+        ``contribution``: the largest per-step relative gradient difference from one device (the
+        same comparison) with every fix on but this factor's (None where there is no automatic
+        fix or the factor changes no gradient, e.g. logging); ``bites``: above 2x the larger of
+        the floor and DDP's own with every fix. Context, not the verdict: ``divergence_*`` and
+        ``trajectory_floor``, the largest parameter or buffer difference after ``steps`` steps. ``notes``: what the runs noticed beside the factors, e.g. DataLoader
         workers forked from a multithreaded process, which the audit started with
         ``forkserver`` instead.
     """
@@ -122,12 +125,14 @@ def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, pr
                   *(base.replace(label=f"floor-{k}", devices=1, permute=k, **forced)
                     for k in range(1, FLOOR_DRAWS + 1)),
                   base.replace(label="permuted", devices=1, fixes=fixes, permute=FLOOR_DRAWS + 1)]
-    # The ablation (every fix but one) runs in the same launch for every fixable factor; only
-    # the factors found exposed below are reported (a launch costs more than a few short runs).
-    # The teacher-forced run goes last: it waits for the one-device run's weights.
+    # The ablation (every fix but one, every step from one device's weights) runs in the same
+    # launch for every fixable factor; only the factors found exposed below are reported (a
+    # launch costs more than a few short runs). The teacher-forced runs go last: they wait for
+    # the one-device run's weights.
     ddp = [base.replace(label="ddp", devices=n, fixes=[]), base.replace(label="ddp+fixed", devices=n, fixes=fixes),
-           *(base.replace(label=f"ddp-{f}", devices=n, fixes=[g for g in fixes if g != f]) for f in fixes),
-           base.replace(label="ddp+fixed-forced", devices=n, **forced)]
+           base.replace(label="ddp+fixed-forced", devices=n, **forced),
+           *(base.replace(label=f"ddp-{f}", devices=n, **dict(forced, fixes=[g for g in fixes if g != f]))
+             for f in fixes)]
     if progress:
         for spec in one_device + ddp:
             print(f"[audit] {spec.label}: {spec.devices} process(es), fixes: {', '.join(spec.fixes) or 'none'}"
@@ -168,7 +173,8 @@ def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, pr
     grad_steps = per_step(first["ddp+fixed-forced"], "ddp+fixed-forced")
     eps = torch.finfo(torch.float64 if base.dtype == "float64" else torch.float32).eps
     floor = max((max(d, default=0.0) for d in floor_draws), default=0.0)
-    ratio = max(grad_steps, default=0.0) / max(floor, eps)
+    yardstick = max(floor, eps)  # a difference below one machine epsilon is rounding whatever the draws
+    ratio = max(grad_steps, default=0.0) / yardstick
     deterministic = floor <= ROUNDING_EPS * eps
     within = deterministic and ratio <= FLOOR_RATIO
     trajectory_floor = _diff(one["permuted"][0], single)
@@ -183,7 +189,8 @@ def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, pr
                      fix=found[f["factor"]]["fix"] + "; " + f["fix"])
         found[f["factor"]] = f
     ablated = [f for f in fixes if f in found]
-    contributions: dict[str, Optional[float]] = {f: _diff(first[f"ddp-{f}"][0], single) for f in ablated}
+    contributions: dict[str, Optional[float]] = {
+        f: max(per_step(first[f"ddp-{f}"], f"ddp-{f}"), default=0.0) for f in ablated}
     div_default, div_fixed = _diff(default, single), _diff(fixed, single)
     unexplained = deterministic and not within and not manual
     findings = []
@@ -192,7 +199,7 @@ def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, pr
         contribution = contributions.get(factor)
         if factor == "reduction" and "sampler" in contributions and factor not in manual:
             contribution = contributions["sampler"] if f else None  # the sampler fix drops the padding too
-        bites = None if contribution is None else contribution > FLOOR_RATIO * max(trajectory_floor, div_fixed)
+        bites = None if contribution is None else contribution > FLOOR_RATIO * max(yardstick, max(grad_steps))
         findings.append({"factor": factor, "exposed": f is not None,
                          "evidence": f["evidence"] if f else _CLEAN.get(factor, "not detected"),
                          "contribution": contribution, "bites": bites,
@@ -205,6 +212,7 @@ def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, pr
               "trajectory_floor": trajectory_floor, "divergence_default": div_default, "divergence_fixed": div_fixed,
               "findings": findings, "largest_differences": _largest(fixed, single) if unexplained else [],
               "model": base.model, "data": base.data, "global_batch_size": base.global_batch_size,
+              "trainer": base.trainer,
               "model_name": shown_name(base.model, base.model_file), "data_name": shown_name(base.data, base.data_file)}
     notes = [n for runs in (one, first) for _, i, _ in runs.values() for n in i.get("notes", [])]
     result["notes"] = list(dict.fromkeys(notes))
@@ -242,26 +250,28 @@ _CLEAN = {
 def render(result: dict) -> str:
     """The Markdown the audit prints and writes: the ranked table, the verdict, the context."""
     traj = result["trajectory_floor"]
+    dtype = result["dtype"]
+    yardstick = max(result["floor"], torch.finfo(torch.float64 if dtype == "float64" else torch.float32).eps)
 
     def contribution(f: dict) -> str:
         c = f["contribution"]
         if c is None:
             return ""
-        times = f" ({c / traj:.3g}x)" if traj > 0 else ""
-        return f"{c:.3g}{times}" + ("" if f["bites"] else ": does not bite")
+        return f"{c:.3g} ({c / yardstick:.3g}x the floor)" + ("" if f["bites"] else ": does not bite")
 
     def name(key: str) -> str:  # the registry's name of a factor, one name everywhere
         return registry.get(key).name if key in {f.key for f in registry.factors()} else key
 
-    rows = [[name(f["factor"]), "yes" if f["exposed"] else "no", contribution(f), f["fix"]] for f in result["findings"]]
-    steps, dtype = result["steps"], result["dtype"]
+    rows = [[name(f["factor"]), "yes" if f["exposed"] else "no", contribution(f)] for f in result["findings"]]
+    steps = result["steps"]
     title = (f"Audit of {result.get('model_name') or result['model']['class_path']} on {result['devices']} devices vs one, "
-             f"global batch {result['global_batch_size']}, {steps} steps, {dtype}")
-    lines = [format_table(["factor", "exposed", "contribution", "fix"], rows, title=title), "",
-             f"contribution: the largest parameter difference to one device after {steps} steps with every fix on "
-             f"but this factor's (in parentheses: over one device's with the samples permuted, {traj:.3g}). "
-             "Evidence, per factor:", ""]
-    lines += [f"- {name(f['factor'])}: {f['evidence']} ([{f['page']}]({f['page']}))" for f in result["findings"]]
+             f"global batch {result['global_batch_size']}, {steps} steps, {dtype}"
+             + "".join(f", {k}={v}" for k, v in (result.get("trainer") or {}).items()))
+    lines = [format_table(["factor", "exposed", "contribution"], rows, title=title), "",
+             "contribution: with every fix on but this factor's, every step started from one device's weights, "
+             "the largest relative difference of DDP's gradient from one device's. Evidence and fix, per factor:", ""]
+    lines += [f"- {name(f['factor'])}: {f['evidence']}" + (f". Fix: {f['fix']}" if f["fix"] else "")
+              + f" ([{f['page']}]({f['page']}))" for f in result["findings"]]
     lines.append("")
     draws = len(result["floor_draws"])
     lines.append(f"- every step from one device's weights: DDP with every fix differs from one device's gradient by "
@@ -275,9 +285,9 @@ def render(result: dict) -> str:
                      "outside dropout layers and a `noise` attribute), so no comparison with one device can tell "
                      "DDP's difference from that randomness (see the noise factor's page)")
     elif result["unexplained"]:
-        names = ", ".join(f"{d['parameter']} ({d['max_abs_diff']:.3g})" for d in result["largest_differences"])
+        names = ", ".join(f"{d['name']} ({d['max_abs_diff']:.3g})" for d in result["largest_differences"])
         lines.append(f"- unexplained: not one of the known factors (more than {FLOOR_RATIO:g}x the floor after "
-                     f"every fix); largest differences after {steps} steps: {names}")
+                     f"every fix); the parameters and buffers that differ most after {steps} steps: {names}")
     elif not result["within_floor"]:
         manual = [f["factor"] for f in result["findings"] if f["exposed"] and not f["automatic_fix"]]
         lines.append(f"- not within {FLOOR_RATIO:g}x the floor after the automatic fixes: explained by "
@@ -288,7 +298,7 @@ def render(result: dict) -> str:
                      + (f"; the factors that make a difference: {', '.join(bite)}" if bite
                         else "; no factor makes a difference here"))
     lines.append(f"- after {steps} steps (context, not the verdict: a last-bit difference grows with every step), "
-                 f"the largest parameter difference to one device: DDP with Lightning's defaults "
+                 f"the largest parameter or buffer difference to one device: DDP with Lightning's defaults "
                  f"{result['divergence_default']:.3g}, with every fix {result['divergence_fixed']:.3g}, one device "
                  f"with the samples permuted {traj:.3g}")
     lines += [f"- note: {n}" for n in result.get("notes", [])]
