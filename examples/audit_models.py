@@ -175,6 +175,39 @@ class MaskedTokens(LightningModule):
         return torch.optim.Adam(self.parameters(), lr=1e-2)
 
 
+class GlobalTokens(MaskedTokens):
+    """The same tokens, averaged over the global token count (vae_ddp.fixes.global_token_cross_entropy)."""
+
+    def training_step(self, batch, batch_idx):
+        from vae_ddp.fixes import global_token_cross_entropy
+
+        x, _ = batch
+        tokens = (x.abs() * 3).long().clamp(max=self.vocab - 1)
+        length = 2 + tokens[:, 0] % 6
+        targets = tokens.roll(-1, dims=1)
+        targets[torch.arange(8, device=x.device)[None, :] >= length[:, None]] = -100
+        logits = self.out(self.emb(tokens))
+        return global_token_cross_entropy(logits.reshape(-1, self.vocab), targets.reshape(-1))
+
+
+class GatheredNegatives(Base):
+    """In-batch negatives over the global batch (SimCLR-style): the embeddings of every rank
+    gathered with gradients, ``self.all_gather(z, sync_grads=True)``; each rank's rows are the
+    queries, its own rows of the gathered keys their positives."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 8))
+
+    def training_step(self, batch, batch_idx):
+        x, _ = batch
+        z = F.normalize(self.net(x), dim=-1)  # (b, 8)
+        keys = self.all_gather(z, sync_grads=True)  # (N, b, 8) under DDP, z itself on one device
+        keys = keys.flatten(0, 1) if keys.dim() == 3 else keys
+        labels = torch.arange(len(z), device=z.device) + self.global_rank * len(z)
+        return F.cross_entropy(z @ keys.T / 0.5, labels)
+
+
 class OnlyCuda(Base):
     def training_step(self, batch, batch_idx):
         x, y = batch

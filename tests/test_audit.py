@@ -118,6 +118,24 @@ def test_masked_token_mean(tmp_path):
     assert code == 1 and not result["unexplained"]  # explained, but only the user can fix it
 
 
+def test_a_global_token_mean_is_not_flagged(tmp_path):
+    """The one-process reduction check (no process group) sees a per-chunk token mean; under
+    DDP the global count makes the gradient one device's, so the flag is cleared and said."""
+    code, result, log = audit(tmp_path, f"{M}.GlobalTokens")
+    assert code == 0 and result["within_floor"], log[-3000:]
+    assert not by_factor(result)["reduction"]["exposed"]
+    assert any("already reduced over the global batch" in n for n in result["notes"]), result["notes"]
+
+
+def test_all_gather_with_gradients(tmp_path):
+    """A module that calls self.all_gather cannot run training_step without a Trainer: the
+    one-process check is skipped (said in a note, nothing on stderr) and the DDP runs judge it."""
+    code, result, log = audit(tmp_path, f"{M}.GatheredNegatives")
+    assert code == 0 and result["within_floor"], log[-3000:]
+    assert any("needs a Trainer" in n for n in result["notes"]), result["notes"]
+    assert "not attached" not in log and "self.log()" not in log
+
+
 def test_unsynced_logging(tmp_path):
     code, result, log = audit(tmp_path, f"{M}.Unsynced")
     f = by_factor(result)
@@ -223,8 +241,8 @@ def test_the_reduction_check_reads_several_seeded_batches(monkeypatch):
     for seed in range(8):
         run = AuditRun(model={"class_path": f"{M}.MaskedTokens"}, data={"class_path": f"{M}.Regression"},
                        devices=2, global_batch_size=16, seed=seed)
-        assert [f["factor"] for f in check(run, Regression, MaskedTokens)] == ["reduction"], seed
-    assert check(run, Regression, Plain) == []
+        assert [f["factor"] for f in check(run, Regression, MaskedTokens)[0]] == ["reduction"], seed
+    assert check(run, Regression, Plain) == ([], [])
 
 
 def test_the_page_states_the_audit_rules():

@@ -164,10 +164,17 @@ def _one_line(message: str) -> str:
     return lines[0].rstrip(":") + (f": {detail[-1]}" if detail else "")
 
 
-def check(run, data_cls: type, model_cls: type) -> list[dict]:
+#: What Lightning says when a module calls a Trainer-attached method (``self.all_gather``,
+#: ``self.trainer``, ...) without one (``LightningModule.trainer``, Lightning 2.x).
+_NO_TRAINER = "is not attached to a `Trainer`"
+
+
+def check(run, data_cls: type, model_cls: type) -> tuple[list[dict], list[str]]:
     """Bad input before any training: one [`UserError`][vae_ddp.errors.UserError] line each.
 
-    Returns the findings of the one-process checks ([`static_findings`][vae_ddp.audit.static.static_findings])."""
+    Returns the findings of the one-process checks ([`static_findings`][vae_ddp.audit.static.static_findings])
+    and notes: a ``training_step`` that needs a Trainer (``self.all_gather``, ...) skips the
+    checks that call it (the DDP runs answer for it) instead of being refused."""
     from vae_ddp.audit.static import _cast, static_findings
 
     import torch
@@ -210,13 +217,24 @@ def check(run, data_cls: type, model_cls: type) -> list[dict]:
         try:
             with torch.random.fork_rng(), _no_trainer_warnings():
                 model.to(dtype=dtype).training_step(_cast(batch, dtype), 0)
+        except RuntimeError as err:
+            if _NO_TRAINER not in str(err):
+                raise UserError(_dry_run_error(model_cls, run, err)) from None
+            with _no_trainer_warnings():
+                findings = static_findings(model, dm, [], run.devices)  # the dataset check only
+            return findings, [f"{model_cls.__name__}.training_step needs a Trainer (e.g. self.all_gather): the "
+                              "one-process check of the loss reduction was skipped; the DDP runs compare it"]
         except Exception as err:  # noqa: BLE001 - the user's code: report its first line
-            where = "on CPU" if run.accelerator == "cpu" else "on the CPU dry run"
-            raise UserError(f"{model_cls.__name__}.training_step fails {where} on one batch "
-                            f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}): fix the model "
-                            "so that it runs on CPU, or use --accelerator gpu") from None
+            raise UserError(_dry_run_error(model_cls, run, err)) from None
     with _no_trainer_warnings():
-        return static_findings(model, dm, batches, run.devices)
+        return static_findings(model, dm, batches, run.devices), []
+
+
+def _dry_run_error(model_cls: type, run, err: Exception) -> str:
+    where = "on CPU" if run.accelerator == "cpu" else "on the CPU dry run"
+    return (f"{model_cls.__name__}.training_step fails {where} on one batch ({type(err).__name__}: "
+            f"{str(err).splitlines()[0] if str(err) else ''}): fix the model so that it runs on CPU, or use "
+            "--accelerator gpu")
 
 
 @contextlib.contextmanager
@@ -256,7 +274,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         run = AuditRun(model=model, data=data, model_file=files["model"], data_file=files["data"],
                        devices=cfg.devices, global_batch_size=int(gbs or 0), steps=cfg.steps, dtype=cfg.dtype,
                        accelerator=cfg.accelerator, seed=cfg.seed, trainer=_trainer_args(d.get("trainer") or {}))
-        static = check(run, data_cls, model_cls)
+        static, notes = check(run, data_cls, model_cls)
         out = Path(cfg.out)
         try:
             out.mkdir(parents=True, exist_ok=True)
@@ -265,7 +283,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             probe.unlink()
         except OSError as err:
             raise UserError(f"--out {out} is not writable ({err.strerror}): choose another folder") from None
-        result = audit(run, out, static=static)
+        result = audit(run, out, static=static, notes=notes)
     except UserError as err:
         print(f"vae-ddp audit: error: {err}", file=sys.stderr)
         return 2

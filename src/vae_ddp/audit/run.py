@@ -22,7 +22,7 @@ from typing import Any, Optional
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning import Callback, LightningModule, Trainer
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, RandomSampler
 
 from vae_ddp.audit.callback import DDPAudit
 from vae_ddp.audit.spec import AuditRun, failed_marker, import_class
@@ -153,13 +153,15 @@ def _loaders(loaders: Any) -> list[DataLoader]:
 
 def _deal_global_batches(dm: pl.LightningDataModule, run: AuditRun, rank: int) -> None:
     """Replace the datamodule's training sampler by the single-device global batches, dealt to
-    the ranks in contiguous chunks ([`GlobalBatchDistributedSampler`][vae_ddp.fixes.sampler.GlobalBatchDistributedSampler])."""
+    the ranks in contiguous chunks ([`GlobalBatchDistributedSampler`][vae_ddp.fixes.sampler.GlobalBatchDistributedSampler]),
+    shuffled when the user's loader shuffles. An incomplete last global batch is dropped."""
     original = dm.train_dataloader
 
     def train_dataloader() -> DataLoader:
         dl = original()
+        # the user's order: shuffled when their loader shuffles (a RandomSampler), else dataset order
         sampler = GlobalBatchDistributedSampler(dl.dataset, run.global_batch_size, num_replicas=run.devices,
-                                                rank=rank, seed=run.seed)
+                                                rank=rank, seed=run.seed, shuffle=isinstance(dl.sampler, RandomSampler))
         return DataLoader(dl.dataset, batch_size=run.global_batch_size // run.devices, sampler=sampler,
                           collate_fn=dl.collate_fn, num_workers=dl.num_workers, pin_memory=dl.pin_memory,
                           worker_init_fn=dl.worker_init_fn, generator=dl.generator,

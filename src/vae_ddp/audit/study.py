@@ -83,7 +83,8 @@ def _largest(a: dict, b: dict, n: int = 3) -> list[dict]:
     return [{"name": k, "max_abs_diff": v} for v, k in d]
 
 
-def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, progress: bool = True) -> dict:
+def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, progress: bool = True,
+          notes: Optional[list[str]] = None) -> dict:
     """Run the audit of ``base`` (``devices`` = the DDP world size N) and write
     ``out_dir/audit.json`` and ``out_dir/tables.md``.
 
@@ -182,7 +183,16 @@ def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, pr
     fixed = first["ddp+fixed"][0]
     found = {f["factor"]: f for f in info["findings"]}
     manual = {}  # exposed factors the audit cannot fix by itself (one-process checks)
+    cleared = []
     for f in static or []:
+        if f["factor"] == "reduction" and within:
+            # the one-process check runs without a process group; under the real one, with
+            # every fix, DDP's gradient is one device's: the loss is reduced over the global
+            # batch already (an all-reduced item count, embeddings gathered with gradients)
+            cleared.append(f"the one-process check of the loss reduction differed ({f['evidence'].split(':')[0]}), "
+                           "but under DDP's process group the gradient matches one device's at every step: the "
+                           "loss is already reduced over the global batch")
+            continue
         manual[f["factor"]] = f
         if f["factor"] in found:
             f = dict(f, evidence=found[f["factor"]]["evidence"] + "; " + f["evidence"],
@@ -214,8 +224,8 @@ def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, pr
               "model": base.model, "data": base.data, "global_batch_size": base.global_batch_size,
               "trainer": base.trainer,
               "model_name": shown_name(base.model, base.model_file), "data_name": shown_name(base.data, base.data_file)}
-    notes = [n for runs in (one, first) for _, i, _ in runs.values() for n in i.get("notes", [])]
-    result["notes"] = list(dict.fromkeys(notes))
+    seen = [n for runs in (one, first) for _, i, _ in runs.values() for n in i.get("notes", [])]
+    result["notes"] = list(dict.fromkeys(list(notes or []) + cleared + seen))
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "audit.json").write_text(json.dumps(result, indent=1))
     text = render(result)
