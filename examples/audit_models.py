@@ -35,6 +35,21 @@ class Regression(LightningDataModule):
                           num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
 
 
+class Mixup(Regression):
+    """Batch-level mixup in the loader's `collate_fn`: one lambda and one pairing per batch,
+    drawn from torch's global generator (as `torchvision.transforms.v2.MixUp` in a collate_fn)."""
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=self.shuffle, collate_fn=_mixup)
+
+
+def _mixup(items):
+    x = torch.stack([i[0] for i in items])
+    y = torch.stack([i[1] for i in items])
+    lam, perm = torch.rand(()), torch.randperm(len(x))
+    return lam * x + (1 - lam) * x[perm], lam * y + (1 - lam) * y[perm]
+
+
 class Jitter(Dataset):
     """Random augmentation drawn from torch's global generator in `__getitem__` (as torchvision's transforms do)."""
 

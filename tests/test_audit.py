@@ -245,6 +245,21 @@ def test_the_reduction_check_reads_several_seeded_batches(monkeypatch):
     assert check(run, Regression, Plain) == ([], [])
 
 
+def test_random_draws_in_the_collate_fn_are_named(monkeypatch):
+    """Mixup in the loader's collate_fn: the one-process check names it (the training step
+    itself draws nothing, so DDPAudit's draw check cannot see it)."""
+    from examples.audit_models import Mixup, Plain, Regression
+    from vae_ddp.audit.cli import check
+    from vae_ddp.audit.spec import AuditRun
+
+    monkeypatch.chdir(ROOT)
+    run = AuditRun(model={"class_path": f"{M}.Plain"}, data={"class_path": f"{M}.Mixup"}, devices=2,
+                   global_batch_size=16)
+    findings, _ = check(run, Mixup, Plain)
+    assert [f["factor"] for f in findings] == ["noise"] and "collate_fn" in findings[0]["evidence"], findings
+    assert check(run, Regression, Plain) == ([], [])
+
+
 def test_the_page_states_the_audit_rules():
     """The numbers docs/audit.md gives for the verdict are the constants the audit uses."""
     from vae_ddp.audit.study import ROUNDING_EPS

@@ -8,7 +8,9 @@
 - ``noise`` (augmentation): does the dataset return different values for the same index
   on two reads? Random augmentation in ``__getitem__`` is drawn in the DataLoader workers
   from seeds that derive from the same base seed on every rank, and per sample differently
-  for every world size.
+  for every world size. And does the loader's ``collate_fn`` return different batches for the
+  same samples? A batch-level draw there (mixup's lambda and pairing) is made from the same
+  seed on every rank, over B/N samples instead of B.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any, Optional
 import torch
 from pytorch_lightning import LightningDataModule, LightningModule
 
-__all__ = ["reduction_gap", "dataset_is_random", "static_findings"]
+__all__ = ["reduction_gap", "dataset_is_random", "collate_is_random", "static_findings"]
 
 
 def _cast(batch: Any, dtype: torch.dtype) -> Any:
@@ -83,6 +85,24 @@ def dataset_is_random(dm: LightningDataModule) -> bool:
     return any(not torch.equal(x, y) for x, y in zip(ta, tb))
 
 
+def collate_is_random(dm: LightningDataModule, samples: int = 4) -> bool:
+    """Two calls of the training loader's ``collate_fn`` on the same first ``samples`` samples
+    differ (random draws at batch level, e.g. mixup)."""
+    dl = dm.train_dataloader()
+    ds = dl.dataset
+    n = min(samples, len(ds))
+    if n == 0 or dl.collate_fn is None:
+        return False
+    with torch.random.fork_rng():
+        items = [ds[i] for i in range(n)]
+        torch.manual_seed(0)
+        a = dl.collate_fn(items)
+        torch.manual_seed(1)
+        b = dl.collate_fn(items)
+    ta, tb = _flatten(a), _flatten(b)
+    return len(ta) != len(tb) or any(x.shape != y.shape or not torch.equal(x, y) for x, y in zip(ta, tb))
+
+
 def _flatten(sample: Any) -> list[torch.Tensor]:
     if isinstance(sample, torch.Tensor):
         return [sample]
@@ -119,4 +139,11 @@ def static_findings(model: LightningModule, dm: LightningDataModule, batches: li
                                 "(worker seeds derive from the same base seed) and a different draw per sample for "
                                 "every world size",
                     "fix": "draw each sample's augmentation from a torch.Generator seeded with (seed, epoch, index)"})
+    if collate_is_random(dm):
+        out.append({"factor": "noise", "fixable": False, "page": "factors/noise.md",
+                    "evidence": "the DataLoader's collate_fn draws random numbers (e.g. batch-level mixup): every rank "
+                                "draws the same ones (the same seed), and a draw over the per-device batch is not the "
+                                "one-device draw over the global batch",
+                    "fix": "draw in training_step from a generator seeded with (seed, step), for the global batch, "
+                           "and keep this rank's rows (see the collate_fn question page)"})
     return out

@@ -209,6 +209,8 @@ def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, pr
         contribution = contributions.get(factor)
         if factor == "reduction" and "sampler" in contributions and factor not in manual:
             contribution = contributions["sampler"] if f else None  # the sampler fix drops the padding too
+        if factor in manual:  # what bites is in the user's code, which no automatic fix removes
+            contribution = None
         bites = None if contribution is None else contribution > FLOOR_RATIO * max(yardstick, max(grad_steps))
         findings.append({"factor": factor, "exposed": f is not None,
                          "evidence": f["evidence"] if f else _CLEAN.get(factor, "not detected"),
@@ -301,7 +303,7 @@ def render(result: dict) -> str:
     elif not result["within_floor"]:
         manual = [f["factor"] for f in result["findings"] if f["exposed"] and not f["automatic_fix"]]
         lines.append(f"- not within {FLOOR_RATIO:g}x the floor after the automatic fixes: explained by "
-                     f"{', '.join(manual)}, which needs a change in your code (see the fix column)")
+                     f"{', '.join(manual)}, which needs a change in your code (see its fix above)")
     else:
         bite = [f["factor"] for f in result["findings"] if f["bites"]]
         lines.append(f"- explained: with the fixes, DDP computes one device's step within {FLOOR_RATIO:g}x the floor"
