@@ -46,7 +46,8 @@ def main(argv=None) -> dict:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--dtypes", nargs="+", choices=["float64", "float32"], default=["float64", "float32"])
     p.add_argument("--models", nargs="+", choices=CLEAN, default=list(CLEAN))
-    p.add_argument("--out", type=Path, default=None, help="write audit_false_alarms.json, tables.md and command.md here")
+    p.add_argument("--out", type=Path, default=None,
+                   help="write audit_false_alarms.json, tables.md and command.md here")
     args = p.parse_args(argv)
     audits = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -4,8 +4,9 @@
 they are trained one after the other in the same processes (Lightning reuses the process
 group), which saves a launch per variant. Under ``strategy="ddp"`` Lightning's launcher
 re-runs this command for the other ranks. Rank 0 writes ``OUT_DIR/<label>.pt`` (the final
-floating-point parameters and buffers of each run), ``OUT_DIR/<label>.steps.pt`` (per-step gradients, for a run with a
-``steps_file``) and ``OUT_DIR/run.json``: ``{label: {"findings": [...], "steps": int}}``,
+floating-point parameters and buffers of each run), ``OUT_DIR/<label>.steps.pt`` (per-step
+gradients, for a run with a ``steps_file``) and ``OUT_DIR/run.json``:
+``{label: {"findings": [...], "steps": int}}``,
 the findings being what [`DDPAudit`][vae_ddp.audit.callback.DDPAudit] saw. A teacher-forced run
 waits until the reference run (in another launch) has written its weights.
 """
@@ -85,7 +86,8 @@ def _tensors(batch: Any) -> list[torch.Tensor]:
     return [t for t in batch if isinstance(t, torch.Tensor)]
 
 
-def build(run: AuditRun, probe: Optional[StepProbe] = None) -> tuple[LightningModule, pl.LightningDataModule, Trainer]:
+def build(run: AuditRun,
+          probe: Optional[StepProbe] = None) -> tuple[LightningModule, pl.LightningDataModule, Trainer]:
     """Seed, build the user's module and datamodule (per-device batch size) and the Trainer with
     ``run.fixes`` on (and ``probe`` as its first callback). Call in every rank (Lightning re-runs
     the command)."""
@@ -153,7 +155,8 @@ def _loaders(loaders: Any) -> list[DataLoader]:
 
 def _deal_global_batches(dm: pl.LightningDataModule, run: AuditRun, rank: int) -> None:
     """Replace the datamodule's training sampler by the single-device global batches, dealt to
-    the ranks in contiguous chunks ([`GlobalBatchDistributedSampler`][vae_ddp.fixes.sampler.GlobalBatchDistributedSampler]),
+    the ranks in contiguous chunks
+    ([`GlobalBatchDistributedSampler`][vae_ddp.fixes.sampler.GlobalBatchDistributedSampler]),
     shuffled when the user's loader shuffles. An incomplete last global batch is dropped."""
     original = dm.train_dataloader
 

@@ -102,9 +102,10 @@ def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, pr
         same comparison) with every fix on but this factor's (None where there is no automatic
         fix or the factor changes no gradient, e.g. logging); ``bites``: above 2x the larger of
         the floor and DDP's own with every fix. Context, not the verdict: ``divergence_*`` and
-        ``trajectory_floor``, the largest parameter or buffer difference after ``steps`` steps. ``notes``: what the runs noticed beside the factors, e.g. DataLoader
-        workers forked from a multithreaded process, which the audit started with
-        ``forkserver`` instead.
+        ``trajectory_floor``, the largest parameter or buffer difference after ``steps`` steps.
+        ``notes``: ``notes`` given (what the one-process checks could not do), flags the DDP runs
+        cleared, and what the runs noticed beside the factors, e.g. DataLoader workers forked
+        from a multithreaded process, which the audit started with ``forkserver`` instead.
     """
     out_dir = Path(out_dir)
     n = base.devices
@@ -211,7 +212,7 @@ def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, pr
             contribution = contributions["sampler"] if f else None  # the sampler fix drops the padding too
         if factor in manual:  # what bites is in the user's code, which no automatic fix removes
             contribution = None
-        bites = None if contribution is None else contribution > FLOOR_RATIO * max(yardstick, max(grad_steps))
+        bites = None if contribution is None else contribution > FLOOR_RATIO * max(yardstick, *grad_steps)
         findings.append({"factor": factor, "exposed": f is not None,
                          "evidence": f["evidence"] if f else _CLEAN.get(factor, "not detected"),
                          "contribution": contribution, "bites": bites,
