@@ -7,8 +7,8 @@ Each audit (2 gloo ranks, 3 steps, the default global batch) of a module of
 ``examples/audit_models.py`` whose every exposure the audit fixes by itself — no factor,
 gradient clipping, BatchNorm, dropout, two optimizers — must end with exit code 0: any other
 code is a false alarm of the audit's verdict rule (one step's gradient from the same weights
-within 2x the largest one-device floor draw). The table gives, per audit, the exit code, the
-largest per-step ratio to the floor and the floor itself; the summary counts the false alarms.
+within 2x the largest one-device floor draw). The table gives, per audit, the exit code and the
+largest per-step ratio to the floor (the floors are in the JSON); the summary counts the false alarms.
 Many minutes on 2 CPU cores (about 30 s an audit): run it on an idle machine and commit its output.
 """
 

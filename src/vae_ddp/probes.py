@@ -88,9 +88,10 @@ class StepProbe(Callback):
     differences carried over from earlier steps. The optimizer still steps, but its result is
     replaced at the next step.
 
-    ``k`` counts training batches (one optimizer step each under automatic optimization); the
-    gradients are kept at every optimizer step, so a manual-optimization module that steps two
-    optimizers per batch (a GAN) records two per batch, in both runs alike.
+    ``k`` counts training batches; the gradients are kept at every optimizer step: one per
+    batch under automatic optimization, one per ``accumulate_grad_batches`` batches with
+    accumulation, two per batch for a manual-optimization module that steps two optimizers (a
+    GAN), in both runs alike.
 
     Args:
         states: the reference's ``{name: Tensor}`` per step, or None to record them.

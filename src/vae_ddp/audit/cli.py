@@ -123,6 +123,7 @@ def _trainer_args(given: dict) -> dict:
     Raises:
         UserError: a strategy that is not one of ``DDP_STRATEGIES``.
     """
+    import torch
     from pytorch_lightning import Trainer
 
     from vae_ddp.audit.spec import DDP_STRATEGIES
@@ -138,6 +139,7 @@ def _trainer_args(given: dict) -> dict:
     rest = {k: v for k, v in args.items() if k != "strategy"}
     loggers = [logging.getLogger(n) for n in ("pytorch_lightning", "lightning_fabric", "lightning.pytorch")]
     levels = [lg.level for lg in loggers]
+    deterministic = torch.are_deterministic_algorithms_enabled()  # Trainer(deterministic=True) sets it
     try:  # Lightning's own checks of the values, here rather than in every run (its chatter silenced)
         for lg in loggers:
             lg.setLevel(logging.ERROR)
@@ -151,6 +153,7 @@ def _trainer_args(given: dict) -> dict:
     finally:
         for lg, level in zip(loggers, levels):
             lg.setLevel(level)
+        torch.use_deterministic_algorithms(deterministic)
     return args
 
 
@@ -175,7 +178,7 @@ def check(run, data_cls: type, model_cls: type) -> tuple[list[dict], list[str]]:
     Returns the findings of the one-process checks ([`static_findings`][vae_ddp.audit.static.static_findings])
     and notes: a ``training_step`` that needs a Trainer (``self.all_gather``, ...) skips the
     checks that call it (the DDP runs answer for it) instead of being refused."""
-    from vae_ddp.audit.static import _cast, static_findings
+    from vae_ddp.audit.static import _cast
 
     import torch
     from pytorch_lightning import LightningModule
@@ -189,13 +192,20 @@ def check(run, data_cls: type, model_cls: type) -> tuple[list[dict], list[str]]:
     if "batch_size" not in inspect.signature(data_cls).parameters:
         raise UserError(f"{data_cls.__name__} takes no batch_size argument: the audit sets the per-device batch "
                         "through it (batch_size = global batch / devices)")
+    if run.global_batch_size < 1:
+        raise UserError(f"{data_cls.__name__} has no batch_size: give the global batch size with "
+                        "--data.init_args.batch_size")
     if run.global_batch_size % run.devices:
         raise UserError(f"global batch size {run.global_batch_size} (--data.init_args.batch_size) is not divisible "
                         f"by {run.devices} devices: pick a multiple of {run.devices}")
     if run.accelerator == "gpu" and torch.cuda.device_count() < run.devices:
         raise UserError(f"--accelerator gpu with {run.devices} devices needs that many CUDA devices, this machine "
                         f"has {torch.cuda.device_count()}: use --accelerator cpu")
-    dm = data_cls(**dict(run.data.get("init_args", {}), batch_size=run.global_batch_size))
+    try:
+        dm = data_cls(**dict(run.data.get("init_args", {}), batch_size=run.global_batch_size))
+    except Exception as err:  # noqa: BLE001 - the user's class: its first line
+        raise UserError(f"{data_cls.__name__}(...) fails ({type(err).__name__}: {_first(err)}): check --data's "
+                        "init args") from None
     try:
         dm.prepare_data()
         dm.setup("fit")
@@ -211,7 +221,15 @@ def check(run, data_cls: type, model_cls: type) -> tuple[list[dict], list[str]]:
         first = str(err).splitlines()[0] if str(err) else ""
         raise UserError(f"{data_cls.__name__} yields no batch ({type(err).__name__}: {first}): check its setup() "
                         "and train_dataloader()") from None
-    model = model_cls(**run.model.get("init_args", {}))
+    size = _dataset_size(dm)
+    if size is not None and size < run.global_batch_size:
+        raise UserError(f"{data_cls.__name__}'s training set holds {size} samples, fewer than one global batch of "
+                        f"{run.global_batch_size}: give more data or a smaller --data.init_args.batch_size")
+    try:
+        model = model_cls(**run.model.get("init_args", {}))
+    except Exception as err:  # noqa: BLE001 - the user's class: its first line
+        raise UserError(f"{model_cls.__name__}(...) fails ({type(err).__name__}: {_first(err)}): check --model's "
+                        "init args") from None
     if model.automatic_optimization:  # manual optimization needs the trainer's optimizers: no dry run
         dtype = torch.float64 if run.dtype == "float64" else torch.float32
         try:
@@ -220,14 +238,37 @@ def check(run, data_cls: type, model_cls: type) -> tuple[list[dict], list[str]]:
         except RuntimeError as err:
             if _NO_TRAINER not in str(err):
                 raise UserError(_dry_run_error(model_cls, run, err)) from None
-            with _no_trainer_warnings():
-                findings = static_findings(model, dm, [], run.devices)  # the dataset check only
+            findings, notes = _static(model, dm, [], run)  # the dataset checks only
             return findings, [f"{model_cls.__name__}.training_step needs a Trainer (e.g. self.all_gather): the "
-                              "one-process check of the loss reduction was skipped; the DDP runs compare it"]
+                              "one-process check of the loss reduction was skipped; the DDP runs compare it", *notes]
         except Exception as err:  # noqa: BLE001 - the user's code: report its first line
             raise UserError(_dry_run_error(model_cls, run, err)) from None
-    with _no_trainer_warnings():
-        return static_findings(model, dm, batches, run.devices), []
+    return _static(model, dm, batches, run)
+
+
+def _static(model, dm, batches: list, run) -> tuple[list[dict], list[str]]:
+    """[`static_findings`][vae_ddp.audit.static.static_findings], or, when the user's batch or
+    step does not lend itself to them (a batch type it cannot split, an iterable dataset, ...),
+    none and a note: the DDP runs still judge the model."""
+    from vae_ddp.audit.static import static_findings
+
+    try:
+        with _no_trainer_warnings():
+            return static_findings(model, dm, batches, run.devices), []
+    except Exception as err:  # noqa: BLE001 - the user's code or data: the checks are skipped, not the audit
+        return [], [f"the one-process checks (loss reduction, random augmentation) could not run "
+                    f"({type(err).__name__}: {_first(err)}); the DDP runs judge the model"]
+
+
+def _first(err: Exception) -> str:
+    return str(err).splitlines()[0] if str(err) else ""
+
+
+def _dataset_size(dm) -> Optional[int]:
+    try:
+        return len(dm.train_dataloader().dataset)
+    except Exception:  # noqa: BLE001 - an iterable dataset has no length: the runs will tell
+        return None
 
 
 def _dry_run_error(model_cls: type, run, err: Exception) -> str:
@@ -293,6 +334,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             print("vae-ddp audit: a module whose losses leave parameters out (a GAN's two optimizers) needs "
                   "--trainer.strategy ddp_find_unused_parameters_true", file=sys.stderr)
         return 3
+    except KeyboardInterrupt:  # the runs' guards end their trees with this process
+        print("vae-ddp audit: interrupted; no verdict", file=sys.stderr)
+        return 130
     return 0 if result["within_floor"] else 1
 
 

@@ -6,7 +6,7 @@ group), which saves a launch per variant. Under ``strategy="ddp"`` Lightning's l
 re-runs this command for the other ranks. Rank 0 writes ``OUT_DIR/<label>.pt`` (the final
 floating-point parameters and buffers of each run), ``OUT_DIR/<label>.steps.pt`` (per-step
 gradients, for a run with a ``steps_file``) and ``OUT_DIR/run.json``:
-``{label: {"findings": [...], "steps": int}}``,
+``{label: {"findings": [...], "steps": int, "notes": [...]}}``,
 the findings being what [`DDPAudit`][vae_ddp.audit.callback.DDPAudit] saw. A teacher-forced run
 waits until the reference run (in another launch) has written its weights.
 """

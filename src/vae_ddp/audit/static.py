@@ -1,4 +1,4 @@
-"""Checks of the audit made in one process, before any training, on the first global batch.
+"""Checks of the audit made in one process, before any training, on the first global batches.
 
 - ``reduction``: is the loss a mean over samples? With the same weights, the gradient of
   the global batch must equal the mean of the gradients of its N per-rank chunks (what

@@ -43,7 +43,7 @@ from vae_ddp.audit.spec import FIXABLE, AuditRun, failed_marker
 from vae_ddp.fixes import registry
 from vae_ddp.probes import per_step_differences
 from vae_ddp.studies.equivalence import FLOOR_FACTOR
-from vae_ddp.studies.launch import RunGroup, launch
+from vae_ddp.studies.launch import RunFailed, RunGroup, launch
 from vae_ddp.studies.table import format_table
 
 __all__ = ["audit", "render", "FLOOR_RATIO", "FLOOR_DRAWS", "ROUNDING_EPS"]
@@ -67,6 +67,11 @@ EXTRA_PAGES = {"parameters": "recipe.md"}
 def _factors() -> tuple[str, ...]:
     """The factor keys of [`vae_ddp.fixes.registry`][vae_ddp.fixes.registry] in their order, then the audit's own."""
     return tuple(f.key for f in registry.factors()) + tuple(EXTRA_PAGES)
+
+
+def _name(key: str) -> str:
+    """The registry's name of a factor (one name everywhere); the audit's own checks by key."""
+    return registry.get(key).name if key in {f.key for f in registry.factors()} else key
 
 
 def _page(key: str) -> str:
@@ -113,7 +118,8 @@ def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, pr
     runs_dir = out_dir / "runs"
     steps_file = (runs_dir / "single-steps.pt").resolve()
     runs_dir.mkdir(parents=True, exist_ok=True)
-    for stale in (steps_file, failed_marker(steps_file)):  # a previous audit in the same folder
+    # a previous audit in the same folder: its verdict must not outlive a run that fails now
+    for stale in (steps_file, failed_marker(steps_file), out_dir / "audit.json", out_dir / "tables.md"):
         stale.unlink(missing_ok=True)
 
     def launch_all(tag: str, specs: list[AuditRun]) -> dict[str, tuple[dict, dict, Path]]:
@@ -156,10 +162,11 @@ def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, pr
     thread.start()
     try:
         first = launch_all("ddp", ddp)
-    except BaseException:
-        thread.join(timeout=60)
-        if "error" in box:  # the cause: the DDP run only stopped waiting for it
-            raise box["error"] from None
+    except RunFailed as err:
+        if "reference run failed" in str(err):  # the cause is the one-device launch's: its own error
+            thread.join(timeout=60)
+            if "error" in box:
+                raise box["error"] from None
         raise
     thread.join()
     if "error" in box:
@@ -169,7 +176,10 @@ def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, pr
 
     def per_step(run: tuple[dict, dict, Path], label: str) -> list[float]:
         ref = torch.load(one["single"][2] / "single.steps.pt")["grads"]
-        return per_step_differences(torch.load(run[2] / f"{label}.steps.pt")["grads"], ref)
+        try:
+            return per_step_differences(torch.load(run[2] / f"{label}.steps.pt")["grads"], ref)
+        except (ValueError, RuntimeError) as err:  # steps or gradients that do not line up
+            raise RunFailed(f"run '{label}' cannot be compared with one device's step by step: {err}") from None
 
     floor_draws = [per_step(one[f"floor-{k}"], f"floor-{k}") for k in range(1, FLOOR_DRAWS + 1)]
     grad_steps = per_step(first["ddp+fixed-forced"], "ddp+fixed-forced")
@@ -186,13 +196,15 @@ def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, pr
     manual = {}  # exposed factors the audit cannot fix by itself (one-process checks)
     cleared = []
     for f in static or []:
-        if f["factor"] == "reduction" and within:
-            # the one-process check runs without a process group; under the real one, with
-            # every fix, DDP's gradient is one device's: the loss is reduced over the global
-            # batch already (an all-reduced item count, embeddings gathered with gradients)
-            cleared.append(f"the one-process check of the loss reduction differed ({f['evidence'].split(':')[0]}), "
-                           "but under DDP's process group the gradient matches one device's at every step: the "
-                           "loss is already reduced over the global batch")
+        if within:
+            # the one-process checks run without a process group; under the real one, with
+            # every fix, DDP's gradient is one device's at every step: what they saw makes no
+            # difference here (a loss reduced over the global batch already, by an all-reduced
+            # item count or embeddings gathered with gradients; draws that happen to agree)
+            what = ("the loss is already reduced over the global batch" if f["factor"] == "reduction"
+                    else "it makes no difference to the gradient here")
+            cleared.append(f"a one-process check flagged {_name(f['factor'])} ({f['evidence'].split(':')[0]}), but "
+                           f"under DDP's process group the gradient matches one device's at every step: {what}")
             continue
         manual[f["factor"]] = f
         if f["factor"] in found:
@@ -211,6 +223,8 @@ def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, pr
         if factor == "reduction" and "sampler" in contributions and factor not in manual:
             contribution = contributions["sampler"] if f else None  # the sampler fix drops the padding too
         if factor in manual:  # what bites is in the user's code, which no automatic fix removes
+            contribution = None
+        if not deterministic:  # against a floor that is not rounding, no contribution means anything
             contribution = None
         bites = None if contribution is None else contribution > FLOOR_RATIO * max(yardstick, *grad_steps)
         findings.append({"factor": factor, "exposed": f is not None,
@@ -272,9 +286,8 @@ def render(result: dict) -> str:
             return ""
         return f"{c:.3g} ({c / yardstick:.3g}x the floor)" + ("" if f["bites"] else ": does not bite")
 
-    def name(key: str) -> str:  # the registry's name of a factor, one name everywhere
-        return registry.get(key).name if key in {f.key for f in registry.factors()} else key
-
+    name = _name
+    eps = torch.finfo(torch.float64 if dtype == "float64" else torch.float32).eps
     rows = [[name(f["factor"]), "yes" if f["exposed"] else "no", contribution(f)] for f in result["findings"]]
     steps = result["steps"]
     title = (f"Audit of {result.get('model_name') or result['model']['class_path']} on {result['devices']} devices vs one, "
@@ -290,26 +303,31 @@ def render(result: dict) -> str:
     lines.append(f"- every step from one device's weights: DDP with every fix differs from one device's gradient by "
                  f"{max(result['grad_steps'], default=0.0):.3g} relative at most ({result['ratio_to_floor']:.3g}x the "
                  f"floor); the floor, one device with the samples inside each batch permuted ({draws} draws): "
-                 f"{result['floor']:.3g}")
+                 f"{result['floor']:.3g}"
+                 + (f" (below one machine epsilon, {eps:.3g}, which the ratio takes instead)"
+                    if result["floor"] < eps else ""))
     if not result["deterministic"]:
         lines.append(f"- not judged: permuting the samples inside each batch changes one device's gradient by "
-                     f"{result['floor']:.3g} relative, more than rounding ({ROUNDING_EPS:g} eps of {dtype}): the step "
-                     "draws random numbers that do not follow their sample (e.g. torch.rand in training_step, "
-                     "outside dropout layers and a `noise` attribute), so no comparison with one device can tell "
-                     "DDP's difference from that randomness (see the noise factor's page)")
+                     f"{result['floor']:.3g} relative, more than rounding ({ROUNDING_EPS:g} eps of {dtype}): most "
+                     "likely random draws that do not follow their sample (torch.rand in training_step, say; the "
+                     "audit draws dropout masks and a `noise` attribute per sample itself), or a loss that depends "
+                     "on the order of the samples. No comparison with one device can tell DDP's difference from "
+                     "that (see the noise factor's page)")
     elif result["unexplained"]:
         names = ", ".join(f"{d['name']} ({d['max_abs_diff']:.3g})" for d in result["largest_differences"])
         lines.append(f"- unexplained: not one of the known factors (more than {FLOOR_RATIO:g}x the floor after "
                      f"every fix); the parameters and buffers that differ most after {steps} steps: {names}")
     elif not result["within_floor"]:
-        manual = [f["factor"] for f in result["findings"] if f["exposed"] and not f["automatic_fix"]]
-        lines.append(f"- not within {FLOOR_RATIO:g}x the floor after the automatic fixes: explained by "
-                     f"{', '.join(manual)}, which needs a change in your code (see its fix above)")
+        manual = [name(f["factor"]) for f in result["findings"] if f["exposed"] and not f["automatic_fix"]]
+        lines.append(f"- not within {FLOOR_RATIO:g}x the floor after the automatic fixes; exposed, and only a change "
+                     f"in your code fixes it: {', '.join(manual)} (see the fix above; rerun the audit after it to "
+                     "see whether it accounts for the whole difference)")
     else:
-        bite = [f["factor"] for f in result["findings"] if f["bites"]]
-        lines.append(f"- explained: with the fixes, DDP computes one device's step within {FLOOR_RATIO:g}x the floor"
-                     + (f"; the factors that make a difference: {', '.join(bite)}" if bite
-                        else "; no factor makes a difference here"))
+        bite = [name(f["factor"]) for f in result["findings"] if f["bites"]]
+        lines.append(f"- passed: with the fixes, DDP computes one device's step (its largest step within "
+                     f"{FLOOR_RATIO:g}x the floor's largest draw)"
+                     + (f"; the factors whose fix makes that difference: {', '.join(bite)}" if bite
+                        else "; none of the exposed factors changes the gradient here"))
     lines.append(f"- after {steps} steps (context, not the verdict: a last-bit difference grows with every step), "
                  f"the largest parameter or buffer difference to one device: DDP with Lightning's defaults "
                  f"{result['divergence_default']:.3g}, with every fix {result['divergence_fixed']:.3g}, one device "
