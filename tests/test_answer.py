@@ -332,6 +332,23 @@ def test_dp_lead_is_worded_from_the_seed_study():
     assert "DP's gradient 0.750x" in line and "DDP's 0.800x" in line
 
 
+def test_dp_lead_weighs_the_long_horizon_check_as_the_box_does():
+    """The seed study says "equivalent", the long-horizon check "inconclusive" for the KL: the line
+    above the DP/DDP table must not say DDP matches one device while the box says inconclusive."""
+    from vae_ddp.studies.verdict import decide, dp_lead
+
+    lh = _lh({"train_kl": "inconclusive", "val_kl": "inconclusive", "train_recon_loss": "equivalent",
+              "val_recon_loss": "equivalent"})
+    words = {"ddp": dict.fromkeys(QS, "equivalent"), "dp": dict.fromkeys(QS, "equivalent")}
+    line = dp_lead({"seeds": _seeds(words), "long_horizon": lh, "report_scale": RS})
+    assert decide(_seeds(words), lh)["kind"] == "inconclusive"
+    ddp = line.split("and DDP", 1)[1]
+    assert "match" not in ddp and "is inconclusive in training" in ddp, line
+    assert "long-horizon check" in ddp and "10 seeds x 2,000 steps" in ddp, line
+    # DP is not measured by the long-horizon check: its words stay the seed study's
+    assert "DP matches one device in training" in line
+
+
 def test_home_verdict_is_generated_from_the_committed_results(generated):
     """Home shows what the rules make of the committed studies: each quantity's word is the
     rule applied to the seed study's and the long-horizon check's words, and the sizes in the

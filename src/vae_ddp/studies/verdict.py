@@ -250,10 +250,11 @@ def _seen(rs: dict | None) -> str:
             f"{where} " + link)
 
 
-def _training_words(seeds: dict, config: str, scope: bool = True) -> str:
-    """``differs in training (training reconstruction +2.7%, 10 seeds x 150 steps)``: the seed
-    study's words on ``config`` against one device, by the rule of ``combine``."""
-    v = combine(seeds, None, config)
+def _training_words(seeds: dict, config: str, scope: bool = True, long_horizon: dict | None = None) -> str:
+    """``differs in training (training reconstruction +2.7%, 10 seeds x 150 steps)``: the words on
+    ``config`` against one device, by the rule of ``combine`` over the seed study and, for
+    ``ddp``, the long-horizon check (the same words as the verdict box)."""
+    v = combine(seeds, long_horizon, config)
     if not v:
         return "is not measured in training here"
     word = worst(list(v.values()))
@@ -268,6 +269,8 @@ def _training_words(seeds: dict, config: str, scope: bool = True) -> str:
         return f"is inconclusive in training{f' ({where})' if where else ''}"
     ms = [summ[q]["margin"] for q in v if "margin" in summ.get(q, {})]
     m = f" within ±{_n(max(ms))}, {_sd({'name': 'seeds'}, seeds, None)}" if ms else ""
+    if scope and config == "ddp" and long_horizon:
+        where = " and ".join(st["scope"] for st in _studies(seeds, long_horizon))
     return f"matches one device in training{m}{f' ({where})' if where else ''}"
 
 
@@ -282,7 +285,8 @@ def _dp(seeds: dict) -> str:
 
 def dp_lead(results: dict[str, dict | None]) -> str:
     """The measured line above ``dp_table``'s table: DP's and DDP's training against one device
-    (the seed study's words) and one step's gradient at the report's scale."""
+    (the seed study's words; DDP's by the verdict box's rule, the long-horizon check included)
+    and one step's gradient at the report's scale."""
     seeds, rs = results["seeds"], results["report_scale"] or {}
     v = rs.get("variants", {})
     both = v.get("dp (emulation of Lightning 1.x DP)"), v.get("ddp, Lightning defaults")
@@ -291,9 +295,15 @@ def dp_lead(results: dict[str, dict | None]) -> str:
         step = (f"; one step at the report's scale moves DP's gradient {_g(both[0]['ratio_to_batch_noise']['all'])}x "
                 f"the batch-to-batch noise (emulation), DDP's {_g(both[1]['ratio_to_batch_noise']['all'])}x")
     scope = _scope(seeds["num_seeds"], seeds["settings"].get("steps"))
+    lh = results.get("long_horizon")
+    also = ""
+    if lh and worst(list(combine(seeds, lh).values())) != worst(list(combine(seeds).values())):
+        # DDP's words weigh the long-horizon check too, as the verdict box does: say so where it decides them
+        also = (f" (with the [long-horizon check](is-it-a-bug.md#long-horizon-does-noise-shared-across-ranks-shift-"
+                f"the-kl), {_studies(seeds, lh)[-1]['scope']})")
     return (f"Measured with Lightning's defaults ([seed study](is-it-a-bug.md#result-ten-seeds-of-each-configuration), "
             f"{scope}): DP {_training_words(seeds, 'dp', scope=False)}, and DDP "
-            f"{_training_words(seeds, 'ddp', scope=False)}{step}.\n")
+            f"{_training_words(seeds, 'ddp', scope=False, long_horizon=lh)}{also}{step}.\n")
 
 
 def _cell(qs: list[str], verdicts: dict[str, str], cmp: dict) -> str:
