@@ -36,16 +36,31 @@ class Finding:
             ``reduction``, ``logging``, ``optimizer``, ``parameters``).
         evidence: what was seen, with the numbers (one line).
         fix: the change, plain Lightning/torch first, then the ``vae_ddp`` helper.
-        page: the documentation page that measures the factor (relative to the site root).
+        page: the documentation page that measures the factor (relative to the site root); by
+            default the registry's page of the factor (``recipe.md`` for ``parameters``).
     """
 
     factor: str
     evidence: str
     fix: str
-    page: str
+    page: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.page:
+            self.page = _registered(self.factor).page if _registered(self.factor) else "recipe.md"
 
     def message(self) -> str:
-        return f"DDPAudit [{self.factor}]: {self.evidence}. Fix: {self.fix} (see {self.page})"
+        """``DDPAudit [Random streams per rank]: ... Fix: ... (see factors/noise.md)``: the
+        factor under its registry name (one name everywhere)."""
+        name = _registered(self.factor).name if _registered(self.factor) else self.factor
+        return f"DDPAudit [{name}]: {self.evidence}. Fix: {self.fix} (see {self.page})"
+
+
+def _registered(key: str):
+    """The registry's factor of ``key`` (None for the audit's own checks, e.g. ``parameters``)."""
+    from vae_ddp.fixes import registry
+
+    return next((f for f in registry.factors() if f.key == key), None)
 
 
 _NOISE_FIXES = ("GlobalBatchNoise", "GlobalBatchRandomness", "PerRankSeed")
@@ -159,8 +174,7 @@ class DDPAudit(Callback):
             f"{', '.join(names[:4])} with sync_dist=True: Lightning averages the ranks' counts in an integer tensor "
             f"at the epoch end, so the epoch mean is {factor:.4g}x the true mean (Lightning issues #21838, #21859)",
             "log a torchmetrics.MeanMetric updated with (value, weight=batch size) as an object, "
-            "self.log(name, metric), whose states are summed over the ranks (vae_ddp.fixes.evaluation)",
-            "factors/logging.md"))
+            "self.log(name, metric), whose states are summed over the ranks (vae_ddp.fixes.evaluation)"))
 
     def _check_noise(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Same next draws on every rank? (the hash of 16 draws from a forked generator)"""
@@ -184,10 +198,10 @@ class DDPAudit(Callback):
             "ones (same torch seed): dropout masks and reparameterization noise repeat across ranks",
             "draw the randomness of the global batch and keep this rank's rows (a torch.Generator seeded "
             "alike on every rank), or seed each rank differently (torch.manual_seed(seed + rank) in "
-            "setup); vae_ddp.fixes.GlobalBatchRandomness (dropout and noise) / PerRankSeed", "factors/noise.md"))
+            "setup); vae_ddp.fixes.GlobalBatchRandomness (dropout and noise) / PerRankSeed"))
         self.findings.append(Finding(
             "optimizer", "shared noise across ranks raises the variance of the averaged gradient, which "
-            "changes Adam's second moments and step sizes", "the noise fix above", "factors/optimizer.md"))
+            "changes Adam's second moments and step sizes", "the noise fix above"))
 
     def _check_batchnorm(self, pl_module: LightningModule) -> None:
         local = [n for n, m in pl_module.named_modules()
@@ -197,7 +211,7 @@ class DDPAudit(Callback):
             self.findings.append(Finding(
                 "batchnorm", f"{len(local)} BatchNorm layer(s) normalise with per-rank statistics ({shown})",
                 "Trainer(sync_batchnorm=True) on GPUs; on CPU/gloo "
-                "Trainer(plugins=[vae_ddp.fixes.GlobalSyncBatchNorm()])", "factors/batchnorm.md"))
+                "Trainer(plugins=[vae_ddp.fixes.GlobalSyncBatchNorm()])"))
 
     def _check_sampler(self, trainer: Trainer) -> None:
         for dl in _loader_list(trainer.train_dataloader):
@@ -210,7 +224,7 @@ class DDPAudit(Callback):
                     f"{s.global_batch_size}) on {s.num_replicas} ranks: each rank takes {bs} samples per step, a "
                     f"global batch of {bs * s.num_replicas}, not {s.global_batch_size}",
                     f"DataLoader(dataset, batch_size=sampler.per_device_batch_size, sampler=sampler), here "
-                    f"batch_size={per_device}", "factors/sampler.md"))
+                    f"batch_size={per_device}"))
         train = _samplers(trainer.train_dataloader)
         for s in train:
             if not isinstance(s, DistributedSampler) or type(s).__name__ == "GlobalBatchDistributedSampler":
@@ -223,7 +237,7 @@ class DDPAudit(Callback):
                 "DistributedSampler even for DataLoader(shuffle=False))",
                 "deal each single-device global batch to the ranks in contiguous chunks with "
                 "Trainer(use_distributed_sampler=False) and a sampler of your own; "
-                "vae_ddp.fixes.GlobalBatchDistributedSampler", "factors/sampler.md"))
+                "vae_ddp.fixes.GlobalBatchDistributedSampler"))
             break
         padded = []
         for where, loaders in (("train", train), ("validation", _samplers(trainer.val_dataloaders))):
@@ -235,7 +249,7 @@ class DDPAudit(Callback):
                 "reduction", "DistributedSampler pads to a multiple of the world size, repeated samples count "
                 f"twice in the mean ({'; '.join(padded)})",
                 "drop_last=True for training; for evaluation an unrepeated sampler with metrics that sum "
-                "their states across ranks (torchmetrics)", "factors/reduction.md"))
+                "their states across ranks (torchmetrics)"))
 
     def _check_parameters(self, trainer: Trainer, pl_module: LightningModule) -> None:
         h = hashlib.sha256()
@@ -246,7 +260,7 @@ class DDPAudit(Callback):
             self.findings.append(Finding(
                 "parameters", f"parameters differ across ranks at the start ({len(set(digest))} distinct sets)",
                 "do not change parameters per rank after DistributedDataParallel wraps the model "
-                "(it broadcasts rank 0's at construction)", "recipe.md"))
+                "(it broadcasts rank 0's at construction)"))
 
     def _check_logging(self, trainer: Trainer) -> None:
         results = trainer._results  # the active loop's _ResultCollection (Lightning 2.x)
@@ -258,7 +272,7 @@ class DDPAudit(Callback):
             self.findings.append(Finding(
                 "logging", f"{len(unsynced)} metric(s) logged without sync_dist ({', '.join(unsynced[:4])}): "
                 "under DDP the logged value is rank 0's share of the batch",
-                "self.log(name, value, sync_dist=True, batch_size=len(batch[0]))", "factors/logging.md"))
+                "self.log(name, value, sync_dist=True, batch_size=len(batch[0]))"))
 
     # ------------------------------------------------------------------ output
     def _report(self, trainer: Trainer, findings: list[Finding]) -> None:

@@ -348,6 +348,14 @@ def _name(key: str) -> str:
     return get(key).name
 
 
+def _page_link(key: str) -> str:
+    """``[its page](factors/noise.md)``: the page of a factor, from the registry (the row already
+    names the factor)."""
+    from vae_ddp.fixes.registry import get
+
+    return f"[its page]({get(key).page})"
+
+
 def dp_table(results: dict[str, dict | None]) -> str:
     """Which configuration has which factor (single, Lightning 1.x DP, DDP), each cell with its source."""
     rs = results["report_scale"] or {}
@@ -361,23 +369,23 @@ def dp_table(results: dict[str, dict | None]) -> str:
     rows = [
         (_name("noise"), "one stream for the whole batch",
          f"every replica draws the same noise ({dp_note}: torch seeds every CUDA device alike)",
-         "every rank draws the same noise (measured: [noise](factors/noise.md))" + ratio("ddp, noise back to default")),
+         "every rank draws the same noise (measured: " + _page_link("noise") + ")" + ratio("ddp, noise back to default")),
         (_name("batchnorm"), "the whole batch",
          f"each replica's chunk ({dp_note}: `nn.DataParallel` runs each replica's BatchNorm on its chunk)",
-         "each rank's 128 (measured: [BatchNorm](factors/batchnorm.md))" + ratio("ddp, BatchNorm back to per-rank")),
+         "each rank's 128 (measured: " + _page_link("batchnorm") + ")" + ratio("ddp, BatchNorm back to per-rank")),
         (_name("sampler"), "`RandomSampler`",
          "the same `RandomSampler` as one device: the same batches in the same order (by construction: one process, "
          "one DataLoader; measured: [report-style curves](#what-the-report-plotted))",
-         "`DistributedSampler`: other batches, interleaved (measured: [sampler](factors/sampler.md))"
+         "`DistributedSampler`: other batches, interleaved (measured: " + _page_link("sampler") + ")"
          + ratio("ddp, sampler back to DistributedSampler")),
         (_name("reduction"), "mean over the batch",
          "mean of the replica means (equal chunks but for an uneven last batch; inferred from `training_step_end`)",
-         "mean of rank means, equal at this scale (measured: [reduction](factors/reduction.md))"),
+         "mean of rank means, equal at this scale (measured: " + _page_link("reduction") + ")"),
         (_name("logging") + " (`on_step`, no `sync_dist`)", "the whole batch",
          "one replica's chunk (inferred from Lightning 1.2.6 and 1.9.5 source, see [`vae_ddp.studies.dp`][vae_ddp.studies.dp])",
-         "rank 0's half (measured: [logging](factors/logging.md))"),
+         "rank 0's half (measured: " + _page_link("logging") + ")"),
         (_name("optimizer"), "one Adam on the batch gradient", "the same, on the mean of the replica gradients",
-         "the same, on the all-reduced gradient (measured: [optimizer](factors/optimizer.md))"),
+         "the same, on the all-reduced gradient (measured: " + _page_link("optimizer") + ")"),
     ]
     both = v.get("dp (emulation of Lightning 1.x DP)"), v.get("ddp, Lightning defaults")
     if all(both):
