@@ -2,8 +2,8 @@
 
 ``RUNS_JSON`` is a list of [`AuditRun`][vae_ddp.audit.spec.AuditRun] with the same ``devices``;
 they are trained one after the other in the same processes (Lightning reuses the process
-group), which saves a launch per variant. Under ``strategy="ddp"`` Lightning's launcher
-re-runs this command for the other ranks. Rank 0 writes ``OUT_DIR/<label>.pt`` (the final
+group), which saves a launch per variant. On CPU the other ranks are forks of this process
+([`vae_ddp.ranks`][vae_ddp.ranks]); on GPUs Lightning's launcher re-runs this command for them. Rank 0 writes ``OUT_DIR/<label>.pt`` (the final
 floating-point parameters and buffers of each run), ``OUT_DIR/<label>.steps.pt`` (per-step
 gradients, for a run with a ``steps_file``) and ``OUT_DIR/run.json``:
 ``{label: {"findings": [...], "steps": int, "notes": [...]}}``,
@@ -32,6 +32,7 @@ from vae_ddp.fixes.randomness import GlobalBatchRandomness, current_stream
 from vae_ddp.fixes.sampler import GlobalBatchDistributedSampler
 from vae_ddp.guard import beat
 from vae_ddp.probes import StepProbe
+from vae_ddp.ranks import run_ranks
 from vae_ddp.utils import close_process_group, quiet
 from vae_ddp.workers import make_fork_safe
 
@@ -200,6 +201,13 @@ def wait_for_steps(steps_file: Path, timeout: float = WAIT_S) -> list[dict]:
 
 def main(argv: list[str]) -> int:
     runs, out = [AuditRun(**r) for r in json.loads(argv[0])], Path(argv[1])
+    # DDP on CPU: the ranks are forks of this process (no second import of Lightning, vae_ddp.ranks)
+    forked = runs[0].devices > 1 and runs[0].accelerator == "cpu"
+    return run_ranks(runs[0].devices if forked else 1, lambda: _train(runs, out))
+
+
+def _train(runs: list[AuditRun], out: Path) -> int:
+    """Train ``runs`` one after the other in this rank; rank 0 writes what the audit reads."""
     quiet()
     out.mkdir(parents=True, exist_ok=True)
     info = {}

@@ -1,9 +1,10 @@
 """Run one [`RunSpec`][vae_ddp.studies.configs.RunSpec] through Lightning's ``Trainer``.
 
-Entry point for a child process: ``python -m vae_ddp.studies.runner SPEC_JSON OUT_DIR``. Under
-``strategy="ddp"`` Lightning starts the other ranks by re-running this same command
-(``_SubprocessScriptLauncher``), which is why every study launches its runs this way
-instead of inside its own process. Rank 0 writes ``OUT_DIR/run.json``:
+Entry point for a child process: ``python -m vae_ddp.studies.runner SPEC_JSON OUT_DIR``. A DDP
+run on CPU forks its other ranks from this process once it has imported Lightning
+([`vae_ddp.ranks`][vae_ddp.ranks]); on GPUs Lightning starts them by re-running this same
+command (``_SubprocessScriptLauncher``). Either way a study launches its runs in a process
+tree of their own, not inside its own process. Rank 0 writes ``OUT_DIR/run.json``:
 ``{"spec": {...}, "runs": [{"seed", "records", "val_records", "params"}]}``.
 """
 
@@ -22,6 +23,7 @@ from vae_ddp.data import make_datamodule
 from vae_ddp.fixes import registry
 from vae_ddp.fixes.registry import FixParts
 from vae_ddp.model import VAE
+from vae_ddp.ranks import run_ranks
 from vae_ddp.studies.configs import RunSpec
 from vae_ddp.studies.dp import DataParallelVAE
 from vae_ddp.recording import GlobalBatchRecorder
@@ -124,6 +126,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     payload, out_dir = json.loads(argv[0]), Path(argv[1])
     specs = [RunSpec(**p) for p in payload] if isinstance(payload, list) else [RunSpec(**payload)]
+    # DDP on CPU: the ranks are forks of this process (no second import of Lightning, vae_ddp.ranks)
+    forked = specs[0].config == "ddp" and specs[0].accelerator == "cpu"
+    return run_ranks(specs[0].world_size if forked else 1, lambda: _train(specs, payload, out_dir))
+
+
+def _train(specs: list[RunSpec], payload: Any, out_dir: Path) -> int:
+    """Train ``specs`` one after the other in this rank; rank 0 writes ``OUT_DIR/run.json``."""
     quiet()
     out_dir.mkdir(parents=True, exist_ok=True)
     results = []

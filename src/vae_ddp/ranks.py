@@ -1,0 +1,146 @@
+"""Start the DDP ranks of a CPU run by forking the process that already imported Lightning.
+
+Lightning's ``strategy="ddp"`` starts ranks 1 … N-1 by running the script again
+(``_SubprocessScriptLauncher``): every rank imports torch and Lightning anew, 7-9 CPU seconds
+per process on a small CPU, which is most of the time of the short runs the studies and the
+audit make. [`run_ranks`][vae_ddp.ranks.run_ranks] starts them as ``fork``s of rank 0 instead,
+right after the imports and before anything has run, with the environment Lightning's own
+launcher gives its children (``MASTER_ADDR``, ``MASTER_PORT``, ``NODE_RANK``, ``LOCAL_RANK``,
+``WORLD_SIZE``). Lightning then sees processes created outside it, as under ``torchrun``
+(``LightningEnvironment.creates_processes_externally``, Lightning 2.x) and starts none itself:
+the same ``DDPStrategy``, process group, ``DistributedSampler`` and all-reduce, only without the
+second import.
+
+What Lightning's launcher does beside starting the ranks is done here too: when a rank exits
+with a non-zero code, rank 0 ends every rank (SIGKILL, as ``_ChildProcessObserver`` does), so a
+rank that raised does not leave the others waiting in a collective; when rank 0 raises, it ends
+its ranks before it re-raises. Each forked rank also gets SIGKILL when rank 0 dies
+(``prctl(PR_SET_PDEATHSIG)`` on Linux), and the [guard][vae_ddp.guard] above the tree ends what is
+left. A forked rank leaves with ``os._exit`` (its copy of rank 0's interpreter runs no exit
+handlers of rank 0's).
+
+Only for CPU runs (gloo): on GPUs Lightning's own launcher starts the ranks, as it always has.
+Fork is safe at that point: the process runs no thread but OpenBLAS's idle pool (which re-arms
+itself on fork), the same state as the ``forkserver`` that starts DataLoader workers
+([`vae_ddp.workers`][vae_ddp.workers]).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Callable
+
+__all__ = ["run_ranks", "FORKED_RANK"]
+
+#: Set in the environment of the ranks this module forked (rank 0 included): "1".
+FORKED_RANK = "VAE_DDP_FORKED_RANK"
+
+_POLL_S = 0.1
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    """SIGKILL this process when its parent (rank 0) dies (Linux; elsewhere the guard does it)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _observe(children: dict[int, int], done: threading.Event) -> None:
+    """Rank 0's watcher: when a rank exits non-zero, end every rank, rank 0 included."""
+    while not done.is_set() and children:
+        for pid, rank in list(children.items()):
+            try:
+                got, status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                got, status = pid, 0
+            if got == 0:
+                continue
+            del children[pid]
+            code = os.waitstatus_to_exitcode(status)
+            if code != 0:
+                print(f"[rank: {rank}] rank {rank} (PID {pid}) exited with code {code}: ending every rank",
+                      file=sys.stderr, flush=True)
+                _kill(children)
+                os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(_POLL_S)
+
+
+def _kill(children: dict[int, int]) -> None:
+    for pid in list(children):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def run_ranks(world_size: int, main: Callable[[], Any]) -> int:
+    """Run ``main()`` as every rank of a ``world_size``-process CPU DDP run; return rank 0's exit
+    code (the first non-zero code of any rank).
+
+    With ``world_size <= 1``, or when this process is already a rank (``LOCAL_RANK`` is set:
+    Lightning's launcher, ``torchrun`` or a fork of this function started it), ``main()`` runs
+    once, here. Otherwise the process forks ``world_size - 1`` ranks first; call it before
+    anything that starts threads or touches the process group (after the imports). The forked
+    ranks never return from this function.
+
+    Args:
+        world_size: the number of DDP processes of the run (Lightning's ``devices``).
+        main: what every rank runs (it builds the ``Trainer`` with ``strategy="ddp"`` and
+            ``devices=world_size``); its return value is the exit code (None: 0).
+    """
+    if world_size <= 1 or "LOCAL_RANK" in os.environ:
+        return int(main() or 0)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), NODE_RANK="0",
+                      WORLD_SIZE=str(world_size), **{FORKED_RANK: "1"})
+    sys.stdout.flush()
+    sys.stderr.flush()
+    children: dict[int, int] = {}
+    for rank in range(1, world_size):
+        pid = os.fork()
+        if pid == 0:  # a rank: run main and leave, whatever happens
+            code = 1
+            try:
+                _die_with_parent()
+                os.environ["LOCAL_RANK"] = str(rank)
+                code = int(main() or 0)
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else 1
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        children[pid] = rank
+    os.environ["LOCAL_RANK"] = "0"
+    done = threading.Event()
+    watcher = threading.Thread(target=_observe, args=(children, done), name="rank-observer", daemon=True)
+    watcher.start()
+    try:
+        code = int(main() or 0)
+    except BaseException:
+        done.set()
+        watcher.join()
+        _kill(children)
+        raise
+    while children and watcher.is_alive():  # the other ranks finish (the watcher ends all on a failure)
+        watcher.join(timeout=1.0)
+    done.set()
+    return code
