@@ -1,12 +1,14 @@
 """The check of the recipe (``examples/recipe.py``): does DDP on 2 processes reach one device?
 
-``--check`` trains, each in its own process: one device, which records its weights at every
+``--check`` trains, in float64 and float32: one device, which records its weights at every
 step; one device again with the samples of each batch permuted (the same loss summed in
-another order: the rounding floor); and DDP on 2 gloo processes with the recipe's plain
-changes (``train`` of ``examples/recipe.py``) and with ``vae_ddp``'s helpers, in float64 and
-float32. Every run but the first starts each step from one device's weights at that step,
-and its gradient (after DDP's all-reduce) is compared with one device's. ``--changes`` prints the table of
-changes. Lightning starts the other DDP rank by re-running the command line.
+another order: the rounding floor), both in this process; and, in one launch of DDP on 2
+gloo processes, the recipe's plain changes (``train`` of ``examples/recipe.py``) and
+``vae_ddp``'s helpers. Every run but the first starts each step from one device's weights at
+that step, and its gradient (after DDP's all-reduce) is compared with one device's.
+``--changes`` prints the table of changes. Lightning starts the other DDP rank by re-running
+the command line (``--ddp``), and the four DDP runs train one after the other in the same two
+processes.
 
     python examples/recipe_check.py --check --out out/recipe
     python examples/recipe_check.py --changes
@@ -37,6 +39,9 @@ class DigitsGlobalBatches(Digits):
 # contiguous chunks (the module keeps drawing through self.noise(mu)).
 # --8<-- [end:helpers]
 
+
+#: The precisions the check compares in.
+DTYPES = ("float64", "float32")
 
 #: The recipe as data: (change number or None, factor key, plain Lightning/torch, vae_ddp helper).
 #: The numbers are those of the ``# change N`` comments above (a test checks that they agree);
@@ -91,6 +96,23 @@ def check_one(dtype: str, steps: int, seed: int, permutations: int, out: Path) -
         torch.save({"grads": probe.grads}, out / f"single-permuted-{k}.pt")
 
 
+def check_ddp(steps: int, seed: int, out: Path) -> None:
+    """DDP on 2, plain changes and helpers, in each dtype, every step started from the weights
+    one device recorded (``out/DTYPE/single-steps.pt``); rank 0 saves each run's gradients
+    (``out/DTYPE/ddp-plain.pt``, ``ddp-helpers.pt``)."""
+    from vae_ddp.probes import StepProbe
+
+    for dtype in DTYPES:
+        states = torch.load(out / dtype / "single-steps.pt")["states"]
+        for variant in ("plain", "helpers"):
+            probe = StepProbe(states)  # first: the step starts from θ_k
+            helpers = {"callbacks": [probe, GlobalBatchNoise(seed)], "data_class": DigitsGlobalBatches} \
+                if variant == "helpers" else {"callbacks": [probe]}
+            trainer, _ = train(2, dtype, steps, seed, **helpers)
+            if trainer.is_global_zero:
+                torch.save({"grads": probe.grads}, out / dtype / f"ddp-{variant}.pt")
+
+
 def check(steps: int, seed: int, permutations: int, out: Path) -> dict:
     """Single, permuted single and DDP on 2 (plain, helpers) in float64 and float32, every step
     started from one device's weights: the table."""
@@ -100,15 +122,13 @@ def check(steps: int, seed: int, permutations: int, out: Path) -> dict:
     result = {"method": "teacher-forced", "floor_factor": FLOOR_FACTOR, "steps": steps, "permutations": permutations,
               "dtypes": {}}
     rows = []
-    for dtype in ("float64", "float32"):
+    for dtype in DTYPES:
+        (out / dtype).mkdir(parents=True, exist_ok=True)
+        check_one(dtype, steps, seed, permutations, out / dtype)
+    subprocess.run([sys.executable, __file__, "--ddp", "--steps", str(steps), "--seed", str(seed), "--save", str(out)],
+                   check=True)
+    for dtype in DTYPES:
         d = out / dtype
-        d.mkdir(parents=True, exist_ok=True)
-        base = [sys.executable, __file__, "--dtype", dtype, "--steps", str(steps), "--seed", str(seed)]
-        subprocess.run([*base, "--devices", "1", "--permutations", str(permutations), "--save", str(d)], check=True)
-        teacher = ["--teacher", str(d / "single-steps.pt")]
-        for variant, flag in (("plain", []), ("helpers", ["--helpers"])):
-            subprocess.run([*base, "--devices", "2", *flag, *teacher, "--save", str(d / f"ddp-{variant}.pt")],
-                           check=True)
         ref = torch.load(d / "single-steps.pt")["grads"]
         floor_steps = [per_step_differences(torch.load(d / f"single-permuted-{k}.pt")["grads"], ref)
                        for k in range(1, permutations + 1)]
@@ -138,17 +158,13 @@ def check(steps: int, seed: int, permutations: int, out: Path) -> dict:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description="the check of the recipe: DDP on 2 against one device and its floor")
-    p.add_argument("--devices", type=int, default=2)
-    p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--helpers", action="store_true", help="make changes 3 and 4 with vae_ddp's helpers")
     p.add_argument("--check", action="store_true", help="compare DDP on 2 with one device and the floor")
     p.add_argument("--changes", action="store_true", help="print the table of changes")
     p.add_argument("--permutations", type=int, default=4, help="permuted one-device runs for the floor")
-    p.add_argument("--save", type=Path, default=None, help="(internal) where a run of --check saves")
-    p.add_argument("--teacher", type=Path, default=None,
-                   help="(internal) start every step from the weights this reference recorded")
+    p.add_argument("--ddp", action="store_true", help="(internal) the DDP runs of --check, on 2 processes")
+    p.add_argument("--save", type=Path, default=None, help="(internal) the folder of --check's runs")
     p.add_argument("--out", type=Path, default=Path("out/recipe"))
     args = p.parse_args(argv)
     from vae_ddp.utils import quiet
@@ -159,19 +175,10 @@ def main(argv=None):
     elif args.check:
         args.out.mkdir(parents=True, exist_ok=True)
         check(args.steps, args.seed, args.permutations, args.out)
-    elif args.save is not None and args.devices == 1:
-        check_one(args.dtype, args.steps, args.seed, args.permutations, args.save)
-    elif args.save is not None:
-        from vae_ddp.probes import StepProbe
-
-        probe = StepProbe(torch.load(args.teacher)["states"])  # first: the step starts from θ_k
-        helpers = {"callbacks": [probe, GlobalBatchNoise(args.seed)], "data_class": DigitsGlobalBatches} \
-            if args.helpers else {"callbacks": [probe]}
-        trainer, _ = train(args.devices, args.dtype, args.steps, args.seed, **helpers)
-        if trainer.is_global_zero:
-            torch.save({"grads": probe.grads}, args.save)
+    elif args.ddp and args.save is not None:
+        check_ddp(args.steps, args.seed, args.save)
     else:
-        p.error("give --check, --changes or --save")
+        p.error("give --check or --changes")
 
 
 if __name__ == "__main__":
