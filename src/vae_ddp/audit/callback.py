@@ -6,9 +6,7 @@ device with the same global batch, and warns on rank 0 with the fix and the page
 explains it. It changes nothing in the run: its only random draw is made inside
 ``torch.random.fork_rng`` so every generator is left where it was.
 
-Usage::
-
-    Trainer(strategy="ddp", devices=2, callbacks=[DDPAudit()])
+Add it to the ``Trainer`` of a real run: ``Trainer(strategy="ddp", devices=2, callbacks=[DDPAudit()])``.
 """
 
 from __future__ import annotations

@@ -7,10 +7,8 @@ converts the layers to ``torch.nn.SyncBatchNorm``. torch's SyncBatchNorm refuses
 tensors (torch 2.x: its kernels ``batch_norm_stats``/``batch_norm_elemt`` exist for CUDA only,
 and DDP's constructor raises "SyncBatchNorm layers only work with GPU modules"), so on
 CPU (gloo) use [`GlobalSyncBatchNorm`][vae_ddp.fixes.batchnorm.GlobalSyncBatchNorm], a
-Lightning ``LayerSync`` plugin with the same role::
-
-    Trainer(accelerator="cpu", devices=2, strategy="ddp", plugins=[GlobalSyncBatchNorm()])
-
+Lightning ``LayerSync`` plugin with the same role:
+``Trainer(accelerator="cpu", devices=2, strategy="ddp", plugins=[GlobalSyncBatchNorm()])``.
 Nothing in it is specific to gloo or to CPUs: it uses one ``all_gather`` per layer forward
 and one ``all_reduce`` per layer backward, which every backend has.
 """

@@ -7,11 +7,8 @@ step-time benchmark's variants, and the ``vae-ddp`` switches. Adding a factor is
 module, one example, one page and one [`Factor`][vae_ddp.fixes.registry.Factor] passed to
 [`register`][vae_ddp.fixes.registry.register] (plus, if it has a ``RunSpec`` switch, that field
 with its ``Literal``/``bool`` type: the field is the typed flag).
-
-```python
-from vae_ddp.fixes.registry import exposures
-exposures(trainer, model, datamodule)   # {"noise": "2 ranks seeded alike draw ...", ...}
-```
+[`exposures`][vae_ddp.fixes.registry.exposures]``(trainer, model, datamodule)`` runs every
+factor's exposure check and returns ``{factor key: evidence}`` for the factors a run is exposed to.
 """
 
 from __future__ import annotations
