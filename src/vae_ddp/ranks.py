@@ -36,7 +36,7 @@ import time
 import traceback
 from typing import Any, Callable
 
-__all__ = ["run_ranks", "FORKED_RANK"]
+__all__ = ["run_ranks", "die_with_parent", "FORKED_RANK"]
 
 #: Set in the environment of the ranks this module forked (rank 0 included): "1".
 FORKED_RANK = "VAE_DDP_FORKED_RANK"
@@ -50,7 +50,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """SIGKILL this process when its parent (rank 0) dies (Linux; elsewhere the guard does it)."""
     if not sys.platform.startswith("linux"):
         return
@@ -117,7 +117,7 @@ def run_ranks(world_size: int, main: Callable[[], Any]) -> int:
         if pid == 0:  # a rank: run main and leave, whatever happens
             code = 1
             try:
-                _die_with_parent()
+                die_with_parent()
                 os.environ["LOCAL_RANK"] = str(rank)
                 code = int(main() or 0)
             except SystemExit as e:

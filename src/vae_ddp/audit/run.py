@@ -1,14 +1,15 @@
-"""Audit runs of one world size in one process tree: ``python -m vae_ddp.audit.run RUNS_JSON OUT_DIR``.
+"""Audit runs in one process tree: ``python -m vae_ddp.audit.run RUNS_JSON OUT_DIR``.
 
-``RUNS_JSON`` is a list of [`AuditRun`][vae_ddp.audit.spec.AuditRun] with the same ``devices``;
-they are trained one after the other in the same processes (Lightning reuses the process
+``RUNS_JSON`` is a list of [`AuditRun`][vae_ddp.audit.spec.AuditRun] with the same ``devices``,
+or ``{tag: [runs]}`` (the audit's one-device runs and its DDP runs, see ``main``); the runs of a
+list are trained one after the other in the same processes (Lightning reuses the process
 group), which saves a launch per variant. On CPU the other ranks are forks of this process
-([`vae_ddp.ranks`][vae_ddp.ranks]); on GPUs Lightning's launcher re-runs this command for them. Rank 0 writes ``OUT_DIR/<label>.pt`` (the final
-floating-point parameters and buffers of each run), ``OUT_DIR/<label>.steps.pt`` (per-step
-gradients, for a run with a ``steps_file``) and ``OUT_DIR/run.json``:
-``{label: {"findings": [...], "steps": int, "notes": [...]}}``,
-the findings being what [`DDPAudit`][vae_ddp.audit.callback.DDPAudit] saw. A teacher-forced run
-waits until the reference run (in another launch) has written its weights.
+([`vae_ddp.ranks`][vae_ddp.ranks]); on GPUs Lightning's launcher re-runs this command for them.
+Rank 0 writes ``OUT_DIR/<label>.pt`` (the final floating-point parameters and buffers of each
+run), ``OUT_DIR/<label>.steps.pt`` (per-step gradients, for a run with a ``steps_file``) and
+``OUT_DIR/run.json``: ``{label: {"findings": [...], "steps": int, "notes": [...]}}``, the
+findings being what [`DDPAudit`][vae_ddp.audit.callback.DDPAudit] saw. A teacher-forced run
+waits until the reference run (in the process beside it) has written its weights.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import json
 import os
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any, Optional
 
@@ -32,7 +34,7 @@ from vae_ddp.fixes.randomness import GlobalBatchRandomness, current_stream
 from vae_ddp.fixes.sampler import GlobalBatchDistributedSampler
 from vae_ddp.guard import beat
 from vae_ddp.probes import StepProbe
-from vae_ddp.ranks import run_ranks
+from vae_ddp.ranks import die_with_parent, run_ranks
 from vae_ddp.utils import close_process_group, quiet
 from vae_ddp.workers import make_fork_safe
 
@@ -175,8 +177,8 @@ def _deal_global_batches(dm: pl.LightningDataModule, run: AuditRun, rank: int) -
     dm.train_dataloader = train_dataloader
 
 
-#: Seconds a teacher-forced run waits for the reference's weights (the one-device launch,
-#: which runs beside it, records them; its own watchdog ends it long before).
+#: Seconds a teacher-forced run waits for the reference's weights (the one-device runs, in the
+#: process beside it, record them; the guard's watchdog ends a stalled tree long before).
 WAIT_S = 1800.0
 
 
@@ -200,10 +202,53 @@ def wait_for_steps(steps_file: Path, timeout: float = WAIT_S) -> list[dict]:
 
 
 def main(argv: list[str]) -> int:
-    runs, out = [AuditRun(**r) for r in json.loads(argv[0])], Path(argv[1])
+    """``RUNS_JSON OUT_DIR``: a list of runs of one world size, trained in ``OUT_DIR``; or
+    ``{TAG: [runs], ...}``, groups trained at the same time in ``OUT_DIR/TAG/``: the last group
+    in the ranks of this process tree, each other group in a process forked beside them (the
+    one-device runs beside the DDP runs, without a second import of torch and Lightning), and
+    then ``OUT_DIR/run.json`` = ``{TAG: that group's run.json}``."""
+    payload, out = json.loads(argv[0]), Path(argv[1])
+    groups = payload if isinstance(payload, dict) else {"": payload}
+    groups = {tag: [AuditRun(**r) for r in runs] for tag, runs in groups.items()}
+    *beside, (tag, runs) = groups.items()
+    # started by Lightning's launcher (GPUs) or torchrun: the groups beside run in the first process only
+    children = {} if "LOCAL_RANK" in os.environ else {_fork_group(rs, out / t): t for t, rs in beside}
     # DDP on CPU: the ranks are forks of this process (no second import of Lightning, vae_ddp.ranks)
     forked = runs[0].devices > 1 and runs[0].accelerator == "cpu"
-    return run_ranks(runs[0].devices if forked else 1, lambda: _train(runs, out))
+    code = run_ranks(runs[0].devices if forked else 1, lambda: _train(runs, out / tag))
+    if "LOCAL_RANK" in os.environ and os.environ["LOCAL_RANK"] != "0":
+        return code
+    for pid, t in children.items():
+        child = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        if child != 0:
+            print(f"the runs of '{t}' exited with code {child}", file=sys.stderr, flush=True)
+            code = code or 1
+    if code == 0 and isinstance(payload, dict):
+        (out / "run.json").write_text(json.dumps({t: json.loads((out / t / "run.json").read_text()) for t in groups}))
+    return code
+
+
+def _fork_group(runs: list[AuditRun], out: Path) -> int:
+    """Train ``runs`` (one device) in a forked process; return its pid. If they fail, the
+    teacher-forced runs waiting for their weights are told so (their marker file)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        die_with_parent()
+        code = _train(runs, out)
+    except BaseException:
+        traceback.print_exc()
+        for run in runs:
+            if run.steps_file and not run.teacher_forced:
+                failed_marker(Path(run.steps_file)).touch()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def _train(runs: list[AuditRun], out: Path) -> int:

@@ -1,8 +1,9 @@
 """``vae-ddp audit``: train the user's module on one device and with DDP, attribute the difference.
 
 From the same seed (same initial weights), the same global batch and the same number of
-optimizer steps, through Lightning's own ``Trainer`` and launcher (one process tree per world
-size, see [`vae_ddp.audit.run`][vae_ddp.audit.run]):
+optimizer steps, through Lightning's own ``Trainer`` and ``DDPStrategy``, in one process tree
+(see [`vae_ddp.audit.run`][vae_ddp.audit.run]: the one-device runs in a process beside the N DDP
+ranks, all forks of one process on CPU):
 
 1. ``single``: one device, every fix that applies on one device on (the single-device
    global batches of the sampler fix, the global-batch noise) — the reference; it records its
@@ -33,7 +34,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import threading
 from pathlib import Path
 from typing import Optional
 
@@ -43,7 +43,7 @@ from vae_ddp.audit.spec import FIXABLE, AuditRun, failed_marker
 from vae_ddp.fixes import registry
 from vae_ddp.probes import per_step_differences
 from vae_ddp.studies.equivalence import FLOOR_FACTOR
-from vae_ddp.studies.launch import RunFailed, RunGroup, launch
+from vae_ddp.studies.launch import RunFailed, launch
 from vae_ddp.studies.table import format_table
 
 __all__ = ["audit", "render", "FLOOR_RATIO", "FLOOR_DRAWS", "ROUNDING_EPS"]
@@ -122,12 +122,6 @@ def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, pr
     for stale in (steps_file, failed_marker(steps_file), out_dir / "audit.json", out_dir / "tables.md"):
         stale.unlink(missing_ok=True)
 
-    def launch_all(tag: str, specs: list[AuditRun]) -> dict[str, tuple[dict, dict, Path]]:
-        """Train ``specs`` (one world size) in one launch; {label: (params, info, folder)}."""
-        where = runs_dir / tag
-        info = launch(RunGroup(specs), where, quiet=True, entry=[sys.executable, "-m", "vae_ddp.audit.run"])
-        return {s.label: (torch.load(where / f"{s.label}.pt"), info[s.label], where) for s in specs}
-
     forced = dict(fixes=fixes, steps_file=str(steps_file), teacher_forced=True)
     one_device = [base.replace(label="single", devices=1, fixes=fixes, steps_file=str(steps_file)),
                   *(base.replace(label=f"floor-{k}", devices=1, permute=k, **forced)
@@ -146,32 +140,14 @@ def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, pr
             print(f"[audit] {spec.label}: {spec.devices} process(es), fixes: {', '.join(spec.fixes) or 'none'}"
                   f"{', samples permuted in each batch' if spec.permute else ''}"
                   f"{', every step from the one-device weights' if spec.teacher_forced else ''}", flush=True)
-    # The two launches at the same time (most of a launch is its processes importing torch and
-    # Lightning). A daemon thread: if this process ends first, its launch's guard gets SIGTERM
-    # (PR_SET_PDEATHSIG, vae_ddp.guard) and ends that tree, as on any exit of this process.
-    box: dict = {}
-
-    def launch_one_device() -> None:
-        try:
-            box["one"] = launch_all("one-device", one_device)
-        except BaseException as e:  # raised in the main thread below
-            box["error"] = e
-            failed_marker(steps_file).touch()  # the forced DDP run stops waiting for the weights
-
-    thread = threading.Thread(target=launch_one_device, name="audit-one-device", daemon=True)
-    thread.start()
-    try:
-        first = launch_all("ddp", ddp)
-    except RunFailed as err:
-        if "reference run failed" in str(err):  # the cause is the one-device launch's: its own error
-            thread.join(timeout=60)
-            if "error" in box:
-                raise box["error"] from None
-        raise
-    thread.join()
-    if "error" in box:
-        raise box["error"]
-    one = box["one"]
+    # One launch: the one-device runs in a process forked beside the DDP ranks, all forks of one
+    # process that imported torch and Lightning once (most of a launch is those imports).
+    where = {"one-device": runs_dir / "one-device", "ddp": runs_dir / "ddp"}
+    launched = launch(_Groups({"one-device": one_device, "ddp": ddp}), runs_dir, quiet=True,
+                      entry=[sys.executable, "-m", "vae_ddp.audit.run"])
+    one, first = ({s.label: (torch.load(where[tag] / f"{s.label}.pt"), launched[tag][s.label], where[tag])
+                   for s in specs}
+                  for tag, specs in (("one-device", one_device), ("ddp", ddp)))
     single = one["single"][0]
 
     def per_step(run: tuple[dict, dict, Path], label: str) -> list[float]:
@@ -249,6 +225,20 @@ def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, pr
     (out_dir / "tables.md").write_text(text + "\n")
     print(text)
     return result
+
+
+class _Groups:
+    """The audit's runs as one launch of [`vae_ddp.audit.run`][vae_ddp.audit.run]: ``{tag: runs}``,
+    the last group (DDP, ``devices`` ranks) in the launch's ranks, the others beside them."""
+
+    def __init__(self, groups: dict[str, list[AuditRun]]) -> None:
+        self.groups = groups
+        last = list(groups.values())[-1]
+        self.world_size, self.accelerator = last[0].devices, last[0].accelerator
+        self.label = ", ".join(r.label for runs in groups.values() for r in runs)
+
+    def to_json(self) -> str:
+        return json.dumps({tag: [json.loads(r.to_json()) for r in runs] for tag, runs in self.groups.items()})
 
 
 def shown_name(cls: dict, file: Optional[str]) -> str:
