@@ -82,8 +82,8 @@ def plot(r: dict, path: Path) -> None:
         ax.plot(steps, c["logged"], "o--", color="C3", ms=3, lw=1, label="logged by Lightning on rank 0")
         ax.set_title(label.strip("`"), fontsize=9)
         ax.set_xlabel("optimizer step")
+        ax.set_ylabel("KL term (x kl_coeff)")  # every panel labelled, shared axis or not
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("KL term (x kl_coeff)")
     axes[0].legend(fontsize=8)
     fig.savefig(path, dpi=110)
 

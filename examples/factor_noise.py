@@ -69,8 +69,8 @@ def plot(eps: dict, path: Path) -> None:
         ax.scatter(r0, r1, s=2, alpha=0.4, color="C0")
         ax.set_title(LABELS[mode], fontsize=9)
         ax.set_xlabel("eps drawn on rank 0")
+        ax.set_ylabel("eps drawn on rank 1 (same row)")  # every panel labelled, shared axis or not
         ax.grid(alpha=0.3)
-    fig.axes[0].set_ylabel("eps drawn on rank 1 (same row)")
     fig.savefig(path, dpi=110)
 
 

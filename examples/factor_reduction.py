@@ -63,8 +63,8 @@ def plot(r: dict, path: Path) -> None:
         ax.axhline(1.0, color="k", lw=0.8, ls="--", label="one device")
         ax.set_title(name.replace(" (", "\n("), fontsize=9)
         ax.set_xlabel("sample")
+        ax.set_ylabel("weight in the DDP loss\n(one device = 1)")  # every panel labelled, shared axis or not
         ax.grid(axis="y", alpha=0.3)
-    axes[0].set_ylabel("weight in the DDP loss\n(one device = 1)")
     axes[0].legend(fontsize=8)
     fig.savefig(path, dpi=110)
 
