@@ -140,7 +140,7 @@ def test_hook_runs_caches_and_summarises(tmp_path):
     assert hook.generate(root) == {"good": "ran"}
     out = root / "docs" / "generated" / "good"
     assert "| 1 | 2 |" in (out / "output.md").read_text()
-    assert "python examples/good.py --out docs/generated/good" in (out / "command.md").read_text()
+    assert "python examples/good.py --out out/good" in (out / "command.md").read_text()  # not the site's folder
     summary = (root / "docs" / "generated" / "summary" / "output.md").read_text()
     assert "[noise](factors/noise.md)" in summary and "GlobalBatchNoise" in summary
     assert hook.generate(root) == {"good": "cached"}
@@ -697,6 +697,27 @@ def test_factor_pages_put_the_result_first(site):
         assert article.index("Result.") < article.index("<h2"), name
         assert re.search(r'<details class="example">\s*<summary>The whole script', article), name
         assert (site / "generated" / f"factor_{name}" / f"factor_{name}.png").stat().st_size > 0
+
+
+def test_factor_pages_show_the_number_home_ranks_them_by(site):
+    """One effect-size scale: each factor page states the factor's one-step gradient change over
+    batch noise at the report's scale, the same number as Home's factor table, both read from
+    the committed report-scale JSON (or says it has none)."""
+    from vae_ddp.fixes import registry
+
+    effects = _hook().report_scale_effects(ROOT)
+    assert effects, "no committed report-scale study"
+    rows = re.findall(r"(?s)<tr>(.*?)</tr>", (site / "index.html").read_text())
+    for f in registry.factors():
+        text = _page_text((site / f.page.replace(".md", "") / "index.html").read_text())
+        if f.key in effects:
+            number = f"{effects[f.key]:.3g}x"
+            assert f"changes the gradient by {number} the batch-to-batch noise" in text, f.key
+            # the factor table's row: the factor's page link, then the ranked number
+            row = next(_page_text(r) for r in rows if re.search(rf'<td><a href="[^"]*{f.key}/">{f.name}</a></td>', r))
+            assert number in row, (f.key, row)
+        else:
+            assert "has no number in the ranking" in text, f.key
 
 
 def test_reproduce_page_shows_the_whole_script_as_code(site):

@@ -123,13 +123,14 @@ def command_of(e: dict[str, Any], out: str) -> list[str]:
 
 
 def display_command(argv: list[str]) -> str:
-    """``argv`` as a reader would type it (``python``, ``vae-ddp``)."""
+    """``argv`` as a reader would type it (``python``, ``vae-ddp``, the data folder as
+    ``CIFAR_SHOWN``, outputs under ``out/`` rather than the site's own folder)."""
     shown = list(argv)
     if shown[:3] == [sys.executable, "-m", "vae_ddp.cli"]:
         shown = ["vae-ddp", *shown[3:]]
     elif shown and shown[0] == sys.executable:
         shown[0] = "python"
-    return shlex.join(a.replace(CIFAR, CIFAR_SHOWN) for a in shown)
+    return shlex.join(a.replace(CIFAR, CIFAR_SHOWN).replace(GENERATED + "/", "out/") for a in shown)
 
 
 def wrapped_command(argv: list[str], width: int = 88) -> str:
@@ -298,6 +299,7 @@ def write_summary(root: Path, entries: list[dict[str, Any]]) -> None:
             row = {first: row[first], REPORT_SCALE_COLUMN: "-" if effect is None else f"{effect:.3g}x",
                    **{k: v for k, v in row.items() if k != first}}
         rows.append(row)
+    write_factor_effects(root, entries)
     if not rows:
         return
     cols: list[str] = []
@@ -309,6 +311,34 @@ def write_summary(root: Path, entries: list[dict[str, Any]]) -> None:
     out = root / GENERATED / "summary"
     out.mkdir(parents=True, exist_ok=True)
     write_if_changed(out / "output.md", text)
+
+
+def factor_effect_line(key: str, effects: dict[str, float]) -> str:
+    """The line a factor page shows under its result: the factor's number in the one quantity
+    the factors are ranked by (the same number as Home's factor table), or why it has none."""
+    home = "../index.md#the-reports-scale"
+    if key in effects:
+        return (f"**At the report's scale** (one step from the same weights and batch, every other fix on): this factor "
+                f"changes the gradient by {effects[key]:.3g}x the batch-to-batch noise, the quantity the factors are "
+                f"ranked by on [Home]({home}). The numbers above are this page's own measure of the mechanism.\n")
+    from vae_ddp.fixes.registry import get
+
+    names = [get(k).name for k in effects]
+    ranked = (", ".join(names[:-1]) + " and " + names[-1]) if len(names) > 1 else (names[0] if names else "no factor")
+    return (f"**At the report's scale** this factor has no number in the ranking: the [one-step gradient "
+            f"comparison]({home}) isolates {ranked}. The numbers above are this page's own measure of the "
+            f"mechanism.\n")
+
+
+def write_factor_effects(root: Path, entries: list[dict[str, Any]]) -> None:
+    """``docs/generated/summary/<factor>.md``: ``factor_effect_line`` for each factor page."""
+    effects = report_scale_effects(root)
+    out = root / GENERATED / "summary"
+    out.mkdir(parents=True, exist_ok=True)
+    for e in entries:
+        if e.get("summary") and e.get("page"):
+            key = Path(e["page"]).stem
+            write_if_changed(out / f"{key}.md", factor_effect_line(key, effects))
 
 
 def jobs() -> int:
