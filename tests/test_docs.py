@@ -657,7 +657,7 @@ def test_workflows(name):
 #: told what the page shows and the command that produced it instead.
 INTERNAL = ("the issue's bound", "this CPU-only machine", "capstone", "../shared", "/work/",
             "VAE_DDP_FULL", "make test", "make docs", "(and CI)", "every build", "load average",
-            "two CPU cores", "2 CPU cores", "four backticks", "_vae_ddp_user_")
+            "two CPU cores", "2 CPU cores", "four backticks", "_vae_ddp_user_", "docs/generated")
 
 
 def _page_text(html: str) -> str:
@@ -683,6 +683,22 @@ def test_no_internal_wording(site):
         found |= {(path, w) for w in INTERNAL if w.lower() in text}
     assert not found - KNOWN_INTERNAL, f"internal wording on the site: {sorted(found - KNOWN_INTERNAL)}"
     assert not KNOWN_INTERNAL - found, f"fixed, remove from KNOWN_INTERNAL: {sorted(KNOWN_INTERNAL - found)}"
+
+
+#: Markdown that did not render: a link, a cross-reference, a snippet include, shown as text.
+UNRENDERED = re.compile(r"\]\(|\]\[|--8<--|^\s*:::\s+\w", re.M)
+
+
+def test_no_unrendered_markdown(site):
+    """Outside code, no page shows Markdown as text (``[text](page.md)``, ``[`x`][vae_ddp.x]``, a
+    snippet include): each would be a link or an include a reader never gets."""
+    found = []
+    for path in pages(site):
+        html = (site / path.strip("/") / "index.html").read_text()
+        html = re.sub(r"(?is)<(pre|code)\b.*?</\1>", " ", html)
+        for m in UNRENDERED.finditer(_page_text(html)):
+            found.append((path, _page_text(html)[max(0, m.start() - 40):m.end() + 40].replace("\n", " ")))
+    assert not found, f"unrendered Markdown on the site: {found[:10]}"
 
 
 def test_factor_pages_put_the_result_first(site):
@@ -748,7 +764,7 @@ def _search(browser, server, query: str) -> list[str]:
         page.wait_for_function(f"n => document.querySelectorAll('{items}').length > n", arg=count, timeout=20000)
     paths = page.eval_on_selector_all(".md-search-result__item > a", "els => els.map(e => new URL(e.href).pathname)")
     page.close()
-    return sorted(set(paths))
+    return list(dict.fromkeys(paths))  # in Material's order, best first
 
 
 def test_search_finds_kl_on_the_pages_that_explain_it(server, browser):
@@ -756,6 +772,15 @@ def test_search_finds_kl_on_the_pages_that_explain_it(server, browser):
     found = _search(browser, server, "KL")
     for page in ("/factors/noise/", "/factors/logging/"):
         assert page in found, f"search for KL: {page} not among {found}"
+
+
+@pytest.mark.parametrize("query, pages", [("seed", ["/factors/noise/"]), ("sampler", ["/factors/sampler/"]),
+                                          ("KL", ["/factors/noise/", "/factors/logging/"])])
+def test_search_puts_the_factor_page_first(server, browser, query, pages):
+    """What a reader types for a factor finds its page first, above the API reference (the factor
+    pages carry Material's ``search: boost`` in their metadata)."""
+    found = _search(browser, server, query)
+    assert found and found[0] in pages, f"search for {query!r}: first {found[:3]}, expected one of {pages}"
 
 
 def test_wide_tables_are_reachable_on_a_phone(site, server, browser):

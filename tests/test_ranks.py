@@ -2,6 +2,7 @@
 rank that fails ends every rank instead of leaving the others waiting."""
 
 import json
+import os
 import sys
 import textwrap
 
@@ -70,4 +71,15 @@ def test_one_rank_or_a_launched_rank_runs_main_here(monkeypatch):
     assert run_ranks(1, lambda: calls.append(1)) == 0
     monkeypatch.setenv("LOCAL_RANK", "1")  # started by Lightning's launcher or torchrun: no fork
     assert run_ranks(2, lambda: calls.append(2) or 3) == 3
-    assert calls == [1, 2]
+    monkeypatch.delenv("LOCAL_RANK")
+    import threading
+
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:  # a thread runs: no fork either (Lightning's launcher would start the ranks)
+        assert run_ranks(2, lambda: calls.append(os.environ.get("LOCAL_RANK")) or 0) == 0
+    finally:
+        stop.set()
+        other.join()
+    assert calls == [1, 2, None]

@@ -96,7 +96,9 @@ def run_ranks(world_size: int, main: Callable[[], Any]) -> int:
 
     With ``world_size <= 1``, or when this process is already a rank (``LOCAL_RANK`` is set:
     Lightning's launcher, ``torchrun`` or a fork of this function started it), ``main()`` runs
-    once, here. Otherwise the process forks ``world_size - 1`` ranks first; call it before
+    once, here; so it does when a Python thread besides the main one already runs (a fork
+    copies only the calling thread, and a lock another thread holds stays held): Lightning's
+    launcher then starts the other ranks as it always does. Otherwise the process forks ``world_size - 1`` ranks first; call it before
     anything that starts threads or touches the process group (after the imports). The forked
     ranks never return from this function.
 
@@ -105,7 +107,9 @@ def run_ranks(world_size: int, main: Callable[[], Any]) -> int:
         main: what every rank runs (it builds the ``Trainer`` with ``strategy="ddp"`` and
             ``devices=world_size``); its return value is the exit code (None: 0).
     """
-    if world_size <= 1 or "LOCAL_RANK" in os.environ:
+    if world_size <= 1 or "LOCAL_RANK" in os.environ or threading.active_count() > 1:
+        # one process; or ranks started by someone else; or a Python thread already runs, whose
+        # locks a fork could copy held (then Lightning's own launcher starts the ranks)
         return int(main() or 0)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), NODE_RANK="0",
                       WORLD_SIZE=str(world_size), **{FORKED_RANK: "1"})
