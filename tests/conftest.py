@@ -28,8 +28,15 @@ def run_cli(*args: str, timeout: float = 600):
                      timeout=timeout, cwd=ROOT)
 
 
+#: Fixtures of the tests that read the built site (they wait for the site build).
+SITE_FIXTURES = {"site", "server", "browser"}
+
+
 def pytest_collection_modifyitems(config, items):
-    """Full-size studies run only with VAE_DDP_FULL=1 (`make test-full`); CI runs the reduced ones."""
+    """The tests that read the built site run last, so that the others run beside the build
+    instead of waiting for it; full-size studies run only with VAE_DDP_FULL=1 (`make test-full`),
+    CI runs the reduced ones."""
+    items.sort(key=lambda item: bool(SITE_FIXTURES & set(getattr(item, "fixturenames", ()))))  # stable
     if FULL:
         return
     skip = pytest.mark.skip(reason="full-size study: run with VAE_DDP_FULL=1 (make test-full)")
