@@ -200,6 +200,21 @@ def _term_clause(term: str, qs: list[str], combined: dict[str, str], studies: li
     return f"the {term} matches one device's{m} ({' and '.join(s['scope'] for s in studies)})"
 
 
+def _measured_on(seeds: dict, lh: dict | None) -> str:
+    """`` (the small VAE, global batches of 64 and 16)``: the model and batch the studies trained,
+    from their settings (empty when they do not say)."""
+    settings = [st.get("settings", {}) for st in (seeds, lh) if st]
+    models = list(dict.fromkeys(s["model"] for s in settings if s.get("model")))
+    batches = list(dict.fromkeys(s["global_batch_size"] for s in settings if s.get("global_batch_size")))
+    if not models:
+        return ""
+    model = " and ".join(f"{'ResNet-18' if m == 'resnet18' else m} VAE" for m in models)
+    if not batches:
+        return f" (the {model})"
+    sizes = " and ".join(str(b) for b in batches)
+    return f" (the {model}, global batch{'es of' if len(batches) > 1 else ''} {sizes})"
+
+
 def _terms(combined: dict[str, str]) -> dict[str, list[str]]:
     """term -> its quantities present in ``combined`` (``{"KL": ["train_kl", "val_kl"], ...}``)."""
     terms: dict[str, list[str]] = {}
@@ -224,7 +239,8 @@ def decide(seeds: dict, long_horizon: dict | None = None) -> dict[str, Any]:
     terms = sorted(_terms(combined).items(), key=lambda t: _ORDER.index(worst([combined[q] for q in t[1]])))
     said: set[str] = set()
     clauses = [_term_clause(term, qs, combined, studies, seeds, long_horizon, said) for term, qs in terms]
-    training = ("**What training changes**: by default every rank draws the same reparameterization noise "
+    training = (f"**What training changes**{_measured_on(seeds, long_horizon)}: by default every rank draws the same "
+                "reparameterization noise "
                 f"({_factor('noise')}); " + "; ".join(clauses) + ".")
     title = {"different": "DDP plots rank 0's share of each batch, and Lightning's defaults change training",
              "inconclusive": "DDP plots rank 0's share of each batch; whether its training differs is inconclusive",
