@@ -219,6 +219,15 @@ def test_a_failed_run_is_exit_code_3_not_a_verdict(tmp_path, capsys, monkeypatch
     assert code == 3 and "boom" in err, err
 
 
+def test_a_failing_one_device_run_is_exit_code_3_with_its_own_error(tmp_path):
+    """The one-device runs train beside the DDP ranks in the same launch: when they fail, the
+    DDP runs waiting for their weights stop, and the audit names the one-device error, not theirs."""
+    code, result, output = audit(tmp_path, "tests/scripts/fails_alone.py:FailsAlone")
+    assert code == 3 and not result, output[-2000:]
+    first = next(ln for ln in output.splitlines() if ln.startswith("vae-ddp audit: error:"))
+    assert "first error: RuntimeError: one device exploded on purpose" in first, first
+
+
 @pytest.mark.parametrize("spelling", [["--model", "nowhere.py:Net"], ["--model=nowhere.py:Net"]])
 def test_a_missing_file_is_one_line_in_both_spellings(tmp_path, capsys, monkeypatch, spelling):
     from vae_ddp.cli import main

@@ -34,9 +34,9 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
-__all__ = ["run_ranks", "die_with_parent", "FORKED_RANK"]
+__all__ = ["run_ranks", "fork", "die_with_parent", "FORKED_RANK"]
 
 #: Set in the environment of the ranks this module forked (rank 0 included): "1".
 FORKED_RANK = "VAE_DDP_FORKED_RANK"
@@ -90,6 +90,36 @@ def _kill(children: dict[int, int]) -> None:
             pass
 
 
+def fork(main: Callable[[], Any], env: Optional[dict[str, str]] = None,
+         on_error: Optional[Callable[[], None]] = None) -> int:
+    """Run ``main()`` in a forked process that dies with this one; return its pid.
+
+    The child sets ``env`` in its environment, runs ``main`` and leaves with ``os._exit``: with
+    ``main``'s return value as its exit code (None: 0), or 1 after printing the exception and
+    calling ``on_error``. It never returns to the caller's code.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        die_with_parent()
+        os.environ.update(env or {})
+        code = int(main() or 0)
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+        if on_error is not None:
+            on_error()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
 def run_ranks(world_size: int, main: Callable[[], Any]) -> int:
     """Run ``main()`` as every rank of a ``world_size``-process CPU DDP run; return rank 0's exit
     code (the first non-zero code of any rank).
@@ -98,9 +128,10 @@ def run_ranks(world_size: int, main: Callable[[], Any]) -> int:
     Lightning's launcher, ``torchrun`` or a fork of this function started it), ``main()`` runs
     once, here; so it does when a Python thread besides the main one already runs (a fork
     copies only the calling thread, and a lock another thread holds stays held): Lightning's
-    launcher then starts the other ranks as it always does. Otherwise the process forks ``world_size - 1`` ranks first; call it before
-    anything that starts threads or touches the process group (after the imports). The forked
-    ranks never return from this function.
+    launcher then starts the other ranks as it always does. Otherwise the process forks
+    ``world_size - 1`` ranks first ([`fork`][vae_ddp.ranks.fork]); call it before anything that
+    starts threads or touches the process group (after the imports). The forked ranks never
+    return from this function.
 
     Args:
         world_size: the number of DDP processes of the run (Lightning's ``devices``).
@@ -113,26 +144,9 @@ def run_ranks(world_size: int, main: Callable[[], Any]) -> int:
         return int(main() or 0)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), NODE_RANK="0",
                       WORLD_SIZE=str(world_size), **{FORKED_RANK: "1"})
-    sys.stdout.flush()
-    sys.stderr.flush()
     children: dict[int, int] = {}
     for rank in range(1, world_size):
-        pid = os.fork()
-        if pid == 0:  # a rank: run main and leave, whatever happens
-            code = 1
-            try:
-                die_with_parent()
-                os.environ["LOCAL_RANK"] = str(rank)
-                code = int(main() or 0)
-            except SystemExit as e:
-                code = e.code if isinstance(e.code, int) else 1
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
-        children[pid] = rank
+        children[fork(main, env={"LOCAL_RANK": str(rank)})] = rank
     os.environ["LOCAL_RANK"] = "0"
     done = threading.Event()
     watcher = threading.Thread(target=_observe, args=(children, done), name="rank-observer", daemon=True)

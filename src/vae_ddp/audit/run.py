@@ -18,7 +18,6 @@ import json
 import os
 import sys
 import time
-import traceback
 from pathlib import Path
 from typing import Any, Optional
 
@@ -34,7 +33,7 @@ from vae_ddp.fixes.randomness import GlobalBatchRandomness, current_stream
 from vae_ddp.fixes.sampler import GlobalBatchDistributedSampler
 from vae_ddp.guard import beat
 from vae_ddp.probes import StepProbe
-from vae_ddp.ranks import die_with_parent, run_ranks
+from vae_ddp.ranks import fork, run_ranks
 from vae_ddp.utils import close_process_group, quiet
 from vae_ddp.workers import make_fork_safe
 
@@ -231,24 +230,13 @@ def main(argv: list[str]) -> int:
 def _fork_group(runs: list[AuditRun], out: Path) -> int:
     """Train ``runs`` (one device) in a forked process; return its pid. If they fail, the
     teacher-forced runs waiting for their weights are told so (their marker file)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid:
-        return pid
-    code = 1
-    try:
-        die_with_parent()
-        code = _train(runs, out)
-    except BaseException:
-        traceback.print_exc()
+
+    def failed() -> None:
         for run in runs:
             if run.steps_file and not run.teacher_forced:
                 failed_marker(Path(run.steps_file)).touch()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+
+    return fork(lambda: _train(runs, out), on_error=failed)
 
 
 def _train(runs: list[AuditRun], out: Path) -> int:

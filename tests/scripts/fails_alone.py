@@ -1,0 +1,9 @@
+"""A module whose one-device run fails at its second step (the DDP runs would not)."""
+from examples.audit_models import Plain
+
+
+class FailsAlone(Plain):
+    def training_step(self, batch, batch_idx):
+        if self.trainer.world_size == 1 and batch_idx == 1:
+            raise RuntimeError("one device exploded on purpose")
+        return super().training_step(batch, batch_idx)
