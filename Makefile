@@ -40,10 +40,11 @@ test: setup browser  ## the test suite (reduced studies; CPU, gloo), the docs bu
 test-full: setup browser  ## the full-size studies too (tens of minutes on 2 cores)
 	VAE_DDP_FULL=1 $(PY) -m pytest
 
-bench: setup  ## benchmarks (medians and ratios): step time per fix, CPU sync BatchNorm, DDPAudit overhead
+bench: setup  ## benchmarks (medians and ratios): step time per fix, CPU sync BatchNorm, DDPAudit overhead, audit time
 	$(PY) benchmarks/step_time.py
 	$(PY) benchmarks/sync_batchnorm.py
 	$(PY) benchmarks/audit_overhead.py
+	$(PY) benchmarks/audit_time.py
 
 stress: setup  ## 30 runs of each DDP case with DataLoader workers: hangs, failures, exit noise (tens of minutes)
 	$(PY) benchmarks/stress_workers.py --iterations 30 --out $(OUT)/stress
