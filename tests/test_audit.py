@@ -228,6 +228,14 @@ def test_a_failing_one_device_run_is_exit_code_3_with_its_own_error(tmp_path):
     assert "first error: RuntimeError: one device exploded on purpose" in first, first
 
 
+def test_a_one_device_process_that_dies_ends_the_audit(tmp_path):
+    """Ended without a Python exception (os._exit, a signal): the DDP runs waiting for its weights
+    see the process gone and stop at once, instead of waiting out their 30 minutes."""
+    code, result, output = audit(tmp_path, "tests/scripts/fails_alone.py:ExitsAlone")
+    assert code == 3 and not result, output[-2000:]
+    assert "ended without writing" in output, output[-2000:]
+
+
 @pytest.mark.parametrize("spelling", [["--model", "nowhere.py:Net"], ["--model=nowhere.py:Net"]])
 def test_a_missing_file_is_one_line_in_both_spellings(tmp_path, capsys, monkeypatch, spelling):
     from vae_ddp.cli import main

@@ -83,3 +83,15 @@ def test_one_rank_or_a_launched_rank_runs_main_here(monkeypatch):
         stop.set()
         other.join()
     assert calls == [1, 2, None]
+
+
+def test_forked_ranks_keep_lightnings_own_environment(monkeypatch):
+    """A forked rank's Trainer gets LightningEnvironment: the rank and address this module set,
+    even where Lightning would detect another cluster (a SLURM job's variables)."""
+    from vae_ddp.ranks import FORKED_RANK, cluster_plugins
+
+    monkeypatch.delenv(FORKED_RANK, raising=False)
+    assert cluster_plugins() == []
+    monkeypatch.setenv(FORKED_RANK, "1")
+    [env] = cluster_plugins()
+    assert type(env).__name__ == "LightningEnvironment"

@@ -36,7 +36,7 @@ import time
 import traceback
 from typing import Any, Callable, Optional
 
-__all__ = ["run_ranks", "fork", "die_with_parent", "FORKED_RANK"]
+__all__ = ["run_ranks", "fork", "die_with_parent", "cluster_plugins", "alive", "FORKED_RANK"]
 
 #: Set in the environment of the ranks this module forked (rank 0 included): "1".
 FORKED_RANK = "VAE_DDP_FORKED_RANK"
@@ -95,8 +95,8 @@ def fork(main: Callable[[], Any], env: Optional[dict[str, str]] = None,
     """Run ``main()`` in a forked process that dies with this one; return its pid.
 
     The child sets ``env`` in its environment, runs ``main`` and leaves with ``os._exit``: with
-    ``main``'s return value as its exit code (None: 0), or 1 after printing the exception and
-    calling ``on_error``. It never returns to the caller's code.
+    ``main``'s return value as its exit code (None: 0), or 1 after printing the exception;
+    ``on_error`` is called before a non-zero exit. It never returns to the caller's code.
     """
     sys.stdout.flush()
     sys.stderr.flush()
@@ -109,20 +109,46 @@ def fork(main: Callable[[], Any], env: Optional[dict[str, str]] = None,
         os.environ.update(env or {})
         code = int(main() or 0)
     except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
+        code = 0 if e.code is None else e.code if isinstance(e.code, int) else 1
     except BaseException:
         traceback.print_exc()
-        if on_error is not None:
-            on_error()
     finally:
+        if code != 0 and on_error is not None:
+            on_error()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
 
 
+def cluster_plugins() -> list:
+    """``[LightningEnvironment()]`` in a rank that [`run_ranks`][vae_ddp.ranks.run_ranks] started
+    (for the ``Trainer``'s ``plugins``), else ``[]``: the ranks take their rank and address from
+    the environment this module set, even where Lightning would detect another cluster (a SLURM
+    job's variables, say, which describe the job, not these forks)."""
+    if os.environ.get(FORKED_RANK) != "1":
+        return []
+    from lightning_fabric.plugins.environments import LightningEnvironment
+
+    return [LightningEnvironment()]
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, exited but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+
 def run_ranks(world_size: int, main: Callable[[], Any]) -> int:
-    """Run ``main()`` as every rank of a ``world_size``-process CPU DDP run; return rank 0's exit
-    code (the first non-zero code of any rank).
+    """Run ``main()`` as every rank of a ``world_size``-process CPU DDP run.
 
     With ``world_size <= 1``, or when this process is already a rank (``LOCAL_RANK`` is set:
     Lightning's launcher, ``torchrun`` or a fork of this function started it), ``main()`` runs
@@ -135,8 +161,13 @@ def run_ranks(world_size: int, main: Callable[[], Any]) -> int:
 
     Args:
         world_size: the number of DDP processes of the run (Lightning's ``devices``).
-        main: what every rank runs (it builds the ``Trainer`` with ``strategy="ddp"`` and
-            ``devices=world_size``); its return value is the exit code (None: 0).
+        main: what every rank runs (it builds the ``Trainer`` with ``strategy="ddp"``,
+            ``devices=world_size`` and [`cluster_plugins`][vae_ddp.ranks.cluster_plugins]); its
+            return value is the exit code (None: 0).
+
+    Returns:
+        rank 0's exit code once every rank has exited 0. When another rank fails, rank 0 is
+        ended with every rank (SIGKILL), as Lightning's launcher does, and does not return.
     """
     if world_size <= 1 or "LOCAL_RANK" in os.environ or threading.active_count() > 1:
         # one process; or ranks started by someone else; or a Python thread already runs, whose

@@ -7,3 +7,14 @@ class FailsAlone(Plain):
         if self.trainer.world_size == 1 and batch_idx == 1:
             raise RuntimeError("one device exploded on purpose")
         return super().training_step(batch, batch_idx)
+
+
+class ExitsAlone(Plain):
+    """The one-device process ends at its second step without a Python exception (as when killed)."""
+
+    def training_step(self, batch, batch_idx):
+        if self.trainer.world_size == 1 and batch_idx == 1:
+            import os
+
+            os._exit(7)
+        return super().training_step(batch, batch_idx)

@@ -33,7 +33,7 @@ from vae_ddp.fixes.randomness import GlobalBatchRandomness, current_stream
 from vae_ddp.fixes.sampler import GlobalBatchDistributedSampler
 from vae_ddp.guard import beat
 from vae_ddp.probes import StepProbe
-from vae_ddp.ranks import fork, run_ranks
+from vae_ddp.ranks import alive, cluster_plugins, fork, run_ranks
 from vae_ddp.utils import close_process_group, quiet
 from vae_ddp.workers import make_fork_safe
 
@@ -110,6 +110,8 @@ def build(run: AuditRun,
             extra["sync_batchnorm"] = True
         else:
             extra["plugins"] = [GlobalSyncBatchNorm()]
+    if cluster_plugins():  # a forked rank: the environment vae_ddp.ranks set
+        extra["plugins"] = extra.get("plugins", []) + cluster_plugins()
     callbacks.append(DDPAudit(warn=False))
     user = dict(run.trainer)
     strategy = user.pop("strategy", "ddp")
@@ -180,6 +182,9 @@ def _deal_global_batches(dm: pl.LightningDataModule, run: AuditRun, rank: int) -
 #: process beside it, record them; the guard's watchdog ends a stalled tree long before).
 WAIT_S = 1800.0
 
+#: The pid of the process that trains the reference (the one-device runs), for the runs that wait for it.
+REFERENCE_PID = "VAE_DDP_REFERENCE_PID"
+
 
 def wait_for_steps(steps_file: Path, timeout: float = WAIT_S) -> list[dict]:
     """The per-batch weights θ_k the reference run records in ``steps_file`` (``states``),
@@ -190,9 +195,12 @@ def wait_for_steps(steps_file: Path, timeout: float = WAIT_S) -> list[dict]:
     """
     rank = int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")))
     deadline = time.monotonic() + timeout
+    reference = int(os.environ.get(REFERENCE_PID, "0"))
     while not steps_file.exists():
         if failed_marker(steps_file).exists():
             raise RuntimeError(f"the one-device reference run failed; no weights in {steps_file}")
+        if reference and not alive(reference) and not steps_file.exists():  # killed, or left another way
+            raise RuntimeError(f"the one-device reference run (PID {reference}) ended without writing {steps_file}")
         if time.monotonic() > deadline:
             raise RuntimeError(f"no reference weights in {steps_file} after {timeout:g} s")
         beat(rank)
@@ -212,6 +220,8 @@ def main(argv: list[str]) -> int:
     *beside, (tag, runs) = groups.items()
     # started by Lightning's launcher (GPUs) or torchrun: the groups beside run in the first process only
     children = {} if "LOCAL_RANK" in os.environ else {_fork_group(rs, out / t): t for t, rs in beside}
+    if children:  # the runs that wait for the reference's weights stop waiting when it is gone
+        os.environ[REFERENCE_PID] = str(next(iter(children)))
     # DDP on CPU: the ranks are forks of this process (no second import of Lightning, vae_ddp.ranks)
     forked = runs[0].devices > 1 and runs[0].accelerator == "cpu"
     code = run_ranks(runs[0].devices if forked else 1, lambda: _train(runs, out / tag))

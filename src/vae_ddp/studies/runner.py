@@ -23,7 +23,7 @@ from vae_ddp.data import make_datamodule
 from vae_ddp.fixes import registry
 from vae_ddp.fixes.registry import FixParts
 from vae_ddp.model import VAE
-from vae_ddp.ranks import run_ranks
+from vae_ddp.ranks import cluster_plugins, run_ranks
 from vae_ddp.studies.configs import RunSpec
 from vae_ddp.studies.dp import DataParallelVAE
 from vae_ddp.recording import GlobalBatchRecorder
@@ -64,8 +64,9 @@ def build_trainer(spec: RunSpec, seed: int, callbacks: Optional[list] = None) ->
     parts = fix_parts(spec, seed)
     callbacks = list(callbacks or []) + parts.callbacks
     extra: dict[str, Any] = dict(parts.trainer)
-    if parts.plugins:
-        extra["plugins"] = parts.plugins
+    plugins = parts.plugins + cluster_plugins()  # a forked rank: the environment vae_ddp.ranks set
+    if plugins:
+        extra["plugins"] = plugins
     if spec.permute_seed is not None:  # after the fixes' callbacks: it wraps the noise they set
         from vae_ddp.studies.equivalence import WithinBatchPermutation
 
