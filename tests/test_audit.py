@@ -292,3 +292,37 @@ def test_the_page_states_the_audit_rules():
 
     flat = " ".join(page.split())
     assert all(f"`--trainer.{a}`" in flat for a in TRAINER_ARGS) and all(f"`{s}`" in flat for s in DDP_STRATEGIES[:2])
+
+
+def test_help_answers_without_torch():
+    """`vae-ddp audit --help` imports neither torch nor Lightning (seconds to import on 2 cores):
+    its parser takes the class paths as plain strings (benchmarks/audit_time.py times it)."""
+    import subprocess
+
+    code = ("import sys; from vae_ddp.cli import main; rc = main(['audit', '--help']); "
+            "print(rc, sorted(m for m in ('torch', 'pytorch_lightning', 'lightning') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0 and proc.stdout.splitlines()[-1] == "0 []", proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "--trainer.strategy" in proc.stdout and "exit codes: 0" in " ".join(proc.stdout.split())
+
+
+def test_the_help_parser_has_every_option_of_the_parser():
+    """The help's parser and the parsing one differ only in how they take --model and --data
+    (jsonargparse's subclass arguments add `--model.help CLASS`); the Trainer arguments have
+    Lightning's defaults (strategy: the audit's own `ddp`, given as unset)."""
+    import inspect
+
+    from pytorch_lightning import Trainer
+
+    from vae_ddp.audit.cli import _parser
+    from vae_ddp.audit.spec import TRAINER_ARGS
+
+    def options(p):
+        return {o: a.default for a in p._actions for o in a.option_strings}
+
+    light, full = options(_parser(light=True)), options(_parser())
+    assert set(full) - set(light) == {"--model.help", "--data.help"} and set(light) <= set(full)
+    assert all(light[o] == full[o] for o in light if not o.startswith(("--model", "--data", "-h", "--help")))
+    lightning = inspect.signature(Trainer).parameters
+    for name, (_, default, _) in TRAINER_ARGS.items():
+        assert default == (None if name == "strategy" else lightning[name].default), name

@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Optional
 
 from vae_ddp.errors import UserError, input_error
-from vae_ddp.fixes import registry
-from vae_ddp.studies.configs import CONFIGS, RunSpec, flag, in_flags
+
+# The studies (torch, Lightning: seconds to import) are imported when a parser is built, so
+# that `vae-ddp audit --help` answers without them.
 
 __all__ = ["main", "build_parser", "Command", "commands", "register"]
 
@@ -81,6 +82,7 @@ def commands() -> dict[str, Command]:
 
 @register("compare")
 def _compare() -> Command:
+    from vae_ddp.studies.configs import CONFIGS
     from vae_ddp.studies.compare import compare
 
     return Command(compare, "train single, ddp and dp side by side (the main job)", out="runs/compare",
@@ -153,6 +155,8 @@ def _help_of(obj: Any) -> dict[str, str]:
 
 
 def _add(parser, name: str, hint: Any, default: Any, help: str) -> None:
+    from vae_ddp.studies.configs import flag
+
     kwargs: dict[str, Any] = dict(dest=name, default=default, help=help.replace("%", "%%"))
     names = [flag(name)]
     if "-" in names[0][2:]:
@@ -166,8 +170,10 @@ def _add(parser, name: str, hint: Any, default: Any, help: str) -> None:
     parser.add_argument(*names, **kwargs)
 
 
-def _subparser(name: str, cmd: Command, spec_cls: type = RunSpec):
+def _subparser(name: str, cmd: Command, spec_cls: type):
     from jsonargparse import ArgumentParser
+
+    from vae_ddp.fixes import registry
 
     p = ArgumentParser(prog=f"vae-ddp {name}", description=cmd.help, exit_on_error=False)
     p.add_argument("--config", action="config", help="read the options from this YAML file (--print_config writes one)")
@@ -204,10 +210,14 @@ def _subparser(name: str, cmd: Command, spec_cls: type = RunSpec):
     return p
 
 
-def build_parser(spec_cls: type = RunSpec):
+def build_parser(spec_cls: Optional[type] = None):
     """The ``vae-ddp`` parser (jsonargparse), one subcommand per registered [`Command`][vae_ddp.cli.Command];
-    ``spec_cls``: RunSpec or a subclass with more fields (tests add a factor's switch this way)."""
+    ``spec_cls``: RunSpec (default) or a subclass with more fields (tests add a factor's switch this way)."""
     from jsonargparse import ArgumentParser
+
+    from vae_ddp.studies.configs import RunSpec
+
+    spec_cls = spec_cls or RunSpec
 
     parser = ArgumentParser(prog="vae-ddp", exit_on_error=False, description=(
         "Why DDP on N devices with per-device batch B/N does not reproduce one device with batch B, "
@@ -227,6 +237,8 @@ _LITERAL = re.compile(r"Expected a typing\.Literal\[(.*)\]\. Got value: (.*)", r
 
 def one_line(message: str) -> str:
     """jsonargparse's (possibly multi-line) parse error as one line naming the flag."""
+    from vae_ddp.studies.configs import flag
+
     m = _KEY.search(message)
     if m:
         name, rest = m.group(1), message[m.end():]
@@ -271,6 +283,8 @@ def _check_out(out: Path) -> None:
 
 
 def _call(cmd: Command, ns: argparse.Namespace) -> Any:
+    from vae_ddp.studies.configs import RunSpec
+
     args = {k: v for k, v in vars(ns).items() if k not in ("config", "__path__") and not k.startswith("__")}
     sig = inspect.signature(cmd.function)
     kwargs = {}
@@ -291,7 +305,7 @@ def _call(cmd: Command, ns: argparse.Namespace) -> Any:
     return cmd.function(**kwargs)
 
 
-def _preflight(base: RunSpec) -> None:
+def _preflight(base) -> None:
     """Everything about the input that can be checked before training: the spec's values,
     and the data (every image decodes; CIFAR-10 is there or can be downloaded)."""
     base.validate()
@@ -309,13 +323,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     ([`in_flags`][vae_ddp.studies.configs.in_flags]: ``data_dir`` -> ``--data-dir``). A failed
     run is its error and exit code 1; Ctrl-C is exit code 130.
     """
-    from vae_ddp.studies.launch import RunFailed
-
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["audit"]:  # its own parser: the user's class paths and their init args
         from vae_ddp.audit.cli import main as audit_main
 
         return audit_main(argv[1:])
+    from vae_ddp.studies.launch import RunFailed
+
     try:
         parser = build_parser()
         cfg = parser.parse_args(argv)
@@ -331,6 +345,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     except (UserError, ValueError, OSError) as err:
         bad = input_error(err)  # a UserError, or the library's plain exception naming a field (data_dir)
         if bad is not None:
+            from vae_ddp.studies.configs import in_flags
+
             message = str(bad) if isinstance(bad, UserError) else in_flags(str(bad))
             print(f"vae-ddp: error: {' '.join(message.split())}", file=sys.stderr)
             return 2

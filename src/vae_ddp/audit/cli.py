@@ -34,33 +34,42 @@ STATIC_BATCHES = 4
 __all__ = ["main", "check"]
 
 
-def _parser():
+def _parser(light: bool = False):
+    """The audit's parser. ``light``: ``--model``/``--data`` as plain class paths, for ``--help``
+    without importing torch or Lightning (seconds); otherwise jsonargparse's subclass arguments
+    of ``LightningModule``/``LightningDataModule``, with their ``init_args``. The other options
+    are the same in both (``tests/test_audit.py`` compares them)."""
     from jsonargparse import ArgumentParser
-    from pytorch_lightning import LightningDataModule, LightningModule
-
-    p = ArgumentParser(prog="vae-ddp audit", exit_on_error=False, description=(
-        "Train your LightningModule on one device and with DDP from the same weights and global batch, "
-        "and find which factor makes them differ. --model and --data take package.module.Class or "
-        "path/to/file.py:Class; --data.init_args.batch_size is the global batch size (each of the --devices "
-        "ranks gets batch_size / devices)."), epilog=(
-        "exit codes: 0 DDP with the fixes, started at every step from one device's weights, computes a gradient "
-        "within 2x the one-device floor; 1 it does not (unexplained, a factor that needs a change in your code, "
-        "or random draws that do not follow their sample); 2 bad input; 3 a training run failed"))
-    p.add_subclass_arguments(LightningModule, "model", required=True)
-    p.add_subclass_arguments(LightningDataModule, "data", required=True)
-    p.add_argument("--devices", type=int, default=2, help="DDP world size N (default: 2)")
-    p.add_argument("--steps", type=int, default=4, help="optimizer steps per run (default: 4)")
-    p.add_argument("--dtype", type=Literal["float64", "float32"], default="float64",
-                   help="float64 (default: rounding hides nothing) or float32")
-    p.add_argument("--accelerator", type=Literal["cpu", "gpu"], default="cpu")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=str, default="runs/audit", help="output folder (default: runs/audit)")
-    # the Trainer arguments of the user's training, spelled as LightningCLI spells them
-    from pytorch_lightning import Trainer
 
     from vae_ddp.audit.spec import TRAINER_ARGS
 
-    p.add_class_arguments(Trainer, "trainer", skip=set(inspect.signature(Trainer).parameters) - set(TRAINER_ARGS))
+    p = ArgumentParser(prog="vae-ddp audit", exit_on_error=False, description=(
+        "Train your LightningModule on one device and with DDP from the same weights and global batch, "
+        "and find which factor makes them differ."), epilog=(
+        "exit codes: 0 DDP with the fixes, started at every step from one device's weights, computes a gradient "
+        "within 2x the one-device floor; 1 it does not (unexplained, a factor that needs a change in your code, "
+        "or random draws that do not follow their sample); 2 bad input; 3 a training run failed"))
+    helps = {"model": "your LightningModule: package.module.Class or path/to/file.py:Class; its __init__ arguments "
+                      "as --model.init_args.NAME VALUE (listed by --model.help CLASS)",
+             "data": "your LightningDataModule, given the same way; its batch_size (--data.init_args.batch_size) is "
+                     "the global batch size: each of the --devices ranks gets batch_size / devices"}
+    if light:
+        for key, text in helps.items():
+            p.add_argument(f"--{key}", type=str, required=True, metavar="CLASS", help=text)
+    else:
+        from pytorch_lightning import LightningDataModule, LightningModule
+
+        p.add_subclass_arguments(LightningModule, "model", required=True, help=helps["model"])
+        p.add_subclass_arguments(LightningDataModule, "data", required=True, help=helps["data"])
+    p.add_argument("--devices", type=int, default=2, help="DDP world size N")
+    p.add_argument("--steps", type=int, default=4, help="optimizer steps per run")
+    p.add_argument("--dtype", type=Literal["float64", "float32"], default="float64",
+                   help="float64 (rounding hides nothing) or float32")
+    p.add_argument("--accelerator", type=Literal["cpu", "gpu"], default="cpu")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=str, default="runs/audit", help="output folder")
+    for name, (hint, default, text) in TRAINER_ARGS.items():  # the user's Trainer arguments, as LightningCLI spells them
+        p.add_argument(f"--trainer.{name}", type=hint, default=default, help=text)
     return p
 
 
@@ -129,7 +138,7 @@ def _trainer_args(given: dict) -> dict:
     from vae_ddp.audit.spec import DDP_STRATEGIES
 
     defaults = {k: v.default for k, v in inspect.signature(Trainer).parameters.items()}
-    args = {k: v for k, v in given.items() if v != defaults.get(k)}
+    args = {k: v for k, v in given.items() if v is not None and v != defaults.get(k)}
     strategy = args.get("strategy", "ddp")
     if not isinstance(strategy, str) or strategy not in DDP_STRATEGIES:
         raise UserError(f"--trainer.strategy {strategy!r} is not a DDP strategy the audit launches: give one of "
@@ -289,6 +298,9 @@ def _no_trainer_warnings():
 
 def main(argv: Optional[list[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in argv or "--help" in argv:  # before anything imports torch
+        _parser(light=True).print_help()
+        return 0
     from vae_ddp.studies.launch import RunFailed
 
     if os.getcwd() not in sys.path:  # class paths relative to the working directory, as `python -m` allows

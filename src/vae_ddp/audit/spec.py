@@ -17,7 +17,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional, Union
 
 __all__ = ["AuditRun", "import_class", "resolve_class_arg", "failed_marker", "FIXABLE", "TRAINER_ARGS",
            "DDP_STRATEGIES"]
@@ -25,15 +25,25 @@ __all__ = ["AuditRun", "import_class", "resolve_class_arg", "failed_marker", "FI
 FIXABLE = ("noise", "batchnorm", "sampler")
 """Factors the audit can switch on for any LightningModule, in the order it applies them."""
 
-TRAINER_ARGS = ("strategy", "accumulate_grad_batches", "gradient_clip_val", "gradient_clip_algorithm",
-                "deterministic", "detect_anomaly")
-"""``Trainer`` arguments the audit passes through (``--trainer.NAME`` as LightningCLI spells
-them); the audit sets the others (devices, precision from ``--dtype``, steps, samplers, ...)."""
-
 DDP_STRATEGIES = ("ddp", "ddp_find_unused_parameters_true", "ddp_find_unused_parameters_false")
 """``--trainer.strategy`` values: Lightning's registered DDP strategies that launch by
 re-running the command (``find_unused_parameters=True`` for modules that leave parameters
 out of a loss, such as a GAN's two optimizers)."""
+
+TRAINER_ARGS: dict[str, tuple[Any, Any, str]] = {
+    "strategy": (Optional[str], None, f"the DDP runs' strategy, one of {', '.join(DDP_STRATEGIES)} (default: ddp; "
+                 "ddp_find_unused_parameters_true for a module whose losses leave parameters out, such as a GAN's "
+                 "two optimizers)"),
+    "accumulate_grad_batches": (int, 1, "accumulate gradients over k batches before each optimizer step"),
+    "gradient_clip_val": (Optional[float], None, "clip gradients at this value (default: no clipping)"),
+    "gradient_clip_algorithm": (Optional[str], None, "norm or value (default: norm)"),
+    "deterministic": (Optional[Union[bool, Literal["warn"]]], None, "torch's deterministic algorithms: true, false or warn"),
+    "detect_anomaly": (bool, False, "autograd's anomaly detection"),
+}
+"""``Trainer`` arguments the audit passes through (``--trainer.NAME`` as LightningCLI spells
+them): name -> (type, default, help), the defaults being Lightning 2.x's (``strategy``: the
+audit's ``ddp``); the audit sets the others (devices, precision from ``--dtype``, steps,
+samplers, ...). Lightning checks the values (``vae_ddp.audit.cli``)."""
 
 
 def _module_name(path: Path) -> str:
