@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 OUT ?= runs
 
-.PHONY: setup browser demo test test-full docs docs-serve legacy legacy-test bench bench-docs stress clean
+.PHONY: setup browser demo test test-full docs docs-serve legacy legacy-test bench bench-docs gallery stress clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +53,10 @@ bench-docs: setup  ## the timings and audit calibration the site shows, rewritte
 	$(PY) benchmarks/step_time.py --models small --out docs/results/step-time
 	$(PY) benchmarks/audit_overhead.py --out docs/results/audit-overhead
 	$(PY) benchmarks/audit_false_alarms.py --out docs/results/audit-false-alarms
+
+gallery: setup  ## vae-ddp audit on the real architectures of examples/gallery.py, rewritten into docs/results/audit-gallery (idle machine, many minutes; then commit)
+	$(PY) -m pip install -e ".[gallery]"
+	$(PY) examples/audit_gallery.py --out docs/results/audit-gallery
 
 docs: setup  ## build the site strictly into site/, running every example of docs/examples.yml (cached)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site

@@ -140,6 +140,41 @@ def test_global_batch_dropout_gives_each_rank_the_rows_of_the_one_device_mask():
     assert torch.equal(masks[0], masks[1])
 
 
+def test_global_batch_drop_path_gives_each_rank_the_rows_of_the_one_device_draw():
+    """Drop-path (stochastic depth, timm's ViT and torchvision's ConvNeXt/Swin/EfficientNet):
+    swapped, 2 simulated ranks compute the one-device outputs; outside a stream, in eval mode
+    and after unswap it is the original layer; torchvision's mode="batch" (one draw for the
+    whole batch) is left alone."""
+    from torchvision.ops import StochasticDepth
+
+    from vae_ddp.fixes import GlobalBatchDropPath
+    from vae_ddp.fixes.dropout import drop_path_layers
+
+    model = nn.Sequential(nn.Linear(5, 5), StochasticDepth(0.5, "row"), StochasticDepth(0.5, "batch")).double().train()
+    x = torch.randn(8, 5, dtype=torch.float64)
+    swapped = GlobalBatchDropPath.swap(model)
+    assert [type(m).__name__ for m in model] == ["Linear", "GlobalBatchDropPath", "StochasticDepth"]
+    assert drop_path_layers(model) == []
+    model[2].eval()  # the batch-mode layer out of the way
+    s = GlobalBatchStream(seed=5, rank=0, world_size=1).start(0)
+    ref = model(x)
+    s.stop()
+    kept = (ref != 0).all(1)
+    assert 0 < kept.sum() < 8 and torch.allclose(ref[kept], 2 * model[0](x)[kept])  # kept rows scaled by 1/(1-p)
+    parts = []
+    for r in range(2):
+        s = GlobalBatchStream(seed=5, rank=r, world_size=2).start(0)
+        parts.append(model(x[4 * r:4 * (r + 1)]))
+        s.stop()
+    assert torch.equal(torch.cat(parts), ref)
+    torch.manual_seed(0)
+    plain = model(x)  # no stream: the original layer's own draw
+    torch.manual_seed(0)
+    assert torch.equal(plain, StochasticDepth(0.5, "row")(model[0](x)))
+    GlobalBatchDropout.unswap(swapped)
+    assert type(model[1]) is StochasticDepth
+
+
 def test_global_batch_dropout_keeps_dropout_semantics():
     d = GlobalBatchDropout(0.25).train()
     s = GlobalBatchStream(seed=0, rank=0, world_size=1).start(0)

@@ -26,7 +26,7 @@ _EXPORTS = {
     "GlobalBatchDistributedSampler": "vae_ddp.fixes", "GlobalBatchNoise": "vae_ddp.fixes",
     "GlobalBatchNorm": "vae_ddp.fixes", "GlobalSyncBatchNorm": "vae_ddp.fixes", "PerRankSeed": "vae_ddp.fixes",
     "GlobalBatchRandomness": "vae_ddp.fixes", "GlobalBatchStream": "vae_ddp.fixes", "global_batch_draw": "vae_ddp.fixes",
-    "GlobalBatchDropout": "vae_ddp.fixes", "SeededAugmentation": "vae_ddp.fixes",
+    "GlobalBatchDropout": "vae_ddp.fixes", "GlobalBatchDropPath": "vae_ddp.fixes", "SeededAugmentation": "vae_ddp.fixes",
     "global_item_count": "vae_ddp.fixes", "global_item_mean": "vae_ddp.fixes",
     "global_token_cross_entropy": "vae_ddp.fixes", "unrepeated_sampler": "vae_ddp.fixes",
     "padded_duplicates": "vae_ddp.fixes",

@@ -22,6 +22,8 @@ from pytorch_lightning import Callback, LightningModule, Trainer
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.data import DistributedSampler
 
+from vae_ddp.audit.static import batch_tensors
+
 __all__ = ["DDPAudit", "Finding"]
 
 
@@ -108,6 +110,7 @@ class DDPAudit(Callback):
         self.findings: list[Finding] = []
         self._logging_checked = False
         self._streams_shared = False
+        self._served = False
         self._rng_before: Optional[list[torch.Tensor]] = None
         self._val_samples = 0
         self._val_checked = False
@@ -142,7 +145,7 @@ class DDPAudit(Callback):
     def on_validation_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                                 batch_idx: int, dataloader_idx: int = 0) -> None:
         if not trainer.sanity_checking:
-            tensors = _batch_tensors(batch)
+            tensors = batch_tensors(batch)
             self._val_samples += len(tensors[0]) if tensors and tensors[0].dim() > 0 else 0
 
     def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -178,7 +181,10 @@ class DDPAudit(Callback):
         """Same next draws on every rank? (the hash of 16 draws from a forked generator)"""
         names = {type(c).__name__ for c in trainer.callbacks}
         self._streams_shared = False
-        if names & set(_NOISE_FIXES):
+        # with GlobalBatchRandomness the generators are still alike: a draw from them in the
+        # step is one the fix does not serve (it serves dropout layers and a `noise` attribute)
+        self._served = bool(names & {"GlobalBatchNoise", "GlobalBatchRandomness"})
+        if names & set(_NOISE_FIXES) and not self._served:
             return
         devices = [pl_module.device] if pl_module.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
@@ -191,6 +197,16 @@ class DDPAudit(Callback):
             return
         if all(torch.equal(a, b) for a, b in zip(self._rng_before, _rng_states(self._device))):
             return  # the training step draws no random numbers from torch's global generator
+        if self._served:
+            self.findings.append(Finding(
+                "noise", f"the training step draws random numbers from torch's global generator that "
+                "GlobalBatchRandomness does not serve (it serves nn.Dropout layers and a `noise` attribute): "
+                f"all {trainer.world_size} ranks draw the same ones, not this rank's share of the global batch's "
+                "(torch.randn in training_step, drop-path, dropout inside scaled_dot_product_attention, ...)",
+                "draw them for the global batch and keep this rank's rows: "
+                "x = vae_ddp.fixes.global_batch_draw(torch.randn, shape) (under GlobalBatchRandomness), "
+                "or swap the layer for one that does"))
+            return
         self.findings.append(Finding(
             "noise", f"the training step draws random numbers and all {trainer.world_size} ranks draw the same "
             "ones (same torch seed): dropout masks and reparameterization noise repeat across ranks",
@@ -311,14 +327,6 @@ def _samplers(loaders: Optional[Any]) -> list:
         if s is not None:
             out.append(s)
     return out
-
-
-def _batch_tensors(batch: Any) -> list[torch.Tensor]:
-    if isinstance(batch, torch.Tensor):
-        return [batch]
-    if isinstance(batch, dict):
-        batch = list(batch.values())
-    return [t for t in batch if isinstance(t, torch.Tensor)] if isinstance(batch, (list, tuple)) else []
 
 
 def _gather_ints(trainer: Trainer, value: int) -> list[int]:

@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader, RandomSampler
 
 from vae_ddp.audit.callback import DDPAudit
 from vae_ddp.audit.spec import AuditRun, failed_marker, import_class
+from vae_ddp.audit.static import batch_tensors
 from vae_ddp.fixes.batchnorm import GlobalSyncBatchNorm
 from vae_ddp.fixes.randomness import GlobalBatchRandomness, current_stream
 from vae_ddp.fixes.sampler import GlobalBatchDistributedSampler
@@ -55,7 +56,7 @@ class PermuteWithinBatch(Callback):
         self.seed = seed
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        tensors = _tensors(batch)
+        tensors = batch_tensors(batch)
         b = tensors[0].shape[0]
         g = torch.Generator().manual_seed(self.seed * 7919 + trainer.global_step)
         perm = torch.randperm(b, generator=g)
@@ -78,14 +79,6 @@ class PermuteWithinBatch(Callback):
         if getattr(self, "_stream", None) is not None:
             self._stream.__dict__.pop("draw", None)
             self._stream = None
-
-
-def _tensors(batch: Any) -> list[torch.Tensor]:
-    if isinstance(batch, torch.Tensor):
-        return [batch]
-    if isinstance(batch, dict):
-        batch = list(batch.values())
-    return [t for t in batch if isinstance(t, torch.Tensor)]
 
 
 def build(run: AuditRun,

@@ -20,29 +20,32 @@ from typing import Any, Optional
 import torch
 from pytorch_lightning import LightningDataModule, LightningModule
 
-__all__ = ["reduction_gap", "dataset_is_random", "collate_is_random", "static_findings"]
+__all__ = ["batch_tensors", "reduction_gap", "dataset_is_random", "collate_is_random", "static_findings"]
+
+
+def batch_tensors(batch: Any) -> list[torch.Tensor]:
+    """Every tensor of a batch: a tensor, or any nesting of sequences, mappings (a Hugging Face
+    ``BatchEncoding`` too), namedtuples and dataclasses, as Lightning walks batches
+    (``lightning_utilities.apply_to_collection``), in their order."""
+    from lightning_utilities.core.apply_func import apply_to_collection
+
+    out: list[torch.Tensor] = []
+    apply_to_collection(batch, torch.Tensor, out.append)
+    return out
 
 
 def _cast(batch: Any, dtype: torch.dtype) -> Any:
-    if isinstance(batch, torch.Tensor):
-        return batch.to(dtype) if batch.is_floating_point() else batch
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_cast(b, dtype) for b in batch)
-    if isinstance(batch, dict):
-        return {k: _cast(v, dtype) for k, v in batch.items()}
-    return batch
+    from lightning_utilities.core.apply_func import apply_to_collection
+
+    return apply_to_collection(batch, torch.Tensor, lambda t: t.to(dtype) if t.is_floating_point() else t)
 
 
 def _chunk(batch: Any, n: int) -> list[Any]:
-    if isinstance(batch, torch.Tensor):
-        return list(batch.chunk(n))
-    if isinstance(batch, (list, tuple)):
-        parts = [_chunk(b, n) if isinstance(b, torch.Tensor) else [b] * n for b in batch]
-        return [type(batch)(p[i] for p in parts) for i in range(n)]
-    if isinstance(batch, dict):
-        parts = {k: _chunk(v, n) if isinstance(v, torch.Tensor) else [v] * n for k, v in batch.items()}
-        return [{k: v[i] for k, v in parts.items()} for i in range(n)]
-    raise TypeError(f"cannot split a batch of type {type(batch).__name__}")
+    from lightning_utilities.core.apply_func import apply_to_collection
+
+    if not batch_tensors(batch):
+        raise TypeError(f"cannot split a batch of type {type(batch).__name__}")
+    return [apply_to_collection(batch, torch.Tensor, lambda t, i=i: t.chunk(n)[i]) for i in range(n)]
 
 
 def _grad(model: LightningModule, batch: Any) -> torch.Tensor:
@@ -81,7 +84,7 @@ def dataset_is_random(dm: LightningDataModule) -> bool:
         return False
     with torch.random.fork_rng():
         a, b = ds[0], ds[0]
-    ta, tb = _flatten(a), _flatten(b)
+    ta, tb = batch_tensors(a), batch_tensors(b)
     return any(not torch.equal(x, y) for x, y in zip(ta, tb))
 
 
@@ -99,18 +102,8 @@ def collate_is_random(dm: LightningDataModule, samples: int = 4) -> bool:
         a = dl.collate_fn(items)
         torch.manual_seed(1)
         b = dl.collate_fn(items)
-    ta, tb = _flatten(a), _flatten(b)
+    ta, tb = batch_tensors(a), batch_tensors(b)
     return len(ta) != len(tb) or any(x.shape != y.shape or not torch.equal(x, y) for x, y in zip(ta, tb))
-
-
-def _flatten(sample: Any) -> list[torch.Tensor]:
-    if isinstance(sample, torch.Tensor):
-        return [sample]
-    if isinstance(sample, (list, tuple)):
-        return [t for s in sample for t in _flatten(s)]
-    if isinstance(sample, dict):
-        return [t for s in sample.values() for t in _flatten(s)]
-    return []
 
 
 #: A relative gradient gap above this is a loss that is not a per-sample mean (float64 rounding is ~1e-15).
@@ -132,18 +125,22 @@ def static_findings(model: LightningModule, dm: LightningDataModule, batches: li
                                 f"the mean of its {n} per-rank chunks' gradients by {gap:.3g} (relative), e.g. a mean "
                                 "over a variable number of tokens per rank",
                     "fix": "average over the global item count: all-reduce the number of items (tokens, pixels, "
-                           "boxes) and divide the summed loss by it (times the world size, as DDP averages)"})
+                           "boxes) and divide the summed loss by it (times the world size, as DDP averages); "
+                           "vae_ddp.fixes.global_token_cross_entropy(logits, targets) for tokens, "
+                           "vae_ddp.fixes.global_item_mean(summed_loss, item_count) for any per-item loss"})
     if dataset_is_random(dm):
         out.append({"factor": "noise", "fixable": False, "page": "factors/noise.md",
                     "evidence": "the dataset draws random augmentation in __getitem__: the same draws on every rank "
                                 "(worker seeds derive from the same base seed) and a different draw per sample for "
                                 "every world size",
-                    "fix": "draw each sample's augmentation from a torch.Generator seeded with (seed, epoch, index)"})
+                    "fix": "draw each sample's augmentation from generators seeded with (seed, epoch, index): "
+                           "vae_ddp.fixes.SeededAugmentation(dataset, transform)"})
     if collate_is_random(dm):
         out.append({"factor": "noise", "fixable": False, "page": "factors/noise.md",
                     "evidence": "the DataLoader's collate_fn draws random numbers (e.g. batch-level mixup): every rank "
                                 "draws the same ones (the same seed), and a draw over the per-device batch is not the "
                                 "one-device draw over the global batch",
                     "fix": "draw in training_step from a generator seeded with (seed, step), for the global batch, "
-                           "and keep this rank's rows (see the collate_fn question page)"})
+                           "and keep this rank's rows: vae_ddp.fixes.global_batch_draw under GlobalBatchRandomness "
+                           "(see the collate_fn question page)"})
     return out

@@ -106,7 +106,8 @@ def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, pr
         ``contribution``: the largest per-step relative gradient difference from one device (the
         same comparison) with every fix on but this factor's (None where there is no automatic
         fix or the factor changes no gradient, e.g. logging); ``bites``: above 2x the larger of
-        the floor and DDP's own with every fix. Context, not the verdict: ``divergence_*`` and
+        the floor and DDP's own with every fix (None, "not separable", when it is not and DDP
+        with every fix is itself more than 2x the floor). Context, not the verdict: ``divergence_*`` and
         ``trajectory_floor``, the largest parameter or buffer difference after ``steps`` steps.
         ``notes``: ``notes`` given (what the one-process checks could not do), flags the DDP runs
         cleared, and what the runs noticed beside the factors, e.g. DataLoader workers forked
@@ -187,7 +188,14 @@ def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, pr
             f = dict(f, evidence=found[f["factor"]]["evidence"] + "; " + f["evidence"],
                      fix=found[f["factor"]]["fix"] + "; " + f["fix"])
         found[f["factor"]] = f
-    ablated = [f for f in fixes if f in found]
+    unserved = [f for f in first["ddp+fixed"][1]["findings"] if f["factor"] == "noise"]
+    if unserved:  # draws from the global generator under GlobalBatchRandomness: the user's code must draw them
+        u, static_noise = unserved[0], manual.get("noise")
+        if static_noise:  # the loader's draws too (collate_fn, dataset)
+            u = dict(u, evidence=static_noise["evidence"] + "; " + u["evidence"],
+                     fix=static_noise["fix"] + "; " + u["fix"])
+        manual["noise"] = found["noise"] = u
+    ablated = [f for f in fixes if f in found and f not in manual]
     contributions: dict[str, Optional[float]] = {
         f: max(per_step(first[f"ddp-{f}"], f"ddp-{f}"), default=0.0) for f in ablated}
     div_default, div_fixed = _diff(default, single), _diff(fixed, single)
@@ -202,7 +210,11 @@ def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, pr
             contribution = None
         if not deterministic:  # against a floor that is not rounding, no contribution means anything
             contribution = None
+        # a contribution over 2x what is left with every fix bites; under that, while what is left is
+        # itself over 2x the floor, the two cannot be told apart (None: not separable)
         bites = None if contribution is None else contribution > FLOOR_RATIO * max(yardstick, *grad_steps)
+        if bites is False and not within:
+            bites = None
         findings.append({"factor": factor, "exposed": f is not None,
                          "evidence": f["evidence"] if f else _CLEAN.get(factor, "not detected"),
                          "contribution": contribution, "bites": bites,
@@ -274,7 +286,8 @@ def render(result: dict) -> str:
         c = f["contribution"]
         if c is None:
             return ""
-        return f"{c:.3g} ({c / yardstick:.3g}x the floor)" + ("" if f["bites"] else ": does not bite")
+        verdict = {True: "", False: ": does not bite", None: ": not separable"}[f["bites"]]
+        return f"{c:.3g} ({c / yardstick:.3g}x the floor){verdict}"
 
     name = _name
     eps = torch.finfo(torch.float64 if dtype == "float64" else torch.float32).eps
@@ -296,13 +309,16 @@ def render(result: dict) -> str:
                  f"{result['floor']:.3g}"
                  + (f" (below one machine epsilon, {eps:.3g}, which the ratio takes instead)"
                     if result["floor"] < eps else ""))
+    unserved = any(f["factor"] == "noise" and f["exposed"] and not f["automatic_fix"] for f in result["findings"])
     if not result["deterministic"]:
+        why = ("the training step draws random numbers that do not follow their sample, from torch's global "
+               "generator, which the audit's fix does not serve (see Random streams per rank)" if unserved else
+               "most likely random draws that do not follow their sample (torch.rand in training_step, say; the "
+               "audit draws dropout masks and a `noise` attribute per sample itself), or a loss that depends "
+               "on the order of the samples")
         lines.append(f"- not judged: permuting the samples inside each batch changes one device's gradient by "
-                     f"{result['floor']:.3g} relative, more than rounding ({ROUNDING_EPS:g} eps of {dtype}): most "
-                     "likely random draws that do not follow their sample (torch.rand in training_step, say; the "
-                     "audit draws dropout masks and a `noise` attribute per sample itself), or a loss that depends "
-                     "on the order of the samples. No comparison with one device can tell DDP's difference from "
-                     "that (see the noise factor's page)")
+                     f"{result['floor']:.3g} relative, more than rounding ({ROUNDING_EPS:g} eps of {dtype}): {why}. "
+                     "No comparison with one device can tell DDP's difference from that (see the noise factor's page)")
     elif result["unexplained"]:
         names = ", ".join(f"{d['name']} ({d['max_abs_diff']:.3g})" for d in result["largest_differences"])
         lines.append(f"- unexplained: not one of the known factors (more than {FLOOR_RATIO:g}x the floor after "

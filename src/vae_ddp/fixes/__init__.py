@@ -12,7 +12,7 @@
 
 from vae_ddp.fixes.augmentation import SeededAugmentation
 from vae_ddp.fixes.batchnorm import GlobalBatchNorm, GlobalSyncBatchNorm
-from vae_ddp.fixes.dropout import GlobalBatchDropout
+from vae_ddp.fixes.dropout import GlobalBatchDropout, GlobalBatchDropPath
 from vae_ddp.fixes.evaluation import padded_duplicates, unrepeated_sampler
 from vae_ddp.fixes.item_count import global_item_count, global_item_mean, global_token_cross_entropy
 from vae_ddp.fixes.noise import GlobalBatchNoise, PerRankSeed
@@ -22,6 +22,6 @@ from vae_ddp.fixes.registry import Factor, exposures, factors, register  # noqa:
 
 __all__ = ["GlobalBatchNoise", "PerRankSeed", "GlobalBatchNorm", "GlobalSyncBatchNorm",
            "GlobalBatchDistributedSampler",
-           "GlobalBatchRandomness", "GlobalBatchStream", "global_batch_draw", "GlobalBatchDropout",
+           "GlobalBatchRandomness", "GlobalBatchStream", "global_batch_draw", "GlobalBatchDropout", "GlobalBatchDropPath",
            "SeededAugmentation", "global_item_count", "global_item_mean", "global_token_cross_entropy",
            "unrepeated_sampler", "padded_duplicates"]

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from vae_ddp.fixes import _current
 
-__all__ = ["GlobalBatchDropout", "SWAPPABLE"]
+__all__ = ["GlobalBatchDropout", "GlobalBatchDropPath", "SWAPPABLE", "drop_path_layers"]
 
 #: the dropout classes that [`GlobalBatchDropout.swap`][vae_ddp.fixes.dropout.GlobalBatchDropout.swap] replaces
 SWAPPABLE = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d)
@@ -108,3 +108,75 @@ class GlobalBatchDropout(nn.Dropout):
             current = getattr(parent, name)
             original.train(current.training)
             setattr(parent, name, original)
+
+
+def drop_path_layers(module: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
+    """The per-sample drop-path (stochastic depth) children of ``module`` at any depth:
+    timm's ``DropPath`` (``timm.layers``, when timm is imported) and torchvision's
+    ``StochasticDepth(mode="row")``, with a drop probability above 0. Returns ``[(parent, name,
+    layer), ...]``. (``StochasticDepth(mode="batch")`` drops the whole batch with one draw: not
+    a per-sample draw, so not one of them.)"""
+    import sys
+
+    from torchvision.ops import StochasticDepth
+
+    timm_drop = sys.modules.get("timm.layers.drop")
+    classes = (StochasticDepth,) + ((timm_drop.DropPath,) if timm_drop is not None else ())
+    found = []
+    for parent in list(module.modules()):
+        if isinstance(parent, GlobalBatchDropPath):  # its original: served
+            continue
+        for name, child in list(parent.named_children()):
+            if isinstance(child, classes):
+                p = child.p if isinstance(child, StochasticDepth) else child.drop_prob
+                if p > 0 and getattr(child, "mode", "row") == "row":
+                    found.append((parent, name, child))
+    return found
+
+
+class GlobalBatchDropPath(nn.Module):
+    """A drop-path layer (stochastic depth: each sample skips the residual branch with
+    probability ``p``; Huang et al. 2016) whose per-sample keep draws are made for the global batch.
+
+    It wraps the layer it replaces (timm's ``DropPath``, torchvision's ``StochasticDepth(mode="row")``):
+    in training mode inside a training step served by a
+    [`GlobalBatchStream`][vae_ddp.fixes.randomness.GlobalBatchStream], sample ``i`` is kept when
+    ``rand >= p``, ``rand: (b, 1, ..., 1)`` drawn (``torch.rand``, the input's dtype) for the global
+    batch and sliced to this rank's rows, and kept samples are scaled by ``1 / (1 - p)`` (timm's
+    ``scale_by_keep=False``: not scaled), as the original does. Outside such a step it calls the
+    original layer; in eval mode both are the identity.
+
+    Args:
+        original: the drop-path layer it replaces.
+
+    Input: ``(b, ...)``, the batch first. Output: same shape and dtype.
+    """
+
+    def __init__(self, original: nn.Module) -> None:
+        super().__init__()
+        self.original = original
+        self.p = float(getattr(original, "drop_prob", getattr(original, "p", 0.0)))
+        self.scale = bool(getattr(original, "scale_by_keep", True))
+
+    def forward(self, x: Tensor) -> Tensor:
+        stream = _current.stream
+        if not self.training or stream is None or self.p == 0.0:
+            self.original.train(self.training)
+            return self.original(x)
+        keep = stream.draw(torch.rand, [x.shape[0]] + [1] * (x.dim() - 1), dtype=x.dtype, device=x.device) >= self.p
+        mask = keep.to(x.dtype)
+        return x * (mask / (1.0 - self.p) if self.scale and self.p < 1.0 else mask)
+
+    @classmethod
+    def swap(cls, module: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
+        """Replace, in place, every layer of [`drop_path_layers`][vae_ddp.fixes.dropout.drop_path_layers]
+        by a [`GlobalBatchDropPath`][vae_ddp.fixes.dropout.GlobalBatchDropPath] around it (same training
+        mode). Returns ``[(parent, name, original), ...]`` for
+        [`GlobalBatchDropout.unswap`][vae_ddp.fixes.dropout.GlobalBatchDropout.unswap]."""
+        swapped = []
+        for parent, name, child in drop_path_layers(module):
+            new = cls(child)
+            new.train(child.training)
+            setattr(parent, name, new)
+            swapped.append((parent, name, child))
+        return swapped

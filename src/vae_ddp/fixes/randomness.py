@@ -45,7 +45,7 @@ from torch import Tensor, nn
 
 from vae_ddp.fixes import _current, _env
 from vae_ddp.fixes.augmentation import set_augmentation_epoch
-from vae_ddp.fixes.dropout import SWAPPABLE, GlobalBatchDropout
+from vae_ddp.fixes.dropout import SWAPPABLE, GlobalBatchDropout, GlobalBatchDropPath, drop_path_layers
 
 __all__ = ["GlobalBatchStream", "global_batch_draw", "current_stream", "GlobalBatchRandomness", "uncovered_random_layers"]
 
@@ -164,7 +164,8 @@ def uncovered_random_layers(module: nn.Module, dropout_covered: bool) -> list[st
     """Names of ``module``'s layers whose random draws a global-batch stream does not serve:
     ``nn.MultiheadAttention`` / ``nn.RNNBase`` with ``dropout > 0`` (they call the functional
     dropout inside), ``nn.AlphaDropout`` / ``nn.FeatureAlphaDropout``, and, when
-    ``dropout_covered`` is False, every ``nn.Dropout``/``Dropout1d/2d/3d`` with ``p > 0``.
+    ``dropout_covered`` is False, every ``nn.Dropout``/``Dropout1d/2d/3d`` with ``p > 0`` and
+    every drop-path layer ([`drop_path_layers`][vae_ddp.fixes.dropout.drop_path_layers]).
     Returns ``["name (Class)", ...]``."""
     found = []
     for name, m in module.named_modules():
@@ -176,6 +177,9 @@ def uncovered_random_layers(module: nn.Module, dropout_covered: bool) -> list[st
             found.append(f"{name} ({type(m).__name__})")
         elif isinstance(m, (nn.MultiheadAttention, nn.RNNBase)) and getattr(m, "dropout", 0) > 0:
             found.append(f"{name} ({type(m).__name__}, dropout={m.dropout})")
+    if not dropout_covered:
+        names = {id(m): n for n, m in module.named_modules()}
+        found += [f"{names[id(layer)]} ({type(layer).__name__})" for _, _, layer in drop_path_layers(module)]
     return found
 
 
@@ -194,6 +198,8 @@ class GlobalBatchRandomness(Callback):
       [`GlobalBatchDropout`][vae_ddp.fixes.dropout.GlobalBatchDropout] draw from it;
     - ``dropout=True``: in ``setup`` it replaces every ``nn.Dropout`` / ``Dropout1d/2d/3d``
       of the LightningModule by a [`GlobalBatchDropout`][vae_ddp.fixes.dropout.GlobalBatchDropout]
+      and every per-sample drop-path layer (timm's ``DropPath``, torchvision's
+      ``StochasticDepth(mode="row")``) by a [`GlobalBatchDropPath`][vae_ddp.fixes.dropout.GlobalBatchDropPath]
       (no parameters, so DDP is unaffected) and puts the originals back in ``teardown``
       (and on an exception);
     - ``noise=True``: if the module has a ``noise`` attribute (``eps = self.noise(mu)``, as
@@ -212,7 +218,8 @@ class GlobalBatchRandomness(Callback):
     Args:
         seed: base seed, the same on every rank; default: ``seed_everything``'s seed
             (``PL_GLOBAL_SEED``) read at ``setup``, else 0.
-        dropout: swap ``nn.Dropout`` layers for [`GlobalBatchDropout`][vae_ddp.fixes.dropout.GlobalBatchDropout].
+        dropout: swap ``nn.Dropout`` layers for [`GlobalBatchDropout`][vae_ddp.fixes.dropout.GlobalBatchDropout]
+            and drop-path layers for [`GlobalBatchDropPath`][vae_ddp.fixes.dropout.GlobalBatchDropPath].
         noise: serve the module's ``noise`` attribute.
         batch_dim: batch dimension of the activations the swapped dropout layers see (1
             for sequence-first models).
@@ -240,7 +247,7 @@ class GlobalBatchRandomness(Callback):
         self._checked = False
         self._original_noise = pl_module.__dict__.get("noise", _MISSING)
         if self.dropout:
-            self._swapped = GlobalBatchDropout.swap(pl_module, batch_dim=self.batch_dim)
+            self._swapped = GlobalBatchDropout.swap(pl_module, batch_dim=self.batch_dim) + GlobalBatchDropPath.swap(pl_module)
         uncovered = uncovered_random_layers(pl_module, dropout_covered=self.dropout)
         if uncovered:
             rank_zero_warn(f"{self.fix_name} cannot serve the random draws of {', '.join(uncovered)}: they draw "
