@@ -5,7 +5,7 @@
 Times, as medians over ``--repeats`` runs on this machine (run it on an idle one):
 
 - ``import``: ``python -c "import pytorch_lightning"``, what every process that trains pays;
-- ``help``: ``vae-ddp audit -h`` (its flags come from Lightning's ``Trainer`` signature);
+- ``help``: ``vae-ddp audit -h`` (it imports neither torch nor Lightning);
 - ``audit``: ``vae-ddp audit`` of ``examples/audit_models.py:Plain`` on 2 gloo ranks, ``--steps``
   steps: the one-device reference and its floor draws beside the DDP ranks, in one launch.
 

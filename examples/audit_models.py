@@ -223,6 +223,23 @@ class GatheredNegatives(Base):
         return F.cross_entropy(z @ keys.T / 0.5, labels)
 
 
+class SummedLoss(Base):
+    """A loss summed over the batch (`reduction="sum"`): DDP's gradient is 1/N of one device's."""
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.mse_loss(self(x), y, reduction="sum")
+
+
+class LocalNegatives(GatheredNegatives):
+    """In-batch negatives of this rank's batch only (no all_gather): each rank's loss sees b samples."""
+
+    def training_step(self, batch, batch_idx):
+        x, _ = batch
+        z = F.normalize(self.net(x), dim=-1)
+        return F.cross_entropy(z @ z.T / 0.5, torch.arange(len(z), device=z.device))
+
+
 class OnlyCuda(Base):
     def training_step(self, batch, batch_idx):
         x, y = batch

@@ -131,7 +131,8 @@ def test_dropout(generated):
 def test_masked_token_mean(tmp_path):
     code, result, log = audit(tmp_path, f"{M}.MaskedTokens")
     f = by_factor(result)
-    assert f["reduction"]["exposed"] and "not a mean over samples" in f["reduction"]["evidence"], log[-3000:]
+    assert f["reduction"]["exposed"] and "differs per rank" in f["reduction"]["evidence"], log[-3000:]
+    assert "global_token_cross_entropy" in f["reduction"]["fix"]
     assert code == 1 and not result["unexplained"]  # explained, but only the user can fix it
 
 
@@ -278,6 +279,28 @@ def test_the_reduction_check_reads_several_seeded_batches(monkeypatch):
                        devices=2, global_batch_size=16, seed=seed)
         assert [f["factor"] for f in check(run, Regression, MaskedTokens)[0]] == ["reduction"], seed
     assert check(run, Regression, Plain) == ([], [])
+
+
+@pytest.mark.parametrize("model, kind, evidence, fix", [
+    ("MaskedTokens", "weighted", "a number of items that differs per rank", "global_token_cross_entropy"),
+    ("SummedLoss", "sum", "a sum over the batch", "multiply the summed loss by the world size"),
+    ("LocalNegatives", "coupled", "depends on the other samples of its batch", "self.all_gather(z, sync_grads=True)"),
+])
+def test_the_reduction_check_names_the_fix_of_its_kind(model, kind, evidence, fix, monkeypatch):
+    """A mean over a variable number of tokens, a sum over the batch and in-batch negatives each
+    differ from a per-sample mean; the least-squares weights of the chunks' gradients tell them
+    apart, and each gets the fix that reproduces one device (the summed-loss and in-batch
+    negatives question pages measure those)."""
+    import examples.audit_models as models
+    from vae_ddp.audit.cli import check
+    from vae_ddp.audit.spec import AuditRun
+
+    monkeypatch.chdir(ROOT)
+    run = AuditRun(model={"class_path": f"{M}.{model}"}, data={"class_path": f"{M}.Regression"}, devices=2,
+                   global_batch_size=16)
+    findings, _ = check(run, models.Regression, getattr(models, model))
+    f = {x["factor"]: x for x in findings}["reduction"]
+    assert f["kind"] == kind and evidence in f["evidence"] and fix in f["fix"], f
 
 
 def test_random_draws_in_the_collate_fn_are_named(monkeypatch):

@@ -112,6 +112,20 @@ class _MLP(nn.Module):
         return self.net(x)
 
 
+def _one_device_and_two_ranks(model: nn.Module, x: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``model(x)`` under a one-device stream, and the two halves of ``x`` under 2 simulated
+    ranks' streams, concatenated."""
+    s = GlobalBatchStream(seed=seed, rank=0, world_size=1).start(0)
+    ref = model(x)
+    s.stop()
+    parts, b = [], len(x) // 2
+    for r in range(2):
+        s = GlobalBatchStream(seed=seed, rank=r, world_size=2).start(0)
+        parts.append(model(x[b * r:b * (r + 1)]))
+        s.stop()
+    return ref, torch.cat(parts)
+
+
 def test_global_batch_dropout_gives_each_rank_the_rows_of_the_one_device_mask():
     """Fault 4's mechanism: the swapped model on 2 simulated ranks computes exactly the
     one-device outputs (float64), while nn.Dropout with the same seed on each rank repeats
@@ -121,15 +135,8 @@ def test_global_batch_dropout_gives_each_rank_the_rows_of_the_one_device_mask():
     swapped = GlobalBatchDropout.swap(model)
     assert [type(m).__name__ for m in model.net] == ["Linear", "ReLU", "GlobalBatchDropout", "Linear",
                                                     "GlobalBatchDropout", "Linear"]
-    s = GlobalBatchStream(seed=11, rank=0, world_size=1).start(0)
-    ref = model(x)
-    s.stop()
-    parts = []
-    for r in range(2):
-        s = GlobalBatchStream(seed=11, rank=r, world_size=2).start(0)
-        parts.append(model(x[4 * r:4 * (r + 1)]))
-        s.stop()
-    assert torch.equal(torch.cat(parts), ref)
+    ref, ranks = _one_device_and_two_ranks(model, x, seed=11)
+    assert torch.equal(ranks, ref)
     GlobalBatchDropout.unswap(swapped)
     assert all(type(m) is nn.Dropout for m in (model.net[2], model.net[4]))
     # default dropout, each rank seeded alike: rank 1's masks are rank 0's
@@ -156,17 +163,10 @@ def test_global_batch_drop_path_gives_each_rank_the_rows_of_the_one_device_draw(
     assert [type(m).__name__ for m in model] == ["Linear", "GlobalBatchDropPath", "StochasticDepth"]
     assert drop_path_layers(model) == []
     model[2].eval()  # the batch-mode layer out of the way
-    s = GlobalBatchStream(seed=5, rank=0, world_size=1).start(0)
-    ref = model(x)
-    s.stop()
+    ref, ranks = _one_device_and_two_ranks(model, x, seed=5)
     kept = (ref != 0).all(1)
     assert 0 < kept.sum() < 8 and torch.allclose(ref[kept], 2 * model[0](x)[kept])  # kept rows scaled by 1/(1-p)
-    parts = []
-    for r in range(2):
-        s = GlobalBatchStream(seed=5, rank=r, world_size=2).start(0)
-        parts.append(model(x[4 * r:4 * (r + 1)]))
-        s.stop()
-    assert torch.equal(torch.cat(parts), ref)
+    assert torch.equal(ranks, ref)
     torch.manual_seed(0)
     plain = model(x)  # no stream: the original layer's own draw
     torch.manual_seed(0)

@@ -8,9 +8,7 @@ written and with its fix: torchvision and the project only) gets its expected di
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,10 +19,9 @@ RESULTS = ROOT / "docs" / "results" / "audit-gallery"
 
 @pytest.fixture(scope="module")
 def gallery():
-    spec = importlib.util.spec_from_file_location("audit_gallery", ROOT / "examples" / "audit_gallery.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from examples import audit_gallery
+
+    return audit_gallery
 
 
 def test_the_page_shows_what_the_committed_gallery_renders(gallery):

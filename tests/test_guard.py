@@ -35,6 +35,13 @@ def alive(marker: str) -> list[int]:
     return found
 
 
+def unique() -> str:
+    """A marker no other test session's processes carry (tmp_path's name repeats across sessions)."""
+    import uuid
+
+    return uuid.uuid4().hex[:12]
+
+
 def wait_until(predicate, timeout: float, every: float = 0.2) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -56,7 +63,7 @@ STUCK = textwrap.dedent("""
 
 
 def test_watchdog_dumps_the_stacks_names_the_frame_and_ends_the_tree(tmp_path):
-    marker = f"stuck-{tmp_path.name}"
+    marker = f"stuck-{unique()}"
     script = tmp_path / "stuck.py"
     script.write_text(STUCK.format(marker=marker))
     t0 = time.monotonic()
@@ -72,7 +79,7 @@ def test_watchdog_dumps_the_stacks_names_the_frame_and_ends_the_tree(tmp_path):
 
 def test_nothing_outlives_a_command_that_exits(tmp_path):
     """A command that leaves a process behind (a stray rank, a worker) has it ended."""
-    marker = f"stray-{tmp_path.name}"
+    marker = f"stray-{unique()}"
     code = f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)', {marker!r}])"
     proc = guard.run([sys.executable, "-c", code], timeout=60, grace=2)
     assert proc.returncode == 0
@@ -81,11 +88,11 @@ def test_nothing_outlives_a_command_that_exits(tmp_path):
 
 def test_guard_ends_the_tree_when_its_parent_is_killed(tmp_path):
     """SIGKILL of the caller, which no handler sees: the guard notices and ends the tree."""
-    marker = f"orphan-{tmp_path.name}"
+    marker = f"orphan-{unique()}"
     parent = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys
         from vae_ddp import guard
-        guard.run([sys.executable, '-c', 'import time; time.sleep(300)', 'orphan-' + {tmp_path.name!r}])
+        guard.run([sys.executable, '-c', 'import time; time.sleep(300)', {marker!r}])
     """)])
     try:
         assert wait_until(lambda: alive(marker), 30), "the guarded command did not start"
@@ -94,6 +101,20 @@ def test_guard_ends_the_tree_when_its_parent_is_killed(tmp_path):
         assert wait_until(lambda: not alive(marker), 15), "the guarded command outlived its caller"
     finally:
         parent.kill()
+
+
+def test_a_guard_whose_caller_died_while_it_started_runs_nothing(tmp_path):
+    """The caller passes its pid (``--parent``): a guard whose caller died before the guard read
+    its own parent (Python's start-up under load is a second or more) ends at once instead of
+    taking init or a subreaper for its parent and running the command forever (seen in CI: the
+    parent-killed test's guard outlived it with ``ppid`` 1)."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    flag = tmp_path / "ran"
+    proc = subprocess.run([sys.executable, "-m", "vae_ddp.guard", "--parent", str(gone.pid), "--",
+                           sys.executable, "-c", f"open({str(flag)!r}, 'w')"], timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM and not flag.exists()
+    assert f"--parent {os.getpid()} " in " ".join(guard.guarded(["true"]))
 
 
 def test_launch_fails_with_the_watchdogs_line(tmp_path):

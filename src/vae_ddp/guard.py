@@ -79,7 +79,9 @@ def default_stall() -> float:
 def guarded(cmd: Sequence[str], timeout: Optional[float] = None, stall: Optional[float] = None,
             grace: float = 10.0, startup: Optional[float] = None) -> list[str]:
     """The command line that runs ``cmd`` under a guard."""
-    args = [sys.executable, "-m", "vae_ddp.guard", "--grace", str(grace)]
+    # the caller's pid: a guard that only read its parent at start-up would take a caller that
+    # died while Python started it (its parent then already init or a subreaper) for its parent
+    args = [sys.executable, "-m", "vae_ddp.guard", "--grace", str(grace), "--parent", str(os.getpid())]
     for flag, value in (("--timeout", timeout), ("--stall", stall), ("--startup", startup)):
         if value is not None:
             args += [flag, str(value)]
@@ -232,12 +234,12 @@ def _where_stuck(dump: str, main_thread: Optional[int]) -> Optional[str]:
 
 class _Guard:
     def __init__(self, cmd: list[str], timeout: Optional[float], stall: float, grace: float,
-                 startup: Optional[float] = None) -> None:
+                 startup: Optional[float] = None, parent: Optional[int] = None) -> None:
         self.cmd, self.timeout, self.stall, self.grace = cmd, timeout, stall, grace
         self.startup = stall if startup is None else startup
         self.signal: Optional[int] = None
         self.code: Optional[int] = None
-        self.parent = os.getppid()
+        self.parent = os.getppid() if parent is None else parent
         self.outer = os.environ.get(_ENV_DIR)  # a guard around this one (a study run by the docs build)
         self.forwarded = 0.0
         self.dir = Path(tempfile.mkdtemp(prefix="vae-ddp-guard-"))
@@ -435,13 +437,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--startup", type=float, default=None,
                    help="seconds allowed before the first heartbeat (default: the --stall value)")
     p.add_argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL (default 10)")
+    p.add_argument("--parent", type=int, default=None,
+                   help="the caller's pid: the tree ends when the guard's parent is no longer it (default: the "
+                        "parent at start-up)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ...")
     args = p.parse_args(argv)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
         p.error("no command: python -m vae_ddp.guard [options] -- CMD ...")
     stall = args.stall if args.stall is not None else default_stall()
-    return _Guard(cmd, args.timeout, stall, args.grace, args.startup).main()
+    return _Guard(cmd, args.timeout, stall, args.grace, args.startup, args.parent).main()
 
 
 if __name__ == "__main__":

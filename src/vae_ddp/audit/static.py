@@ -20,7 +20,7 @@ from typing import Any, Optional
 import torch
 from pytorch_lightning import LightningDataModule, LightningModule
 
-__all__ = ["batch_tensors", "reduction_gap", "dataset_is_random", "collate_is_random", "static_findings"]
+__all__ = ["batch_tensors", "reduction", "reduction_gap", "dataset_is_random", "collate_is_random", "static_findings"]
 
 
 def batch_tensors(batch: Any) -> list[torch.Tensor]:
@@ -61,6 +61,22 @@ def _grad(model: LightningModule, batch: Any) -> torch.Tensor:
 def reduction_gap(model: LightningModule, batch: Any, n: int) -> Optional[float]:
     """``max |g(batch) - mean_r g(chunk_r)| / max |g(batch)|`` in float64 and eval mode; None
     for manual optimization (``training_step`` steps the optimizers itself)."""
+    found = reduction(model, batch, n)
+    return None if found is None else found[0]
+
+
+def reduction(model: LightningModule, batch: Any, n: int) -> Optional[tuple[float, str]]:
+    """How the loss reduces the batch: ``(gap, kind)``, ``gap`` as in
+    [`reduction_gap`][vae_ddp.audit.static.reduction_gap] and ``kind`` from the least-squares fit
+    ``g(batch) = sum_r a_r g(chunk_r)`` over the ``n`` per-rank chunks (float64, eval mode):
+
+    - ``"mean"``: every ``a_r = 1/n``: a mean over samples (what DDP's gradient average assumes);
+    - ``"sum"``: every ``a_r = 1``: a sum over the batch (DDP's average is 1/n of one device's);
+    - ``"weighted"``: other weights, e.g. a mean over a number of tokens that differs per chunk;
+    - ``"coupled"``: no such weights fit (relative residual above 1e-6): the loss of a sample
+      depends on the other samples of its batch (in-batch negatives, a contrastive loss).
+
+    None for manual optimization (``training_step`` steps the optimizers itself)."""
     if not model.automatic_optimization:
         return None
     model = model.double()
@@ -69,12 +85,41 @@ def reduction_gap(model: LightningModule, batch: Any, n: int) -> Optional[float]
     try:
         batch = _cast(batch, torch.float64)
         full = _grad(model, batch)
-        parts = torch.stack([_grad(model, c) for c in _chunk(batch, n)]).mean(0)
+        chunks = torch.stack([_grad(model, c) for c in _chunk(batch, n)])  # (n, P)
     finally:
         model.train(was_training)
         model.zero_grad(set_to_none=True)
     scale = float(full.abs().max())
-    return float((full - parts).abs().max()) / scale if scale > 0 else 0.0
+    gap = float((full - chunks.mean(0)).abs().max()) / scale if scale > 0 else 0.0
+    if gap <= REDUCTION_TOLERANCE:
+        return gap, "mean"
+    a = torch.linalg.lstsq(chunks.T, full.unsqueeze(1)).solution.squeeze(1)  # (n,)
+    residual = float((chunks.T @ a - full).norm() / full.norm())
+    if residual > 1e-6:
+        return gap, "coupled"
+    if bool(((a - 1.0).abs() < 1e-6).all()):
+        return gap, "sum"
+    return gap, "weighted"
+
+
+#: what each kind of reduction gets: (evidence, fix); the evidence is preceded by the measured gap
+_REDUCTIONS = {
+    "sum": ("the loss is a sum over the batch, not a mean: DDP averages the ranks' sums over b samples, so its "
+            "gradient is 1/N of one device's sum over the global batch",
+            "multiply the summed loss by the world size, loss * self.trainer.world_size, so that DDP's average of "
+            "the ranks' sums is one device's sum (or return the mean over the batch, on one device and under DDP "
+            "alike; see the summed-loss question page)"),
+    "weighted": ("the loss is a mean over a number of items that differs per rank (e.g. a mean over the valid "
+                 "tokens of each rank's batch): DDP averages the ranks' means with equal weights",
+                 "average over the global item count: all-reduce the number of items (tokens, pixels, boxes) and "
+                 "divide the summed loss by it (times the world size, as DDP averages); "
+                 "vae_ddp.fixes.global_token_cross_entropy(logits, targets) for tokens, "
+                 "vae_ddp.fixes.global_item_mean(summed_loss, item_count) for any per-item loss"),
+    "coupled": ("the loss of a sample depends on the other samples of its batch (in-batch negatives, a contrastive "
+                "or ranking loss): each rank's loss sees only its own b samples, one device's all B",
+                "gather the embeddings of every rank with gradients, self.all_gather(z, sync_grads=True), and "
+                "compute the loss over the global batch (see the in-batch negatives question page)"),
+}
 
 
 def dataset_is_random(dm: LightningDataModule) -> bool:
@@ -117,17 +162,15 @@ def static_findings(model: LightningModule, dm: LightningDataModule, batches: li
     largest gap over them (a mean over tokens equals the global mean on a batch whose chunks
     happen to hold as many tokens each, so one batch can hide it)."""
     out = []
-    gaps = [g for g in (reduction_gap(model, b, n) for b in batches) if g is not None]
-    gap = max(gaps) if gaps else None
-    if gap is not None and gap > REDUCTION_TOLERANCE:
-        out.append({"factor": "reduction", "fixable": False, "page": "factors/reduction.md",
-                    "evidence": f"the loss is not a mean over samples: the gradient of the global batch differs from "
-                                f"the mean of its {n} per-rank chunks' gradients by {gap:.3g} (relative), e.g. a mean "
-                                "over a variable number of tokens per rank",
-                    "fix": "average over the global item count: all-reduce the number of items (tokens, pixels, "
-                           "boxes) and divide the summed loss by it (times the world size, as DDP averages); "
-                           "vae_ddp.fixes.global_token_cross_entropy(logits, targets) for tokens, "
-                           "vae_ddp.fixes.global_item_mean(summed_loss, item_count) for any per-item loss"})
+    found = [r for r in (reduction(model, b, n) for b in batches) if r is not None and r[0] > REDUCTION_TOLERANCE]
+    if found:  # the largest gap, and the kind the batches agree on first: coupled, then weighted, then sum
+        gap = max(g for g, _ in found)
+        kind = next(k for k in ("coupled", "weighted", "sum") if any(kk == k for _, kk in found))
+        evidence, fix = _REDUCTIONS[kind]
+        out.append({"factor": "reduction", "fixable": False, "page": "factors/reduction.md", "kind": kind,
+                    "evidence": f"{evidence}; the gradient of the global batch differs from the mean of its {n} "
+                                f"per-rank chunks' gradients by {gap:.3g} (relative)",
+                    "fix": fix})
     if dataset_is_random(dm):
         out.append({"factor": "noise", "fixable": False, "page": "factors/noise.md",
                     "evidence": "the dataset draws random augmentation in __getitem__: the same draws on every rank "

@@ -220,7 +220,7 @@ def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, pr
                          "contribution": contribution, "bites": bites,
                          "automatic_fix": f is not None and factor not in manual,
                          "fix": f["fix"] if f else "", "page": _page(factor)})
-    findings.sort(key=lambda r: (not r["exposed"], -(r["contribution"] or 0.0)))
+    findings.sort(key=_rank)
     result = {"devices": n, "steps": base.steps, "dtype": base.dtype, "method": "teacher-forced",
               "floor": floor, "floor_draws": floor_draws, "grad_steps": grad_steps, "ratio_to_floor": ratio,
               "deterministic": deterministic, "within_floor": within, "unexplained": unexplained,
@@ -237,6 +237,23 @@ def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, pr
     (out_dir / "tables.md").write_text(text + "\n")
     print(text)
     return result
+
+
+def _rank(f: dict) -> tuple:
+    """Table order: exposed first; among them what bites (by contribution), then what only the
+    user's code can fix (no automatic fix, so no contribution: never below a factor that does
+    not bite), then what cannot be separated, then what does not bite."""
+    if not f["exposed"]:
+        return (1, 0, 0.0)
+    if f["bites"]:
+        order = 0
+    elif not f["automatic_fix"]:
+        order = 1
+    elif f["bites"] is None:
+        order = 2
+    else:
+        order = 3
+    return (0, order, -(f["contribution"] or 0.0))
 
 
 class _Groups:
@@ -285,7 +302,7 @@ def render(result: dict) -> str:
     def contribution(f: dict) -> str:
         c = f["contribution"]
         if c is None:
-            return ""
+            return "needs your code" if f["exposed"] and not f["automatic_fix"] else ""
         verdict = {True: "", False: ": does not bite", None: ": not separable"}[f["bites"]]
         return f"{c:.3g} ({c / yardstick:.3g}x the floor){verdict}"
 
