@@ -49,31 +49,54 @@ def arguments(name: str, steps: int = 3) -> list[str]:
             + [f"--trainer.{k}={v}" for k, v in trainer.items()])
 
 
-def audit_one(name: str, out: Path, steps: int = 3) -> dict:
-    """One `vae-ddp audit` of ``GALLERY[name]`` in a subprocess; its exit code, findings and wall time (s)."""
-    from vae_ddp import guard
-
-    cmd = [sys.executable, "-m", "vae_ddp.cli", *arguments(name, steps), "--out", str(out)]
+def audit_one(name: str, out: Path, steps: int = 3, in_process: bool = False) -> dict:
+    """One `vae-ddp audit` of ``GALLERY[name]``: its exit code, findings and wall time (s). In a
+    subprocess under the project's guard (the page's times: the whole command, imports included),
+    or, ``in_process``, in this process, whose torch and Lightning are imported already (the
+    tests; its launched runs are processes either way)."""
+    args = [*arguments(name, steps), "--out", str(out)]
     start = time.monotonic()
-    proc = guard.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    if in_process:
+        import contextlib
+        import io
+        import os
+
+        from vae_ddp.cli import main as cli
+
+        stdout, stderr, cwd = io.StringIO(), io.StringIO(), os.getcwd()
+        os.chdir(ROOT)
+        try:
+            with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+                code = cli(args)
+        finally:
+            os.chdir(cwd)
+        out_text, err_text = stdout.getvalue(), stderr.getvalue()
+    else:
+        from vae_ddp import guard
+
+        proc = guard.run([sys.executable, "-m", "vae_ddp.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                         timeout=1800)
+        code, out_text, err_text = proc.returncode, proc.stdout, proc.stderr
     seconds = time.monotonic() - start
     r = json.loads((out / "audit.json").read_text()) if (out / "audit.json").exists() else {}
-    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("vae-ddp audit: ")]
-    return {"name": name, "command": " ".join(["vae-ddp", *arguments(name, steps)]), "exit_code": proc.returncode,
+    errors = [ln for ln in err_text.splitlines() if ln.startswith("vae-ddp audit: ")]
+    return {"name": name, "command": " ".join(["vae-ddp", *arguments(name, steps)]), "exit_code": code,
             "seconds": round(seconds, 1), "error": errors[0] if errors else "",
             **{k: r.get(k) for k in ("ratio_to_floor", "floor", "deterministic", "within_floor", "unexplained",
                                      "largest_differences", "notes")},
             "findings": [{k: f[k] for k in ("factor", "exposed", "bites", "contribution", "automatic_fix", "fix",
                                             "evidence", "page")} for f in r.get("findings", [])],
-            "table": proc.stdout[proc.stdout.find("Audit of "):] if "Audit of " in proc.stdout else ""}
+            "table": out_text[out_text.find("Audit of "):] if "Audit of " in out_text else ""}
 
 
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", nargs="+", choices=list(GALLERY), default=list(GALLERY))
     p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--out", type=Path, default=None, help="write audit_gallery.json, table.md and command.md here")
+    p.add_argument("--out", type=Path, default=None, help="write audit_gallery.json, tables.md and command.md here (the whole gallery only)")
     args = p.parse_args(argv)
+    if args.out and args.only != list(GALLERY):
+        p.error("--out writes the whole gallery (the page's table): leave out --only")
     audits = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.only:
@@ -138,13 +161,14 @@ def render(result: dict) -> str:
         by = {f["factor"]: f for f in a["findings"]}
         cells = [cell(by[k]) if k in by else "-" for k in cols]
         lines.append(f"| {a['name']} | " + " | ".join(cells) + f" | {verdict(a)} | {a['seconds']:.0f} s |")
-    lines += ["", "What to change, per architecture (the helpers the audit's fix names; every factor that bites or "
-                  "needs your code):", ""]
+    lines += ["", "What to change, per architecture (the helpers the audit's fix names; every factor that bites, "
+                  "needs your code or cannot be separated from what does):", ""]
     for a in result["audits"]:
         todo = [f"{names.get(f['factor'], f['factor'])}: " + (", ".join(f"`{x}`" for x in fixes(f)) or "see its page")
-                for f in a["findings"] if f["factor"] in cols and cell(f) in ("bites", "your code")]
-        if not todo:
-            todo = ["none of the known factors explains what is left" if a["unexplained"] else "nothing"]
+                for f in a["findings"] if f["factor"] in cols and cell(f) in ("bites", "your code", "not separable")]
+        if a["unexplained"]:
+            todo.append("with every fix, none of the known factors explains what is left")
+        todo = todo or ["nothing"]
         lines.append(f"- **{a['name']}**: " + "; ".join(todo) + ".")
     return "\n".join(lines)
 

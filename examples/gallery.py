@@ -1,9 +1,11 @@
-"""Real architectures from kept libraries, each in the minimal LightningModule its users write.
+"""Real architectures from maintained libraries, each in the minimal LightningModule its users write.
 
 The models are torchvision's, timm's, Hugging Face transformers' and segmentation_models_pytorch's
-(none is written here; the DCGAN is the network of PyTorch's DCGAN tutorial), in tiny
-configurations that train on CPU; the data are torchvision's `FakeData` images (a fixed image per
-index) and short token sequences. Every datamodule's `batch_size` is the global batch size.
+(the DCGAN, which no library ships, is adapted from PyTorch's DCGAN tutorial: 32x32 images, four
+layers, logits), in tiny configurations that train on CPU; the data are torchvision's `FakeData`
+images (a fixed image per index) and short token sequences. A datamodule's `batch_size` is its
+loader's batch: the audit sets it to the global batch size on one device and to the global batch
+size divided by the world size on each DDP rank.
 `examples/audit_gallery.py` runs `vae-ddp audit` on each pair of `GALLERY`:
 
     vae-ddp audit --model examples/gallery.py:ResNet18 --data examples/gallery.py:Images
@@ -160,8 +162,9 @@ class MobileNetV3(Classifier):
 
 
 class ViT(Classifier):
-    """timm's Vision Transformer, 2 blocks, with stochastic depth (drop-path: each sample skips a
-    block at random) and AdamW."""
+    """timm's Vision Transformer, 2 blocks, with stochastic depth (drop-path: each residual branch
+    is zeroed for a random part of the samples; timm's linear schedule gives the first block 0
+    and the second ``drop_path_rate``) and AdamW."""
 
     def __init__(self, drop_path_rate: float = 0.1) -> None:
         super().__init__()
@@ -194,9 +197,9 @@ class UNet(LightningModule):
 
 
 class SimCLR(LightningModule):
-    """SimCLR (Chen et al. 2020): a torchvision ResNet-18 and a projection head; the NT-Xent loss
-    takes every other view of the *global* batch as a negative, gathered with gradients
-    (`self.all_gather(z, sync_grads=True)`), as Lightning's docs advise for contrastive losses."""
+    """SimCLR (Chen et al. 2020): a torchvision ResNet-18 whose last layer is a linear projection;
+    the NT-Xent loss takes every other view of the *global* batch as a negative, gathered with
+    gradients (`self.all_gather(z, sync_grads=True)`)."""
 
     def __init__(self, temperature: float = 0.5) -> None:
         super().__init__()
@@ -212,13 +215,13 @@ class SimCLR(LightningModule):
     def training_step(self, batch, batch_idx):
         views, _ = batch  # views: (b, 2, 3, H, W), two random views of each image
         b = len(views)
-        z = F.normalize(self.net(torch.cat([views[:, 0], views[:, 1]])), dim=-1)  # (2b, 32): first, second views
+        z = F.normalize(self.net(torch.cat([views[:, 0], views[:, 1]])), dim=-1)  # (2b, 32): first views, then second
         every = self.all_gather(z, sync_grads=True)  # (N, 2b, 32) under DDP, z itself on one device
         keys = every.flatten(0, 1) if every.dim() == 3 else every  # (2B, 32): the global batch's views
         start = self.global_rank * 2 * b  # where this rank's views start among the keys
         sim = z @ keys.T / self.temperature  # (2b, 2B)
-        own = torch.arange(2 * b) + start
-        sim[torch.arange(2 * b), own] = float("-inf")  # a view is not its own negative
+        own = torch.arange(2 * b, device=z.device) + start
+        sim[torch.arange(2 * b, device=z.device), own] = float("-inf")  # a view is not its own negative
         positives = torch.cat([own[b:], own[:b]])  # the other view of the same image
         return F.cross_entropy(sim, positives)  # a mean over 2b queries; DDP averages the ranks' means
     # --8<-- [end:simclr]
@@ -237,16 +240,16 @@ class SimCLRTransposed(SimCLR):
         keys = every.transpose(0, 1).flatten(0, 1)  # (2B, 32): first views, then second views
         queries = z.transpose(0, 1).flatten(0, 1)  # (2b, 32)
         b, big = len(z), len(every)
-        own = torch.cat([torch.arange(b), torch.arange(b) + big]) + self.global_rank * b
+        own = torch.cat([torch.arange(b, device=z.device), torch.arange(b, device=z.device) + big]) + self.global_rank * b
         sim = queries @ keys.T / self.temperature
-        sim[torch.arange(2 * b), own] = float("-inf")
+        sim[torch.arange(2 * b, device=z.device), own] = float("-inf")
         return F.cross_entropy(sim, torch.cat([own[b:], own[:b]]))
 
 
 class DCGAN(LightningModule):
-    """The DCGAN of PyTorch's tutorial (Radford et al. 2016) for 32x32 images: transposed convolutions
-    with BatchNorm, a noise vector `z: (b, nz)` drawn in `training_step`, two Adam optimizers
-    alternated with manual optimization (Lightning's GAN example pattern)."""
+    """The DCGAN of PyTorch's tutorial (Radford et al. 2016), adapted to 32x32 images: transposed
+    convolutions with BatchNorm, a noise vector `z: (b, nz)` drawn in `training_step`, two Adam
+    optimizers with manual optimization, the discriminator's step first as in the tutorial."""
 
     def __init__(self, nz: int = 16, width: int = 8) -> None:
         super().__init__()
@@ -270,7 +273,8 @@ class DCGAN(LightningModule):
         opt_g, opt_d = self.optimizers()
         z = self.noise_vector(real)
         fake = self.generator(z)
-        ones, zeros = torch.ones(len(real), 1, dtype=real.dtype), torch.zeros(len(real), 1, dtype=real.dtype)
+        ones = torch.ones(len(real), 1, dtype=real.dtype, device=real.device)
+        zeros = torch.zeros_like(ones)
         loss_d = (F.binary_cross_entropy_with_logits(self.discriminator(real), ones)
                   + F.binary_cross_entropy_with_logits(self.discriminator(fake.detach()), zeros))
         opt_d.zero_grad()

@@ -60,7 +60,7 @@ def test_the_reduced_gallery_gets_its_diagnosis(gallery, tmp_path):
     """A DCGAN (BatchNorm, two optimizers, `z = torch.randn(...)` in training_step): the audit
     names the noise vector as a draw its fix does not serve (exit 1, not "unexplained"); drawn
     with `global_batch_draw`, DDP with the fixes computes one device's step (exit 0)."""
-    audits = [gallery.audit_one(name, tmp_path / str(i)) for i, name in enumerate(
+    audits = [gallery.audit_one(name, tmp_path / str(i), in_process=True) for i, name in enumerate(
         ["DCGAN", "DCGAN, z for the global batch"])]
     result = {"steps": 3, "audits": audits}
     assert gallery.check(result) == [], json.dumps([{k: a[k] for k in ("name", "exit_code", "error", "notes")}
@@ -76,4 +76,4 @@ def test_autograd_all_gather_over_gloo_returns_a_wrong_gradient_when_it_is_not_c
     the gradient of the rows comes back exact when the gradient reaching all_gather is
     contiguous, and wrong when it is not (pytorch/pytorch#192920: gloo's scatter)."""
     r = generated("gloo_all_gather")
-    assert r["contiguous"] == 0.0 and r["transposed"] > 1.0, r
+    assert r["contiguous"] == 0.0 and r["transposed"] > 0.1, r  # relative to the exact gradient's largest entry
