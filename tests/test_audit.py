@@ -69,6 +69,8 @@ def test_no_exposure(tmp_path):
     assert result["ratio_to_floor"] == max(result["grad_steps"]) / max(result["floor"], 2.0 ** -52)
     assert not result["unexplained"] and not any(f["bites"] for f in result["findings"])
     assert "- passed: " in log and "none of the exposed factors changes the gradient here" in log
+    left = sorted(p.name for p in (tmp_path / "audit").rglob("*") if p.suffix in {".pt", ".partial"})
+    assert not left and (tmp_path / "audit" / "runs" / "ddp" / "run.json").exists(), left  # tensors gone, logs kept
 
 
 def test_gradient_clipping_and_accumulation_pass_through(tmp_path):
@@ -241,6 +243,7 @@ def test_a_failing_one_device_run_is_exit_code_3_with_its_own_error(tmp_path):
     DDP runs waiting for their weights stop, and the audit names the one-device error, not theirs."""
     code, result, output = audit(tmp_path, "tests/scripts/fails_alone.py:FailsAlone")
     assert code == 3 and not result, output[-2000:]
+    assert not list((tmp_path / "audit").rglob("*.pt"))  # a failed audit leaves no tensors either
     first = next(ln for ln in output.splitlines() if ln.startswith("vae-ddp audit: error:"))
     assert "first error: RuntimeError: one device exploded on purpose" in first, first
 

@@ -43,7 +43,7 @@ from vae_ddp.audit.spec import FIXABLE, AuditRun, failed_marker
 from vae_ddp.fixes import registry
 from vae_ddp.probes import per_step_differences
 from vae_ddp.studies.equivalence import FLOOR_FACTOR
-from vae_ddp.studies.launch import RunFailed, launch
+from vae_ddp.studies.launch import RunFailed, drop_tensors, launch
 from vae_ddp.studies.table import format_table
 
 __all__ = ["audit", "render", "FLOOR_RATIO", "FLOOR_DRAWS", "ROUNDING_EPS"]
@@ -91,7 +91,9 @@ def _largest(a: dict, b: dict, n: int = 3) -> list[dict]:
 def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, progress: bool = True,
           notes: Optional[list[str]] = None) -> dict:
     """Run the audit of ``base`` (``devices`` = the DDP world size N) and write
-    ``out_dir/audit.json`` and ``out_dir/tables.md``.
+    ``out_dir/audit.json`` and ``out_dir/tables.md``. The runs' logs and findings stay under
+    ``out_dir/runs``; the tensors they saved (each run's final weights and per-step gradients,
+    several GB for a ResNet-18 in float64) are deleted once compared, whether the audit ends or fails.
 
     Returns:
         ``{"devices", "steps", "dtype", "method": "teacher-forced", "floor", "floor_draws",
@@ -113,7 +115,15 @@ def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, pr
         cleared, and what the runs noticed beside the factors, e.g. DataLoader workers forked
         from a multithreaded process, which the audit started with ``forkserver`` instead.
     """
-    out_dir = Path(out_dir)
+    runs_dir = Path(out_dir) / "runs"
+    try:
+        return _audit(base, Path(out_dir), static, progress, notes)
+    finally:
+        drop_tensors(runs_dir)
+
+
+def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress: bool,
+           notes: Optional[list[str]]) -> dict:
     n = base.devices
     fixes = list(FIXABLE)
     runs_dir = out_dir / "runs"

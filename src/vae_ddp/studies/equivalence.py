@@ -34,7 +34,7 @@ from torch import Tensor
 
 from vae_ddp.errors import UserError
 from vae_ddp.studies.configs import RunSpec
-from vae_ddp.studies.launch import launch_by_world_size
+from vae_ddp.studies.launch import drop_tensors, launch_by_world_size
 from vae_ddp.studies.table import format_table, write_tables
 
 __all__ = ["equivalence", "max_abs_diff", "param_diffs", "WithinBatchPermutation", "FLOOR_FACTOR", "verdict"]
@@ -262,6 +262,20 @@ def equivalence(base: RunSpec, world_sizes: list[int], out_dir: Path, permutatio
     reference.parent.mkdir(parents=True, exist_ok=True)
     # one launch per world size: single (the reference, first) and the permuted runs share one process
     launched = launch_by_world_size([single, *permuted, *ddps], out_dir / "runs")
+    try:
+        result, text = _compare(base, single, permuted, ddps, launched)
+    finally:
+        drop_tensors(out_dir / "runs")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "equivalence.json").write_text(json.dumps(result, indent=1))
+    print(text)
+    write_tables(out_dir, text)
+    return result
+
+
+def _compare(base: RunSpec, single: RunSpec, permuted: list[RunSpec], ddps: list[RunSpec],
+             launched: list[tuple[dict, Path]]) -> tuple[dict, str]:
+    """The equivalence result and its text from the launched runs' per-step records."""
     ref = _steps(launched[0])
     floor_steps, floor_buffers, rows = [], [], []
     for spec, run in zip(permuted, launched[1:]):
@@ -299,8 +313,6 @@ def equivalence(base: RunSpec, world_sizes: list[int], out_dir: Path, permutatio
         rows.append([f"{spec.devices} (per-device batch {spec.per_device_batch_size})", entry["verdict"],
                      _g(max(grads)), _g(ratio), f"{entry['buffer_eps']:.2g} eps"])
     result["summary"] = _summary(result)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "equivalence.json").write_text(json.dumps(result, indent=1))
     table = format_table(["world size", "verdict", "gradient: largest step difference", "ratio to floor",
                           "BatchNorm buffers"], rows,
                          title=f"{base.model} VAE, {base.data}, global batch {base.global_batch_size}, {base.steps} "
@@ -310,6 +322,4 @@ def equivalence(base: RunSpec, world_sizes: list[int], out_dir: Path, permutatio
             f"each other: the largest is {_g(calibration)}x the others' floor. BatchNorm buffers: the largest relative "
             f"difference after a step, in machine epsilons of {base.dtype} (eps = "
             f"{torch.finfo(torch.float64 if base.dtype == 'float64' else torch.float32).eps:.3g}).")
-    print(text)
-    write_tables(out_dir, text)
-    return result
+    return result, text
