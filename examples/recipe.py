@@ -13,7 +13,8 @@ SyncBatchNorm refuses to run).
 
 Each run prints the last logged metrics (means over the global batch) and writes them to
 ``OUT/metrics.json``, and the trained weights to ``OUT/model.pt``;
-``examples/recipe_check.py`` runs this script and compares its weights with one device's.
+``examples/recipe_check.py`` trains with this script's ``train`` and compares each step's
+gradient with one device's.
 """
 
 import argparse
@@ -27,6 +28,9 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from vae_ddp.fixes import GlobalSyncBatchNorm
+
+#: The global batch size: the same at every world size (2, 3 and 4 divide it; each rank trains on its share).
+GLOBAL_BATCH_SIZE = 96
 
 
 # --8<-- [start:module]
@@ -64,7 +68,7 @@ class BottleneckClassifier(pl.LightningModule):
 class Digits(pl.LightningDataModule):
     """scikit-learn's 1,797 digits, ``x: (64,)`` floats in [0, 1], ``y`` the class."""
 
-    def __init__(self, global_batch_size: int = 64, seed: int = 0):
+    def __init__(self, global_batch_size: int = GLOBAL_BATCH_SIZE, seed: int = 0):
         super().__init__()
         self.global_batch_size, self.seed = global_batch_size, seed
 
@@ -74,6 +78,8 @@ class Digits(pl.LightningDataModule):
         d = load_digits()
         ds = TensorDataset(torch.tensor(d.data / 16, dtype=torch.float32), torch.tensor(d.target))
         world, rank = self.trainer.world_size, self.trainer.global_rank
+        if self.global_batch_size % world:  # change 3: every rank the same share of the global batch
+            raise ValueError(f"global batch {self.global_batch_size} does not divide by world size {world}")
         return DataLoader(ds, batch_size=self.global_batch_size // world, sampler=self.sampler(ds, world, rank),
                           drop_last=True)  # change 3: equal per-rank batches
 
@@ -87,7 +93,7 @@ def train(devices: int, dtype: str, steps: int, seed: int, callbacks=(), data_cl
     # --8<-- [start:fixes]
     pl.seed_everything(seed)
     model = BottleneckClassifier(seed=seed)
-    data = Digits(global_batch_size=64, seed=seed)
+    data = Digits(global_batch_size=GLOBAL_BATCH_SIZE, seed=seed)
     accelerator = "gpu" if torch.cuda.is_available() else "cpu"
     if accelerator == "gpu":
         sync_bn = {"sync_batchnorm": True}  # change 1: BatchNorm statistics of the global batch
@@ -100,7 +106,7 @@ def train(devices: int, dtype: str, steps: int, seed: int, callbacks=(), data_cl
                          enable_model_summary=False, **sync_bn)
     # --8<-- [end:fixes]
     if data_class is not None:
-        data = data_class(global_batch_size=64, seed=seed)
+        data = data_class(global_batch_size=GLOBAL_BATCH_SIZE, seed=seed)
     trainer.callbacks.extend(callbacks)
     trainer.fit(model, datamodule=data)
     return trainer, model

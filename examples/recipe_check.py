@@ -1,16 +1,17 @@
-"""The check of the recipe (``examples/recipe.py``): does DDP on 2 processes reach one device?
+"""The check of the recipe (``examples/recipe.py``): does DDP at world sizes 2, 3 and 4 reach one device?
 
 ``--check`` trains, in float64 and float32: one device, which records its weights at every
 step; one device again with the samples of each batch permuted (the same loss summed in
-another order: the rounding floor), both in this process; and, in one launch of DDP on 2
-gloo processes, the recipe's plain changes (``train`` of ``examples/recipe.py``) and
+another order: the rounding floor), both in this process; and, in one DDP launch per world
+size (gloo processes), the recipe's plain changes (``train`` of ``examples/recipe.py``) and
 ``vae_ddp``'s helpers. Every run but the first starts each step from one device's weights at
 that step, and its gradient (after DDP's all-reduce) is compared with one device's.
-``--changes`` prints the table of changes. Lightning starts the other DDP rank by re-running
-the command line (``--ddp``), and the four DDP runs train one after the other in the same two
-processes.
+``--changes`` prints the table of changes. Lightning starts the other DDP ranks by re-running
+the command line (``--ddp``), and the four DDP runs of a world size (two dtypes, plain and
+helpers) train one after the other in the same processes.
 
     python examples/recipe_check.py --check --out out/recipe
+    python examples/recipe_check.py --check --world-sizes 2 --steps 6 --out out/recipe
     python examples/recipe_check.py --changes
 """
 
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from recipe import Digits, train  # examples/recipe.py, beside this file
+from recipe import GLOBAL_BATCH_SIZE, Digits, train  # examples/recipe.py, beside this file
 from vae_ddp.fixes import GlobalBatchDistributedSampler, GlobalBatchNoise, registry
 
 
@@ -96,10 +97,10 @@ def check_one(dtype: str, steps: int, seed: int, permutations: int, out: Path) -
         torch.save({"grads": probe.grads}, out / f"single-permuted-{k}.pt")
 
 
-def check_ddp(steps: int, seed: int, out: Path) -> None:
-    """DDP on 2, plain changes and helpers, in each dtype, every step started from the weights
-    one device recorded (``out/DTYPE/single-steps.pt``); rank 0 saves each run's gradients
-    (``out/DTYPE/ddp-plain.pt``, ``ddp-helpers.pt``)."""
+def check_ddp(devices: int, steps: int, seed: int, out: Path) -> None:
+    """DDP on ``devices`` processes, plain changes and helpers, in each dtype, every step started
+    from the weights one device recorded (``out/DTYPE/single-steps.pt``); rank 0 saves each run's
+    gradients (``out/DTYPE/ddp-N-plain.pt``, ``ddp-N-helpers.pt``)."""
     from vae_ddp.probes import StepProbe
 
     for dtype in DTYPES:
@@ -108,25 +109,27 @@ def check_ddp(steps: int, seed: int, out: Path) -> None:
             probe = StepProbe(states)  # first: the step starts from θ_k
             helpers = {"callbacks": [probe, GlobalBatchNoise(seed)], "data_class": DigitsGlobalBatches} \
                 if variant == "helpers" else {"callbacks": [probe]}
-            trainer, _ = train(2, dtype, steps, seed, **helpers)
+            trainer, _ = train(devices, dtype, steps, seed, **helpers)
             if trainer.is_global_zero:
-                torch.save({"grads": probe.grads}, out / dtype / f"ddp-{variant}.pt")
+                torch.save({"grads": probe.grads}, out / dtype / f"ddp-{devices}-{variant}.pt")
 
 
-def check(steps: int, seed: int, permutations: int, out: Path) -> dict:
-    """Single, permuted single and DDP on 2 (plain, helpers) in float64 and float32, every step
-    started from one device's weights: the table."""
+def check(steps: int, seed: int, permutations: int, out: Path, world_sizes: tuple[int, ...] = (2, 3, 4)) -> dict:
+    """Single, permuted single and DDP at each of ``world_sizes`` (plain, helpers) in float64 and
+    float32, every step started from one device's weights: the table. The tensors the runs saved
+    are deleted once compared (``recipe.json`` keeps the numbers)."""
     from vae_ddp.probes import per_step_differences
     from vae_ddp.studies.equivalence import FLOOR_FACTOR, verdict
 
     result = {"method": "teacher-forced", "floor_factor": FLOOR_FACTOR, "steps": steps, "permutations": permutations,
-              "dtypes": {}}
+              "global_batch_size": GLOBAL_BATCH_SIZE, "world_sizes": list(world_sizes), "dtypes": {}}
     rows = []
     for dtype in DTYPES:
         (out / dtype).mkdir(parents=True, exist_ok=True)
         check_one(dtype, steps, seed, permutations, out / dtype)
-    subprocess.run([sys.executable, __file__, "--ddp", "--steps", str(steps), "--seed", str(seed), "--save", str(out)],
-                   check=True)
+    for n in world_sizes:  # one launch per world size
+        subprocess.run([sys.executable, __file__, "--ddp", str(n), "--steps", str(steps), "--seed", str(seed),
+                        "--save", str(out)], check=True)
     for dtype in DTYPES:
         d = out / dtype
         ref = torch.load(d / "single-steps.pt")["grads"]
@@ -135,48 +138,56 @@ def check(steps: int, seed: int, permutations: int, out: Path) -> dict:
         floor_runs = [max(f) for f in floor_steps]
         floor = max(floor_runs)
         entry = {"floor": floor, "floor_runs": floor_runs, "floor_steps": floor_steps, "ddp": {}}
-        for variant in ("plain", "helpers"):
-            steps_diff = per_step_differences(torch.load(d / f"ddp-{variant}.pt")["grads"], ref)
-            diff = max(steps_diff)
-            ratio = diff / floor if floor > 0 else (0.0 if diff == 0 else None)
-            entry["ddp"][variant] = {"max_grad_diff": diff, "grad_steps": steps_diff, "ratio_to_floor": ratio,
-                                     "within_floor": ratio is not None and ratio <= FLOOR_FACTOR,
-                                     "verdict": verdict(ratio)}
-            rows.append((dtype, f"DDP on 2, {'plain Lightning/torch' if variant == 'plain' else 'vae_ddp helpers'}",
-                         diff, floor, ratio, verdict(ratio)))
+        for n in world_sizes:
+            entry["ddp"][str(n)] = {}
+            for variant in ("plain", "helpers"):
+                steps_diff = per_step_differences(torch.load(d / f"ddp-{n}-{variant}.pt")["grads"], ref)
+                diff = max(steps_diff)
+                ratio = diff / floor if floor > 0 else (0.0 if diff == 0 else None)
+                entry["ddp"][str(n)][variant] = {
+                    "max_grad_diff": diff, "grad_steps": steps_diff, "ratio_to_floor": ratio,
+                    "within_floor": ratio is not None and ratio <= FLOOR_FACTOR, "verdict": verdict(ratio)}
+                rows.append((dtype, n, "plain Lightning/torch" if variant == "plain" else "vae_ddp helpers",
+                             diff, floor, ratio, verdict(ratio)))
         result["dtypes"][dtype] = entry
+    for saved in out.rglob("*.pt"):
+        saved.unlink()
     (out / "recipe.json").write_text(json.dumps(result, indent=1))
     fmt = lambda v: "inf" if v is None else ("0" if v == 0 else f"{v:.3g}" if abs(v) >= 1e-3 else f"{v:.2e}")  # noqa: E731
-    print(f"BottleneckClassifier on digits, global batch 64, {steps} Adam steps, each started from one device's "
-          f"weights: the gradient's largest relative difference to one device's over the steps\n")
-    print("| dtype | run | verdict | gradient difference | floor | ratio |")
-    print("|---|---|---|---|---|---|")
-    for dtype, run, diff, floor, ratio, text in rows:
-        print(f"| {dtype} | {run} | {text} | {fmt(diff)} | {fmt(floor)} | {fmt(ratio)} |")
+    print(f"BottleneckClassifier on digits, global batch {GLOBAL_BATCH_SIZE}, {steps} Adam steps, each started "
+          f"from one device's weights: the gradient's largest relative difference to one device's over the steps\n")
+    print("| dtype | world size | changes | verdict | gradient difference | floor | ratio |")
+    print("|---|---|---|---|---|---|---|")
+    for dtype, n, run, diff, floor, ratio, text in rows:
+        print(f"| {dtype} | {n} | {run} | {text} | {fmt(diff)} | {fmt(floor)} | {fmt(ratio)} |")
     return result
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description="the check of the recipe: DDP on 2 against one device and its floor")
+    p = argparse.ArgumentParser(description="the check of the recipe: DDP against one device and its floor")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--check", action="store_true", help="compare DDP on 2 with one device and the floor")
+    p.add_argument("--check", action="store_true", help="compare DDP with one device and the floor")
+    p.add_argument("--world-sizes", type=int, nargs="+", default=[2, 3, 4], help="DDP world sizes to check")
     p.add_argument("--changes", action="store_true", help="print the table of changes")
     p.add_argument("--permutations", type=int, default=4, help="permuted one-device runs for the floor")
-    p.add_argument("--ddp", action="store_true", help="(internal) the DDP runs of --check, on 2 processes")
+    p.add_argument("--ddp", type=int, default=None, metavar="N", help="(internal) the DDP runs of --check, on N processes")
     p.add_argument("--save", type=Path, default=None, help="(internal) the folder of --check's runs")
     p.add_argument("--out", type=Path, default=Path("out/recipe"))
     args = p.parse_args(argv)
     from vae_ddp.utils import quiet
 
     quiet()
+    bad = [n for n in args.world_sizes if n < 2 or GLOBAL_BATCH_SIZE % n]
+    if bad:
+        p.error(f"--world-sizes {bad[0]}: a DDP world size from 2 that divides the global batch {GLOBAL_BATCH_SIZE}")
     if args.changes:
         print(changes_table())
     elif args.check:
         args.out.mkdir(parents=True, exist_ok=True)
-        check(args.steps, args.seed, args.permutations, args.out)
+        check(args.steps, args.seed, args.permutations, args.out, tuple(args.world_sizes))
     elif args.ddp and args.save is not None:
-        check_ddp(args.steps, args.seed, args.save)
+        check_ddp(args.ddp, args.steps, args.seed, args.save)
     else:
         p.error("give --check or --changes")
 
