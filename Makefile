@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 OUT ?= runs
+# The CIFAR-10 images (ImageFolder) the benchmarks train on, as the tests find them (tests/conftest.py)
+CIFAR ?= $(or $(VAE_DDP_CIFAR_SUBSET),../shared/data/cifar10-jpg-subset)
 
 .PHONY: setup browser demo test test-full docs docs-serve legacy legacy-test bench bench-docs gallery stress clean
 
@@ -41,7 +43,7 @@ test-full: setup browser  ## the full-size studies too (tens of minutes on 2 cor
 	VAE_DDP_FULL=1 $(PY) -m pytest
 
 bench: setup  ## benchmarks (medians and ratios): step time per fix, CPU sync BatchNorm, DDPAudit overhead, audit time
-	$(PY) benchmarks/step_time.py
+	$(PY) benchmarks/step_time.py --data-dir $(CIFAR)
 	$(PY) benchmarks/sync_batchnorm.py
 	$(PY) benchmarks/audit_overhead.py
 	$(PY) benchmarks/audit_time.py
@@ -50,7 +52,7 @@ stress: setup  ## 30 runs of each DDP case with DataLoader workers: hangs, failu
 	$(PY) benchmarks/stress_workers.py --iterations 30 --out $(OUT)/stress
 
 bench-docs: setup  ## the timings and audit calibration the site shows, rewritten into docs/results/ (idle machine; then commit)
-	$(PY) benchmarks/step_time.py --models small --out docs/results/step-time
+	$(PY) benchmarks/step_time.py --models small --data-dir $(CIFAR) --out docs/results/step-time
 	$(PY) benchmarks/audit_overhead.py --out docs/results/audit-overhead
 	$(PY) benchmarks/audit_false_alarms.py --out docs/results/audit-false-alarms
 

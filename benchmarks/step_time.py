@@ -131,11 +131,12 @@ def main(argv=None) -> dict:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--repeats", type=int, default=3, help="runs per variant (rounds)")
     p.add_argument("--global-batch-size", type=int, default=32)
-    p.add_argument("--data-dir", default=os.environ.get(
-        "VAE_DDP_CIFAR_SUBSET", str(Path(__file__).resolve().parents[2] / "shared/data/cifar10-jpg-subset")),
-        help="ImageFolder tree (default: $VAE_DDP_CIFAR_SUBSET)")
+    p.add_argument("--data-dir", default=os.environ.get("VAE_DDP_CIFAR_SUBSET"),
+                   help="ImageFolder tree of CIFAR-10 images (default: $VAE_DDP_CIFAR_SUBSET)")
     p.add_argument("--out", type=Path, default=None, help="also write the results (step_time.json, tables.md) here")
     args = p.parse_args(argv)
+    if not args.data_dir:
+        p.error("give --data-dir DIR (an ImageFolder tree of CIFAR-10 images) or set VAE_DDP_CIFAR_SUBSET")
     if args.steps - args.warmup < 3 or args.repeats < 2:
         p.error("need --steps at least --warmup + 3 and --repeats at least 2")
     settings = {"steps": args.steps, "warmup": args.warmup, "repeats": args.repeats,

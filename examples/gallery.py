@@ -15,6 +15,8 @@ The libraries are imported by the classes that use them (`pip install -e ".[gall
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from pytorch_lightning import LightningDataModule, LightningModule
 from torch import nn
@@ -107,9 +109,11 @@ class Text(LightningDataModule):
     `DataCollatorForLanguageModeling`: `mlm=False` gives causal-LM labels (-100 on padding), `mlm=True`
     masks 15% of the tokens at random in the loader's `collate_fn`, as BERT is pretrained."""
 
-    def __init__(self, batch_size: int = 8, n: int = 32, mlm: bool = False, shuffle: bool = True) -> None:
+    def __init__(self, batch_size: int = 8, n: int = 32, mlm: bool = False, shuffle: bool = True,
+                 pad_to_multiple_of: Optional[int] = None) -> None:
         super().__init__()
         self.batch_size, self.n, self.mlm, self.shuffle = batch_size, n, mlm, shuffle
+        self.pad_to_multiple_of = pad_to_multiple_of
 
     def setup(self, stage: str) -> None:
         self.tokenizer = tiny_tokenizer()
@@ -121,7 +125,7 @@ class Text(LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         from transformers import DataCollatorForLanguageModeling
 
-        collate = DataCollatorForLanguageModeling(self.tokenizer, mlm=self.mlm)
+        collate = DataCollatorForLanguageModeling(self.tokenizer, mlm=self.mlm, pad_to_multiple_of=self.pad_to_multiple_of)
         return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=self.shuffle, collate_fn=collate)
 
 
@@ -330,6 +334,33 @@ class GPT2(LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=1e-3)
 
 
+# --8<-- [start:gpt2-fixed]
+class GPT2Fixed(GPT2):
+    """GPT-2 with the changes the audit asks for: no attention dropout (`attn_pdrop=0`: Hugging Face
+    draws it inside the attention function with `torch.nn.functional.dropout` or in
+    `scaled_dot_product_attention`, where no layer can be served; the residual and embedding
+    dropout are `nn.Dropout` layers, which `GlobalBatchRandomness` serves), the loss over the
+    global batch's token count (`global_token_cross_entropy`), and the data padded to one length
+    (`Text(pad_to_multiple_of=32)`: each rank's rows have the shape they have on one device, so
+    their dropout masks are the global batch's)."""
+
+    def __init__(self) -> None:
+        LightningModule.__init__(self)
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        self.net = GPT2LMHeadModel(GPT2Config(vocab_size=65, n_positions=32, n_embd=32, n_layer=2, n_head=2,
+                                              bos_token_id=2, eos_token_id=3, pad_token_id=0, attn_pdrop=0.0))
+
+    def training_step(self, batch, batch_idx):
+        from vae_ddp.fixes import global_token_cross_entropy
+
+        logits = self.net(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        loss = global_token_cross_entropy(logits[:, :-1].flatten(0, 1), batch["labels"][:, 1:].flatten())
+        self.log("train_loss", loss, sync_dist=True, batch_size=len(batch["input_ids"]))
+        return loss
+# --8<-- [end:gpt2-fixed]
+
+
 class BertMLM(GPT2):
     """Hugging Face's BERT for masked LM, 2 layers; the loss is the mean over the masked tokens."""
 
@@ -353,5 +384,6 @@ GALLERY = {
     "DCGAN": ("DCGAN", "Images", {}, {"strategy": "ddp_find_unused_parameters_true"}),
     "DCGAN, z for the global batch": ("DCGANGlobalNoise", "Images", {}, {"strategy": "ddp_find_unused_parameters_true"}),
     "GPT-2": ("GPT2", "Text", {}, {}),
+    "GPT-2, global token mean, no attention dropout": ("GPT2Fixed", "Text", {"pad_to_multiple_of": 32}, {}),
     "BERT (masked LM)": ("BertMLM", "Text", {"mlm": True}, {}),
 }

@@ -138,11 +138,24 @@ def site_build(timeout: float = 3600) -> tuple[Path, str, float]:
     return _SITE["out"] / "site", log, _SITE["seconds"]
 
 
+def pytest_terminal_summary(terminalreporter):
+    """How long the site build took and each docs registry example it ran (``generate: NAME ran
+    in N s``): the build runs beside the tests, and these are where its time went."""
+    if "seconds" not in _SITE:  # no build, or one the session did not wait for
+        return
+    ran = [ln.split("generate: ", 1)[1] for ln in _SITE.get("text", "").splitlines() if "generate: " in ln]
+    terminalreporter.write_sep("-", f"site build: {_SITE['seconds']:.0f} s")
+    for line in ran:
+        terminalreporter.write_line(line)
+
+
 def pytest_sessionfinish(session, exitstatus):
     if _SITE:
         if _SITE["proc"].poll() is None:
             _SITE["proc"].terminate()  # the guard ends the build's whole tree
             _SITE["proc"].wait(timeout=30)
+        _SITE["log"].seek(0)
+        _SITE["text"] = _SITE["log"].read()  # for pytest_terminal_summary, which runs after this
         _SITE["log"].close()
         shutil.rmtree(_SITE["out"], ignore_errors=True)
         Path(_SITE["log"].name).unlink(missing_ok=True)

@@ -53,13 +53,15 @@ def test_report_scale_reduced(generated):
 
 
 def test_report_scale_bad_input_is_one_line(tmp_path):
-    from conftest import run_cli
+    """In this process (test_cli_errors runs the console entry point as a user does)."""
+    from vae_ddp.cli import main_captured
 
-    proc = run_cli("report-scale", "--variants", "nope", "--out", str(tmp_path), timeout=600)
-    assert proc.returncode == 2 and "--variants" in proc.stderr and "nope" in proc.stderr
-    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
-    proc = run_cli("report-scale", "--grad-steps", "1", "--out", str(tmp_path), timeout=600)
-    assert proc.returncode == 2 and "--grad-steps must be at least 2" in proc.stderr
+    code, _, err = main_captured(["report-scale", "--variants", "nope", "--out", str(tmp_path)])
+    assert code == 2 and "--variants" in err and "nope" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    code, _, err = main_captured(["report-scale", "--grad-steps", "1", "--out", str(tmp_path)])
+    assert code == 2 and "--grad-steps must be at least 2" in err
+    assert not list(tmp_path.iterdir())  # refused before any work
 
 
 def test_reduction_arithmetic():

@@ -30,20 +30,10 @@ def audit(tmp_path: Path, model: str, *args: str, data: str = f"{M}.Regression",
     out = tmp_path / "audit"
     argv = ["audit", "--model", model, "--data", data, "--steps", "3", "--out", str(out), *args]
     if in_process:
-        import contextlib
-        import io
-        import os
+        from vae_ddp.cli import main_captured
 
-        from vae_ddp.cli import main
-
-        stdout, stderr, cwd = io.StringIO(), io.StringIO(), os.getcwd()
-        os.chdir(ROOT)
-        try:
-            with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-                code = main(argv)
-        finally:
-            os.chdir(cwd)
-        log = stdout.getvalue() + stderr.getvalue()
+        code, stdout, stderr = main_captured(argv, cwd=ROOT)
+        log = stdout + stderr
     else:
         proc = guard.run([sys.executable, "-m", "vae_ddp.cli", *argv], capture_output=True, text=True, timeout=600,
                          cwd=ROOT)

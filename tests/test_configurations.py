@@ -12,7 +12,7 @@ from vae_ddp.studies.launch import RunFailed, RunGroup, launch, launch_group
 
 
 def _spec(cifar_dir, **kw) -> RunSpec:
-    base = dict(data="imagefolder", data_dir=str(cifar_dir), max_samples=1200, model="small", steps=24,
+    base = dict(data="imagefolder", data_dir=str(cifar_dir), max_samples=1200, model="small", steps=12,
                 global_batch_size=32, devices=2, lr=1e-3, seeds=[0])
     base.update(kw)
     return RunSpec(**base).validate()

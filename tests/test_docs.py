@@ -588,20 +588,68 @@ def browser(chromium):
         b.close()
 
 
-def test_pages_in_browser(site, server, browser):
-    """Every page loads without console errors and with every image loaded."""
-    problems = []
-    for path in pages(site):
-        page = browser.new_page()
-        errors = []
-        page.on("console", lambda msg, errors=errors: errors.append(msg.text) if msg.type == "error" else None)
-        page.on("pageerror", lambda exc, errors=errors: errors.append(str(exc)))
-        page.goto(server + path, wait_until="networkidle")
-        images = page.eval_on_selector_all(
-            "img", "els => els.map(e => ({src: e.getAttribute('src'), ok: e.complete && e.naturalWidth > 0}))")
-        problems += [f"{path}: console error: {e}" for e in errors]
-        problems += [f"{path}: image not loaded: {img['src']}" for img in images if not img["ok"]]
-        page.close()
+_PHONE = {"width": 390, "height": 844}
+_DESKTOP = {"width": 1280, "height": 800}
+
+_PHONE_TABLES = """els => els.map(t => {
+    let box = t.parentElement;
+    while (box && !['auto', 'scroll'].includes(getComputedStyle(box).overflowX)) box = box.parentElement;
+    const r = t.getBoundingClientRect();
+    return {fits: r.right <= window.innerWidth + 1 && r.left >= -1,
+            scrolls: !!box && box.scrollWidth > box.clientWidth && box.clientWidth <= window.innerWidth,
+            head: t.querySelector('th') ? t.querySelector('th').textContent : ''};
+})"""
+
+_TABLE_WIDTHS = """() => {
+    document.querySelectorAll('article details').forEach(d => { d.open = true; });
+    return [...document.querySelectorAll('article table')].map(t => {
+        const wrap = t.closest('.md-typeset__scrollwrap') || t.parentElement;
+        const heads = [...t.querySelectorAll('thead th')];
+        const v = heads.find(h => /verdict/i.test(h.textContent));
+        return {width: t.scrollWidth, column: wrap.clientWidth,
+                head: heads.map(h => h.textContent.trim()).join(' | ').slice(0, 120),
+                verdictRight: v ? v.getBoundingClientRect().right : null};
+    });
+}"""
+
+
+@pytest.fixture(scope="module")
+def rendered(site, server, browser) -> dict:
+    """Every page, loaded once on a desktop (1280 x 800) and once on a phone (390 x 844): what
+    the browser tests below check. Per viewport and page: ``errors`` (console errors, uncaught
+    exceptions), ``images`` (``src``, loaded), ``width`` (the page's scroll width),
+    ``tables`` (as laid out, collapsed blocks closed: fits the screen or scrolls in its own box)
+    and ``widths`` (collapsed blocks opened: each table's width, its column's, the right edge
+    of its verdict column)."""
+    seen = {}
+    for name, context in (("desktop", browser.new_context(viewport=_DESKTOP)),
+                          ("phone", browser.new_context(viewport=_PHONE, device_scale_factor=2, is_mobile=True))):
+        seen[name] = {}
+        for path in pages(site):
+            page = context.new_page()
+            errors = []
+            page.on("console", lambda msg, errors=errors: errors.append(msg.text) if msg.type == "error" else None)
+            page.on("pageerror", lambda exc, errors=errors: errors.append(str(exc)))
+            page.goto(server + path, wait_until="networkidle")
+            seen[name][path] = {
+                "images": page.eval_on_selector_all(
+                    "img", "els => els.map(e => ({src: e.getAttribute('src'), ok: e.complete && e.naturalWidth > 0}))"),
+                "width": page.evaluate("document.documentElement.scrollWidth"),
+                "tables": page.eval_on_selector_all("article table", _PHONE_TABLES),
+                "widths": page.evaluate(_TABLE_WIDTHS),  # last: it opens the collapsed blocks
+                "errors": errors}
+            page.close()
+        context.close()
+    return seen
+
+
+def test_pages_in_browser(rendered):
+    """Every page loads without console errors and with every image loaded, on a desktop and a phone."""
+    problems = [f"{view}: {path}: console error: {e}" for view, seen in rendered.items()
+                for path, r in seen.items() for e in r["errors"]]
+    problems += [f"{view}: {path}: image not loaded: {img['src']}" for view, seen in rendered.items()
+                 for path, r in seen.items() for img in r["images"] if not img["ok"]]
+    assert rendered["desktop"] and set(rendered["desktop"]) == set(rendered["phone"])
     assert not problems, "\n".join(problems)
 
 
@@ -786,62 +834,28 @@ def test_search_puts_the_factor_page_first(server, browser, query, pages):
     assert found and found[0] in pages, f"search for {query!r}: first {found[:3]}, expected one of {pages}"
 
 
-def test_wide_tables_are_reachable_on_a_phone(site, server, browser):
+def test_wide_tables_are_reachable_on_a_phone(rendered):
     """At 390 px width no page is wider than the screen, and every table either fits or
     scrolls sideways inside its own box (so its last column, e.g. Home's Fix, is reachable)."""
     problems = []
-    context = browser.new_context(viewport={"width": 390, "height": 844}, device_scale_factor=2, is_mobile=True)
-    for path in pages(site):
-        page = context.new_page()
-        page.goto(server + path, wait_until="networkidle")
-        width = page.evaluate("document.documentElement.scrollWidth")
-        if width > 391:
-            problems.append(f"{path}: the page is {width} px wide")
-        tables = page.eval_on_selector_all("article table", """els => els.map(t => {
-            let box = t.parentElement;
-            while (box && !['auto', 'scroll'].includes(getComputedStyle(box).overflowX)) box = box.parentElement;
-            const r = t.getBoundingClientRect();
-            return {fits: r.right <= window.innerWidth + 1 && r.left >= -1,
-                    scrolls: !!box && box.scrollWidth > box.clientWidth && box.clientWidth <= window.innerWidth,
-                    head: t.querySelector('th') ? t.querySelector('th').textContent : ''};
-        })""")
-        problems += [f"{path}: table '{t['head']}' neither fits nor scrolls" for t in tables
+    for path, r in rendered["phone"].items():
+        if r["width"] > _PHONE["width"] + 1:
+            problems.append(f"{path}: the page is {r['width']} px wide")
+        problems += [f"{path}: table '{t['head']}' neither fits nor scrolls" for t in r["tables"]
                      if not (t["fits"] or t["scrolls"])]
-        page.close()
-    context.close()
     assert not problems, "\n".join(problems)
 
 
-_TABLE_WIDTHS = """() => {
-    document.querySelectorAll('article details').forEach(d => { d.open = true; });
-    return [...document.querySelectorAll('article table')].map(t => {
-        const wrap = t.closest('.md-typeset__scrollwrap') || t.parentElement;
-        const heads = [...t.querySelectorAll('thead th')];
-        const v = heads.find(h => /verdict/i.test(h.textContent));
-        return {width: t.scrollWidth, column: wrap.clientWidth,
-                head: heads.map(h => h.textContent.trim()).join(' | ').slice(0, 120),
-                verdictRight: v ? v.getBoundingClientRect().right : null};
-    });
-}"""
-
-
-def test_tables_fit_the_column_on_a_desktop_and_show_the_verdict_on_a_phone(site, server, browser):
+def test_tables_fit_the_column_on_a_desktop_and_show_the_verdict_on_a_phone(rendered):
     """At 1280 x 800 no table (collapsed blocks opened) is wider than the column it sits in,
     so no column is cut off; at 390 x 844 the verdict column of every table that has one is
     on the screen without scrolling sideways."""
     problems = []
-    for viewport, phone in (({"width": 1280, "height": 800}, False), ({"width": 390, "height": 844}, True)):
-        context = browser.new_context(viewport=viewport, is_mobile=phone)
-        for path in pages(site):
-            page = context.new_page()
-            page.goto(server + path, wait_until="networkidle")
-            for t in page.evaluate(_TABLE_WIDTHS):
-                if not phone and t["width"] > t["column"] + 1:
-                    problems.append(f"1280 px: {path}: table '{t['head']}' is {t['width']} px wide "
-                                    f"in a {t['column']} px column")
-                if phone and t["verdictRight"] is not None and t["verdictRight"] > viewport["width"] + 1:
-                    problems.append(f"390 px: {path}: the verdict column of '{t['head']}' ends at "
-                                    f"{t['verdictRight']:.0f} px, off the screen")
-            page.close()
-        context.close()
+    for path, r in rendered["desktop"].items():
+        problems += [f"1280 px: {path}: table '{t['head']}' is {t['width']} px wide in a {t['column']} px column"
+                     for t in r["widths"] if t["width"] > t["column"] + 1]
+    for path, r in rendered["phone"].items():
+        problems += [f"390 px: {path}: the verdict column of '{t['head']}' ends at {t['verdictRight']:.0f} px, "
+                     f"off the screen" for t in r["widths"]
+                     if t["verdictRight"] is not None and t["verdictRight"] > _PHONE["width"] + 1]
     assert not problems, "\n".join(problems)

@@ -16,7 +16,7 @@ from vae_ddp.studies.configs import RunSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 #: the files that enumerate the fixes: none of them may name a factor's switch
-DERIVED = ["src/vae_ddp/cli.py", "src/vae_ddp/studies/runner.py", "src/vae_ddp/studies/ablation.py",
+DERIVED = ["src/vae_ddp/cli.py", "src/vae_ddp/studies/runner.py", "src/vae_ddp/studies/ablation.py", "src/vae_ddp/audit/run.py",
            "benchmarks/step_time.py"]
 
 
@@ -64,7 +64,8 @@ def seventh_factor():
     f = registry.register(Factor(key="jitter", name="augmentation jitter", page="factors/jitter.md",
                                  changes="a callback", check=lambda t, m, d: None, field="jitter",
                                  default="default", fixed="global", choices=("global",),
-                                 parts=lambda spec, seed: FixParts(callbacks=[marker])))
+                                 parts=lambda spec, seed: FixParts(callbacks=[marker]),
+                                 audit_parts=lambda run: FixParts(callbacks=[marker])))
     yield f, marker
     registry.unregister("jitter")
 
@@ -87,6 +88,14 @@ def test_a_new_factor_needs_only_its_registry_entry_and_its_field(seventh_factor
     assert bench["ddp + all fixes"]["jitter"] == "global"
     cfg = build_parser(JitterSpec).parse_args(["compare", "--jitter", "global"])
     assert cfg.compare.jitter == "global"
+    # the audit: its ablation runs every fix it has but one, its runs build what the factor declares
+    from vae_ddp.audit.spec import AuditRun
+
+    assert registry.audit_fixable() == ("noise", "batchnorm", "sampler", "jitter")
+    run = AuditRun(model={"class_path": "m.M"}, data={"class_path": "d.D"}, global_batch_size=8,
+                   fixes=list(registry.audit_fixable()))
+    assert marker in registry.audit_parts(run).callbacks
+    assert marker not in registry.audit_parts(dataclasses.replace(run, fixes=["noise"])).callbacks
 
 
 def test_the_derived_places_name_no_factor():

@@ -30,7 +30,7 @@ from vae_ddp.errors import UserError, input_error
 # The studies (torch, Lightning: seconds to import) are imported when a parser is built, so
 # that `vae-ddp audit --help` answers without them.
 
-__all__ = ["main", "build_parser", "Command", "commands", "register"]
+__all__ = ["main", "main_captured", "build_parser", "Command", "commands", "register"]
 
 
 @dataclass
@@ -361,6 +361,24 @@ def main(argv: Optional[list[str]] = None) -> int:
         print("vae-ddp: interrupted", file=sys.stderr)
         return 130
     return 0
+
+
+def main_captured(argv: list[str], cwd: Optional[Path] = None) -> tuple[int, str, str]:
+    """``vae-ddp ARGV`` in this process, from ``cwd`` (restored after): exit code, stdout, stderr.
+    For callers that have torch and Lightning imported already (tests, the audit gallery): one
+    interpreter start less than a subprocess; the runs it launches are processes either way."""
+    import contextlib
+    import io
+
+    stdout, stderr, before = io.StringIO(), io.StringIO(), os.getcwd()
+    if cwd is not None:
+        os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            code = main(argv)
+    finally:
+        os.chdir(before)
+    return code, stdout.getvalue(), stderr.getvalue()
 
 
 if __name__ == "__main__":

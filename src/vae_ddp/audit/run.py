@@ -24,14 +24,13 @@ from typing import Any, Optional
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning import Callback, LightningModule, Trainer
-from torch.utils.data import DataLoader, RandomSampler
+from torch.utils.data import DataLoader
 
 from vae_ddp.audit.callback import DDPAudit
 from vae_ddp.audit.spec import AuditRun, failed_marker, import_class
 from vae_ddp.audit.static import batch_tensors
-from vae_ddp.fixes.batchnorm import GlobalSyncBatchNorm
-from vae_ddp.fixes.randomness import GlobalBatchRandomness, current_stream
-from vae_ddp.fixes.sampler import GlobalBatchDistributedSampler
+from vae_ddp.fixes import registry
+from vae_ddp.fixes.randomness import current_stream
 from vae_ddp.guard import beat
 from vae_ddp.probes import StepProbe
 from vae_ddp.ranks import alive, cluster_plugins, fork, run_ranks
@@ -92,20 +91,13 @@ def build(run: AuditRun,
     model = model_cls(**run.model.get("init_args", {}))
     data_args = dict(run.data.get("init_args", {}), batch_size=run.global_batch_size // run.devices)
     dm = data_cls(**data_args)
+    parts = registry.audit_parts(run)  # each fix in run.fixes, as its factor declares it
     callbacks: list[Callback] = [probe] if probe is not None else []  # first: θ_k before any other acts
-    extra: dict[str, Any] = {}
-    if "noise" in run.fixes:  # dropout layers and a `noise` attribute, drawn for the global batch
-        callbacks.append(GlobalBatchRandomness(run.seed))
+    callbacks += parts.callbacks
     if run.permute:
         callbacks.append(PermuteWithinBatch(run.seed * 1009 + run.permute))
-    if "batchnorm" in run.fixes and run.devices > 1:
-        if run.accelerator == "gpu":
-            extra["sync_batchnorm"] = True
-        else:
-            extra["plugins"] = [GlobalSyncBatchNorm()]
-    if cluster_plugins():  # a forked rank: the environment vae_ddp.ranks set
-        extra["plugins"] = extra.get("plugins", []) + cluster_plugins()
     callbacks.append(DDPAudit(warn=False))
+    plugins = parts.plugins + cluster_plugins()  # cluster_plugins: a forked rank (the environment vae_ddp.ranks set)
     user = dict(run.trainer)
     strategy = user.pop("strategy", "ddp")
     strategy = strategy if run.devices > 1 else "auto"
@@ -113,10 +105,10 @@ def build(run: AuditRun,
         accelerator=run.accelerator, devices=run.devices, strategy=strategy, **user,
         max_steps=run.steps, max_epochs=-1, limit_val_batches=0, num_sanity_val_steps=0, logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        precision="64-true" if run.dtype == "float64" else "32-true",
-        use_distributed_sampler="sampler" not in run.fixes, callbacks=callbacks, **extra)
-    if "sampler" in run.fixes:
-        _deal_global_batches(dm, run, trainer.global_rank)
+        precision="64-true" if run.dtype == "float64" else "32-true", callbacks=callbacks,
+        **({"plugins": plugins} if plugins else {}), **parts.trainer)
+    for prepare in parts.prepare:
+        prepare(dm, trainer)
     _fork_safe_workers(dm)
     return model, dm, trainer
 
@@ -148,27 +140,6 @@ def _loaders(loaders: Any) -> list[DataLoader]:
     if isinstance(loaders, dict):
         loaders = list(loaders.values())
     return [dl for dl in loaders if isinstance(dl, DataLoader)] if isinstance(loaders, (list, tuple)) else []
-
-
-def _deal_global_batches(dm: pl.LightningDataModule, run: AuditRun, rank: int) -> None:
-    """Replace the datamodule's training sampler by the single-device global batches, dealt to
-    the ranks in contiguous chunks
-    ([`GlobalBatchDistributedSampler`][vae_ddp.fixes.sampler.GlobalBatchDistributedSampler]),
-    shuffled when the user's loader shuffles. An incomplete last global batch is dropped."""
-    original = dm.train_dataloader
-
-    def train_dataloader() -> DataLoader:
-        dl = original()
-        # the user's order: shuffled when their loader shuffles (a RandomSampler), else dataset order
-        sampler = GlobalBatchDistributedSampler(dl.dataset, run.global_batch_size, num_replicas=run.devices,
-                                                rank=rank, seed=run.seed, shuffle=isinstance(dl.sampler, RandomSampler))
-        return DataLoader(dl.dataset, batch_size=run.global_batch_size // run.devices, sampler=sampler,
-                          collate_fn=dl.collate_fn, num_workers=dl.num_workers, pin_memory=dl.pin_memory,
-                          worker_init_fn=dl.worker_init_fn, generator=dl.generator,
-                          multiprocessing_context=dl.multiprocessing_context,
-                          persistent_workers=dl.persistent_workers)
-
-    dm.train_dataloader = train_dataloader
 
 
 #: Seconds a teacher-forced run waits for the reference's weights (the one-device runs, in the

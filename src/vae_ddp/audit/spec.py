@@ -19,11 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
-__all__ = ["AuditRun", "import_class", "resolve_class_arg", "failed_marker", "FIXABLE", "TRAINER_ARGS",
-           "DDP_STRATEGIES"]
-
-FIXABLE = ("noise", "batchnorm", "sampler")
-"""Factors the audit can switch on for any LightningModule, in the order it applies them."""
+__all__ = ["AuditRun", "import_class", "resolve_class_arg", "failed_marker", "TRAINER_ARGS", "DDP_STRATEGIES"]
 
 DDP_STRATEGIES = ("ddp", "ddp_find_unused_parameters_true", "ddp_find_unused_parameters_false")
 """``--trainer.strategy`` values: Lightning's registered DDP strategies that launch by
@@ -129,7 +125,8 @@ class AuditRun:
             DataModule gets ``batch_size = B // devices``.
         steps: optimizer steps. dtype: ``float64`` or ``float32``. accelerator: ``cpu``/``gpu``.
         seed: ``seed_everything(seed)`` before the model is built (same initial weights).
-        fixes: names of `FIXABLE` factors whose fix is on.
+        fixes: keys of the factors whose audit fix is on (those of
+            [`audit_fixable`][vae_ddp.fixes.registry.audit_fixable]).
         permute: 0, or the draw (1, 2, ...) of a permutation of the samples inside each batch
             (the noise rows permuted with them): the one-device reordering floor.
         steps_file: a ``.pt`` file of per-step weights: the run records its weights θ_k, gradients

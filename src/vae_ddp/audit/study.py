@@ -39,7 +39,7 @@ from typing import Optional
 
 import torch
 
-from vae_ddp.audit.spec import FIXABLE, AuditRun, failed_marker
+from vae_ddp.audit.spec import AuditRun, failed_marker
 from vae_ddp.fixes import registry
 from vae_ddp.probes import per_step_differences
 from vae_ddp.studies.equivalence import FLOOR_FACTOR
@@ -125,7 +125,7 @@ def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, pr
 def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress: bool,
            notes: Optional[list[str]]) -> dict:
     n = base.devices
-    fixes = list(FIXABLE)
+    fixes = list(registry.audit_fixable())
     runs_dir = out_dir / "runs"
     steps_file = (runs_dir / "single-steps.pt").resolve()
     runs_dir.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,9 @@
 Every place that enumerates the fixes reads this registry instead of listing them:
 ``RunSpec.exact()`` and ``RunSpec.fixes()`` ([`RunSpec`][vae_ddp.studies.configs.RunSpec]), the
 ``Trainer`` of a run (``vae_ddp.studies.runner.build_trainer``), the ablation's and the
-step-time benchmark's variants, and the ``vae-ddp`` switches. Adding a factor is one fix
+step-time benchmark's variants, the ``vae-ddp`` switches, and the runs of `vae-ddp audit`
+(its fixes and its ablation: [`audit_parts`][vae_ddp.fixes.registry.audit_parts],
+[`audit_fixable`][vae_ddp.fixes.registry.audit_fixable]). Adding a factor is one fix
 module, one example, one page and one [`Factor`][vae_ddp.fixes.registry.Factor] passed to
 [`register`][vae_ddp.fixes.registry.register] (plus, if it has a ``RunSpec`` switch, that field
 with its ``Literal``/``bool`` type: the field is the typed flag).
@@ -16,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-__all__ = ["Factor", "FixParts", "factors", "get", "register", "unregister", "exposures", "switches"]
+__all__ = ["Factor", "FixParts", "factors", "get", "register", "unregister", "exposures", "switches", "audit_fixable",
+           "audit_parts"]
 
 
 @dataclass
@@ -29,11 +32,14 @@ class FixParts:
     trainer: dict = field(default_factory=dict)
     module: dict = field(default_factory=dict)
     datamodule: dict = field(default_factory=dict)
+    #: ``prepare(datamodule, trainer)`` calls once the Trainer exists (the audit's sampler fix
+    #: deals the user's loader in global batches; it needs the rank)
+    prepare: list = field(default_factory=list)
 
     def merge(self, other: "FixParts") -> "FixParts":
         return FixParts(self.callbacks + other.callbacks, self.plugins + other.plugins,
                         {**self.trainer, **other.trainer}, {**self.module, **other.module},
-                        {**self.datamodule, **other.datamodule})
+                        {**self.datamodule, **other.datamodule}, self.prepare + other.prepare)
 
 
 #: check(trainer, module, datamodule) -> why this run is exposed, or None when it is not.
@@ -58,6 +64,10 @@ class Factor:
         fixed: the value ``RunSpec.exact()`` sets.
         choices: every non-default value (each is a variant of the step-time benchmark).
         parts: ``parts(spec, seed) -> FixParts`` of the fix for the field's current value.
+        audit_parts: ``audit_parts(run) -> FixParts``: the fix `vae-ddp audit` applies to a
+            user's LightningModule and datamodule (``run``: an
+            [`AuditRun`][vae_ddp.audit.spec.AuditRun]); None: the audit has no automatic fix
+            for it (it reports it, or another factor's fix covers it).
         check: ``check(trainer, module, datamodule) -> str | None``: why the given run is exposed.
         fixed_by: key of the factor whose switch fixes this one (when ``field`` is None).
         off_label: the ablation's name for the run with this fix off (default ``"<key> fix off"``).
@@ -73,6 +83,7 @@ class Factor:
     fixed: Any = None
     choices: tuple = ()
     parts: Optional[Callable[[Any, int], FixParts]] = None
+    audit_parts: Optional[Callable[[Any], FixParts]] = None
     fixed_by: Optional[str] = None
     off_label: str = ""
 
@@ -191,6 +202,34 @@ def _parts_logging(spec, seed: int) -> FixParts:
     return FixParts(module={"sync_dist_logging": True})
 
 
+# --- what the audit's fix adds to a user's run (vae_ddp.audit.run) --------------------------------
+
+def _audit_noise(run) -> FixParts:
+    from vae_ddp.fixes.randomness import GlobalBatchRandomness
+
+    # dropout and drop-path layers, a `noise` attribute: drawn for the global batch
+    return FixParts(callbacks=[GlobalBatchRandomness(run.seed)])
+
+
+def _audit_batchnorm(run) -> FixParts:
+    from vae_ddp.fixes.batchnorm import GlobalSyncBatchNorm
+
+    if run.devices == 1:
+        return FixParts()
+    if run.accelerator == "gpu":
+        return FixParts(trainer={"sync_batchnorm": True})  # torch.nn.SyncBatchNorm (GPU only)
+    return FixParts(plugins=[GlobalSyncBatchNorm()])
+
+
+def _audit_sampler(run) -> FixParts:
+    from vae_ddp.fixes.sampler import deal_global_batches
+
+    def prepare(datamodule, trainer) -> None:
+        deal_global_batches(datamodule, run.global_batch_size, trainer.global_rank, run.devices, run.seed)
+
+    return FixParts(trainer={"use_distributed_sampler": False}, prepare=[prepare])
+
+
 _REGISTRY: dict[str, Factor] = {}
 
 
@@ -214,6 +253,20 @@ def factors() -> tuple[Factor, ...]:
 
 def get(key: str) -> Factor:
     return _REGISTRY[key]
+
+
+def audit_fixable() -> tuple[str, ...]:
+    """The keys of the factors `vae-ddp audit` fixes by itself (those with ``audit_parts``), in order."""
+    return tuple(f.key for f in factors() if f.audit_parts is not None)
+
+
+def audit_parts(run: Any) -> FixParts:
+    """What the audit adds to ``run`` (an ``AuditRun``) for the fixes in ``run.fixes``."""
+    parts = FixParts()
+    for f in factors():
+        if f.key in run.fixes and f.audit_parts is not None:
+            parts = parts.merge(f.audit_parts(run))
+    return parts
 
 
 def switches() -> tuple[Factor, ...]:
@@ -243,17 +296,17 @@ register(Factor(
     key="noise", name="Random streams per rank", page="factors/noise.md",
     changes="Trainer callback GlobalBatchNoise (global-batch noise, sliced by rank) or PerRankSeed (seed + rank)",
     check=_check_noise, field="noise", default="default", fixed="global", choices=("per_rank", "global"),
-    parts=_parts_noise, off_label="noise back to default"))
+    parts=_parts_noise, audit_parts=_audit_noise, off_label="noise back to default"))
 register(Factor(
     key="batchnorm", name="BatchNorm statistics", page="factors/batchnorm.md",
     changes="Trainer(sync_batchnorm=True) on GPUs; plugin GlobalSyncBatchNorm (a LayerSync) on CPU",
     check=_check_batchnorm, field="sync_bn", default=False, fixed=True, choices=(True,), parts=_parts_batchnorm,
-    off_label="BatchNorm back to per-rank"))
+    audit_parts=_audit_batchnorm, off_label="BatchNorm back to per-rank"))
 register(Factor(
     key="sampler", name="Sampler and data order", page="factors/sampler.md",
     changes="datamodule sampler GlobalBatchDistributedSampler; Trainer(use_distributed_sampler=False)",
     check=_check_sampler, field="sampler", default="default", fixed="global", choices=("global",),
-    parts=_parts_sampler, off_label="sampler back to DistributedSampler"))
+    parts=_parts_sampler, audit_parts=_audit_sampler, off_label="sampler back to DistributedSampler"))
 register(Factor(
     key="reduction", name="Mean reduction", page="factors/reduction.md",
     changes="equal per-rank batches: incomplete global batches dropped by the sampler switch",

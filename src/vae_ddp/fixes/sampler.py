@@ -10,14 +10,14 @@ multiple of the world size. The sample sets of step k then differ from the singl
 
 from __future__ import annotations
 
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 from torch.utils.data import Dataset, DistributedSampler
 
 from vae_ddp.fixes import _env
 
-__all__ = ["GlobalBatchDistributedSampler"]
+__all__ = ["GlobalBatchDistributedSampler", "deal_global_batches"]
 
 
 class GlobalBatchDistributedSampler(DistributedSampler):
@@ -90,3 +90,36 @@ class GlobalBatchDistributedSampler(DistributedSampler):
 
     def __len__(self) -> int:
         return self.num_samples
+
+
+def deal_global_batches(datamodule: Any, global_batch_size: int, rank: int, world_size: int, seed: int = 0) -> None:
+    """Make ``datamodule.train_dataloader()`` deal one device's global batches to the ranks in
+    contiguous chunks: the loader it returns is rebuilt over the same dataset, ``collate_fn``
+    and worker settings with a
+    [`GlobalBatchDistributedSampler`][vae_ddp.fixes.sampler.GlobalBatchDistributedSampler]
+    (shuffled when the original loader shuffles, i.e. has a ``RandomSampler``; else in dataset
+    order) and the per-device batch size ``global_batch_size // world_size``. An incomplete last
+    global batch is dropped. What `vae-ddp audit` does to a user's datamodule; pass
+    ``Trainer(use_distributed_sampler=False)`` so that Lightning keeps this sampler.
+
+    Args:
+        datamodule: a ``LightningDataModule`` (its ``train_dataloader`` is wrapped in place).
+        global_batch_size: samples per optimizer step over all ranks; divisible by ``world_size``.
+        rank: this process's global rank; world_size: the number of ranks.
+        seed: the shuffle's seed (the same on every rank).
+    """
+    from torch.utils.data import DataLoader, RandomSampler
+
+    original = datamodule.train_dataloader
+
+    def train_dataloader() -> DataLoader:
+        dl = original()
+        sampler = GlobalBatchDistributedSampler(dl.dataset, global_batch_size, num_replicas=world_size, rank=rank,
+                                                seed=seed, shuffle=isinstance(dl.sampler, RandomSampler))
+        return DataLoader(dl.dataset, batch_size=global_batch_size // world_size, sampler=sampler,
+                          collate_fn=dl.collate_fn, num_workers=dl.num_workers, pin_memory=dl.pin_memory,
+                          worker_init_fn=dl.worker_init_fn, generator=dl.generator,
+                          multiprocessing_context=dl.multiprocessing_context,
+                          persistent_workers=dl.persistent_workers)
+
+    datamodule.train_dataloader = train_dataloader
