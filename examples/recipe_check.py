@@ -156,10 +156,10 @@ def check(steps: int, seed: int, permutations: int, out: Path, world_sizes: tupl
     fmt = lambda v: "inf" if v is None else ("0" if v == 0 else f"{v:.3g}" if abs(v) >= 1e-3 else f"{v:.2e}")  # noqa: E731
     print(f"BottleneckClassifier on digits, global batch {GLOBAL_BATCH_SIZE}, {steps} Adam steps, each started "
           f"from one device's weights: the gradient's largest relative difference to one device's over the steps\n")
-    print("| dtype | world size | changes | verdict | gradient difference | floor | ratio |")
+    print("| dtype | world size | verdict | changes | gradient difference | floor | ratio |")
     print("|---|---|---|---|---|---|---|")
     for dtype, n, run, diff, floor, ratio, text in rows:
-        print(f"| {dtype} | {n} | {run} | {text} | {fmt(diff)} | {fmt(floor)} | {fmt(ratio)} |")
+        print(f"| {dtype} | {n} | {text} | {run} | {fmt(diff)} | {fmt(floor)} | {fmt(ratio)} |")
     return result
 
 

@@ -625,20 +625,26 @@ def rendered(site, server, browser) -> dict:
     for name, context in (("desktop", browser.new_context(viewport=_DESKTOP)),
                           ("phone", browser.new_context(viewport=_PHONE, device_scale_factor=2, is_mobile=True))):
         seen[name] = {}
-        for path in pages(site):
-            page = context.new_page()
-            errors = []
-            page.on("console", lambda msg, errors=errors: errors.append(msg.text) if msg.type == "error" else None)
-            page.on("pageerror", lambda exc, errors=errors: errors.append(str(exc)))
-            page.goto(server + path, wait_until="networkidle")
-            seen[name][path] = {
-                "images": page.eval_on_selector_all(
-                    "img", "els => els.map(e => ({src: e.getAttribute('src'), ok: e.complete && e.naturalWidth > 0}))"),
-                "width": page.evaluate("document.documentElement.scrollWidth"),
-                "tables": page.eval_on_selector_all("article table", _PHONE_TABLES),
-                "widths": page.evaluate(_TABLE_WIDTHS),  # last: it opens the collapsed blocks
-                "errors": errors}
-            page.close()
+        paths = pages(site)
+        for start in range(0, len(paths), 8):  # 8 pages load at once: their idle waits overlap
+            batch = []
+            for path in paths[start:start + 8]:
+                page = context.new_page()
+                errors: list[str] = []
+                page.on("console", lambda msg, errors=errors: errors.append(msg.text) if msg.type == "error" else None)
+                page.on("pageerror", lambda exc, errors=errors: errors.append(str(exc)))
+                page.goto(server + path, wait_until="commit")
+                batch.append((path, page, errors))
+            for path, page, errors in batch:
+                page.wait_for_load_state("networkidle")
+                seen[name][path] = {
+                    "images": page.eval_on_selector_all(
+                        "img", "els => els.map(e => ({src: e.getAttribute('src'), ok: e.complete && e.naturalWidth > 0}))"),
+                    "width": page.evaluate("document.documentElement.scrollWidth"),
+                    "tables": page.eval_on_selector_all("article table", _PHONE_TABLES),
+                    "widths": page.evaluate(_TABLE_WIDTHS),  # last: it opens the collapsed blocks
+                    "errors": errors}
+                page.close()
         context.close()
     return seen
 

@@ -1,8 +1,8 @@
 """The recipe applied to a LightningModule that is not this project's VAE (examples/recipe.py).
 
 The registry entry ``recipe`` runs ``examples/recipe_check.py --check``: one device, four
-one-device runs with the samples of each batch permuted (the floor), and DDP at world sizes 2, 3
-and 4 (gloo, one launch each) with the ``train`` of ``examples/recipe.py`` (the script Home and the
+one-device runs with the samples of each batch permuted (the floor), and DDP at world sizes 2
+and 3 (2, 3 and 4 in the full run; gloo, one launch each) with the ``train`` of ``examples/recipe.py`` (the script Home and the
 recipe page show whole) and with vae_ddp's helpers, in float64 and float32, every step started
 from one device's weights. The site shows that same execution.
 """
@@ -37,13 +37,13 @@ def _recipe():
 @pytest.mark.parametrize("variant", ["plain", "helpers"])
 def test_recipe_on_a_foreign_module_reaches_the_one_device_floor(generated, dtype, variant):
     r = generated("recipe")
-    assert r["method"] == "teacher-forced" and r["world_sizes"] == [2, 3, 4]
+    assert r["method"] == "teacher-forced" and {2, 3} <= set(r["world_sizes"])  # 2, 3, 4 in the full run
     e = r["dtypes"][dtype]
     assert r["permutations"] >= 4 and len(e["floor_runs"]) == r["permutations"]
     assert all(len(f) == r["steps"] for f in e["floor_steps"])
     assert e["floor"] == max(e["floor_runs"]) > 0  # reordering alone changes a step's gradient ...
     assert e["floor"] < (1e-12 if dtype == "float64" else 1e-4)  # ... by rounding only
-    assert set(e["ddp"]) == {"2", "3", "4"}
+    assert set(e["ddp"]) == {str(n) for n in r["world_sizes"]}
     for n, runs in e["ddp"].items():
         d = runs[variant]
         assert len(d["grad_steps"]) == r["steps"] and d["max_grad_diff"] == max(d["grad_steps"])
