@@ -120,6 +120,7 @@ def check(steps: int, seed: int, permutations: int, out: Path, world_sizes: tupl
     are deleted once compared (``recipe.json`` keeps the numbers)."""
     from vae_ddp.probes import per_step_differences
     from vae_ddp.studies.equivalence import FLOOR_FACTOR, verdict
+    from vae_ddp.studies.launch import drop_tensors
 
     result = {"method": "teacher-forced", "floor_factor": FLOOR_FACTOR, "steps": steps, "permutations": permutations,
               "global_batch_size": GLOBAL_BATCH_SIZE, "world_sizes": list(world_sizes), "dtypes": {}}
@@ -150,8 +151,7 @@ def check(steps: int, seed: int, permutations: int, out: Path, world_sizes: tupl
                 rows.append((dtype, n, "plain Lightning/torch" if variant == "plain" else "vae_ddp helpers",
                              diff, floor, ratio, verdict(ratio)))
         result["dtypes"][dtype] = entry
-    for saved in out.rglob("*.pt"):
-        saved.unlink()
+    drop_tensors(out)  # the numbers are in recipe.json
     (out / "recipe.json").write_text(json.dumps(result, indent=1))
     fmt = lambda v: "inf" if v is None else ("0" if v == 0 else f"{v:.3g}" if abs(v) >= 1e-3 else f"{v:.2e}")  # noqa: E731
     print(f"BottleneckClassifier on digits, global batch {GLOBAL_BATCH_SIZE}, {steps} Adam steps, each started "

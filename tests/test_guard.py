@@ -52,12 +52,12 @@ def wait_until(predicate, timeout: float, every: float = 0.2) -> bool:
 
 
 STUCK = textwrap.dedent("""
-    import subprocess, sys, time
+    import signal, subprocess, sys
     from vae_ddp.guard import beat
-    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", {marker!r}])  # a child of its own
+    subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()", {marker!r}])  # a child of its own
     beat()
     def stuck_here():
-        time.sleep(300)
+        while True: signal.pause()  # noqa: E701  a hang: wakes only for signals, never ends by itself
     stuck_here()
 """)
 
@@ -80,7 +80,7 @@ def test_watchdog_dumps_the_stacks_names_the_frame_and_ends_the_tree(tmp_path):
 def test_nothing_outlives_a_command_that_exits(tmp_path):
     """A command that leaves a process behind (a stray rank, a worker) has it ended."""
     marker = f"stray-{unique()}"
-    code = f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)', {marker!r}])"
+    code = f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', 'import signal; signal.pause()', {marker!r}])"
     proc = guard.run([sys.executable, "-c", code], timeout=60, grace=2)
     assert proc.returncode == 0
     assert not alive(marker)
@@ -92,7 +92,7 @@ def test_guard_ends_the_tree_when_its_parent_is_killed(tmp_path):
     parent = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys
         from vae_ddp import guard
-        guard.run([sys.executable, '-c', 'import time; time.sleep(300)', {marker!r}])
+        guard.run([sys.executable, '-c', 'import signal; signal.pause()', {marker!r}])
     """)])
     try:
         assert wait_until(lambda: alive(marker), 30), "the guarded command did not start"
@@ -122,13 +122,13 @@ def test_launch_fails_with_the_watchdogs_line(tmp_path):
     from vae_ddp.studies.configs import RunSpec
 
     spec = RunSpec(config="single", steps=1).validate()
-    stuck = [sys.executable, "-c", "import time\nfrom vae_ddp.guard import beat\nbeat()\ntime.sleep(300)"]
+    stuck = [sys.executable, "-c", "import signal\nfrom vae_ddp.guard import beat\nbeat()\nwhile True: signal.pause()"]
     with pytest.raises(RunFailed, match=r"^run 'single': no process made progress for 2 s .*rank 0 in <module>"):
         launch(spec, tmp_path / "run", quiet=True, entry=stuck, stall=2)
 
 
 HUNG_RANK = textwrap.dedent("""
-    import sys, time
+    import signal, sys
     import pytorch_lightning as pl
     import torch
     from torch.utils.data import DataLoader, TensorDataset
@@ -140,7 +140,7 @@ HUNG_RANK = textwrap.dedent("""
 
         def training_step(self, batch, batch_idx):
             if self.global_step == 2 and self.global_rank == 1:
-                time.sleep(300)  # rank 1 hangs; rank 0 waits for it in the all-reduce
+                while True: signal.pause()  # noqa: E701  rank 1 hangs; rank 0 waits for it in the all-reduce
             return self.layer(batch[0]).pow(2).mean()
 
         def configure_optimizers(self):
