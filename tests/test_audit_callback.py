@@ -39,23 +39,25 @@ def test_clean_module(tmp_path):
 
 def test_loader_batch_against_the_sampler():
     """DataLoader(batch_size=B) over GlobalBatchDistributedSampler(ds, B) on 2 ranks trains
-    with a global batch of 2B: the sampler check says so (checked without a process group)."""
+    with a global batch of 2B: the sampler factor's watch says so at the start of training
+    (checked without a process group, through the registry as DDPAudit calls it)."""
     from types import SimpleNamespace
 
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
-    from vae_ddp.audit import DDPAudit
-    from vae_ddp.fixes import GlobalBatchDistributedSampler
+    from vae_ddp.fixes import GlobalBatchDistributedSampler, registry
+    from vae_ddp.fixes.factor import Seen
 
     ds = TensorDataset(torch.randn(64, 8))
     sampler = GlobalBatchDistributedSampler(ds, 16, num_replicas=2, rank=0)
+    watch = dict(registry.watchers("train_start"))["sampler"]
     for batch_size, flagged in ((16, True), (8, False)):
-        audit = DDPAudit(warn=False)
-        audit._check_sampler(SimpleNamespace(train_dataloader=DataLoader(ds, batch_size=batch_size, sampler=sampler),
-                                             val_dataloaders=None))
-        found = [f for f in audit.findings if "per step" in f.evidence]
-        assert bool(found) == flagged, audit.findings
+        trainer = SimpleNamespace(train_dataloader=DataLoader(ds, batch_size=batch_size, sampler=sampler),
+                                  val_dataloaders=None)
+        findings = watch(Seen(trainer, None))
+        found = [f for f in findings if "per step" in f.evidence]
+        assert bool(found) == flagged, findings
         if flagged:
             assert found[0].factor == "sampler" and "a global batch of 32, not 16" in found[0].evidence
             assert "batch_size=8" in found[0].fix

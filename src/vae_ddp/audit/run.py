@@ -28,8 +28,8 @@ from torch.utils.data import DataLoader
 
 from vae_ddp.audit.callback import DDPAudit
 from vae_ddp.audit.spec import AuditRun, failed_marker, import_class
-from vae_ddp.audit.static import batch_tensors
 from vae_ddp.fixes import registry
+from vae_ddp.fixes.factor import batch_tensors
 from vae_ddp.fixes.randomness import current_stream
 from vae_ddp.guard import beat
 from vae_ddp.probes import StepProbe

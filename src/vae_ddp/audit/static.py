@@ -20,18 +20,9 @@ from typing import Any, Optional
 import torch
 from pytorch_lightning import LightningDataModule, LightningModule
 
+from vae_ddp.fixes.factor import batch_tensors
+
 __all__ = ["batch_tensors", "reduction", "reduction_gap", "dataset_is_random", "collate_is_random", "static_findings"]
-
-
-def batch_tensors(batch: Any) -> list[torch.Tensor]:
-    """Every tensor of a batch: a tensor, or any nesting of sequences, mappings (a Hugging Face
-    ``BatchEncoding`` too), namedtuples and dataclasses, as Lightning walks batches
-    (``lightning_utilities.apply_to_collection``), in their order."""
-    from lightning_utilities.core.apply_func import apply_to_collection
-
-    out: list[torch.Tensor] = []
-    apply_to_collection(batch, torch.Tensor, out.append)
-    return out
 
 
 def _cast(batch: Any, dtype: torch.dtype) -> Any:

@@ -62,11 +62,17 @@ ROUNDING_EPS = 1e4
 
 #: The audit's own check beside the registered factors: parameters that differ across ranks.
 EXTRA_PAGES = {"parameters": "recipe.md"}
+_EXTRA_CLEAN = {"parameters": "the same parameters on every rank"}
 
 
 def _factors() -> tuple[str, ...]:
     """The factor keys of [`vae_ddp.fixes.registry`][vae_ddp.fixes.registry] in their order, then the audit's own."""
     return tuple(f.key for f in registry.factors()) + tuple(EXTRA_PAGES)
+
+
+def _clean(key: str) -> str:
+    """What the table says when nothing of factor ``key`` is seen (the factor's own words)."""
+    return _EXTRA_CLEAN[key] if key in _EXTRA_CLEAN else registry.get(key).clean
 
 
 def _name(key: str) -> str:
@@ -226,7 +232,7 @@ def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress
         if bites is False and not within:
             bites = None
         findings.append({"factor": factor, "exposed": f is not None,
-                         "evidence": f["evidence"] if f else _CLEAN.get(factor, "not detected"),
+                         "evidence": f["evidence"] if f else _clean(factor),
                          "contribution": contribution, "bites": bites,
                          "automatic_fix": f is not None and factor not in manual,
                          "fix": f["fix"] if f else "", "page": _page(factor)})
@@ -290,17 +296,6 @@ def shown_name(cls: dict, file: Optional[str]) -> str:
     except ValueError:  # another drive (Windows)
         where = file
     return f"{where}:{cls['class_path'].rpartition('.')[2]}"
-
-
-_CLEAN = {
-    "noise": "no training-step draws repeated across ranks",
-    "batchnorm": "no per-rank BatchNorm layer",
-    "sampler": "no shuffling DistributedSampler",
-    "reduction": "no padded samples",
-    "logging": "every logged metric synchronised (or none logged)",
-    "optimizer": "follows the noise check",
-    "parameters": "the same parameters on every rank",
-}
 
 
 def render(result: dict) -> str:

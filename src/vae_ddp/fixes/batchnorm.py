@@ -23,7 +23,9 @@ from pytorch_lightning.plugins import LayerSync
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-__all__ = ["GlobalBatchNorm", "GlobalSyncBatchNorm"]
+from vae_ddp.fixes.factor import Factor, Finding, FixParts, Seen, world
+
+__all__ = ["GlobalBatchNorm", "GlobalSyncBatchNorm", "FACTOR"]
 
 
 def _world_size(group) -> int:
@@ -218,3 +220,49 @@ class GlobalSyncBatchNorm(LayerSync):
 
     def revert(self, model: nn.Module) -> nn.Module:
         return GlobalBatchNorm.revert(model)
+
+
+# --- the factor: its exposure check, what its fix adds, and what DDPAudit watches ----------------
+
+def _check(trainer, module, datamodule) -> Optional[str]:
+    bns = [m for m in module.modules() if isinstance(m, _BatchNorm) and not isinstance(m, (nn.SyncBatchNorm, GlobalBatchNorm))]
+    if world(trainer) > 1 and bns and getattr(trainer.strategy, "_layer_sync", None) is None:
+        return (f"{len(bns)} BatchNorm layers normalise over the per-device batch: Trainer(sync_batchnorm=True) "
+                f"on GPUs, plugins=[GlobalSyncBatchNorm()] on CPU")
+    return None
+
+
+def _fix(ddp: bool, accelerator: str) -> FixParts:
+    if not ddp:
+        return FixParts()
+    if accelerator == "gpu":
+        return FixParts(trainer={"sync_batchnorm": True})  # torch.nn.SyncBatchNorm (GPU only)
+    return FixParts(plugins=[GlobalSyncBatchNorm()])
+
+
+def _parts(spec, seed: int) -> FixParts:
+    return _fix(spec.config == "ddp", spec.accelerator)
+
+
+def _audit_parts(run) -> FixParts:
+    return _fix(run.devices > 1, run.accelerator)
+
+
+def _watch_layers(seen: Seen) -> list:
+    """``train_start``: BatchNorm layers in training mode that normalise with per-rank statistics."""
+    local = [n for n, m in seen.module.named_modules()
+             if isinstance(m, _BatchNorm) and type(m).__name__ not in ("SyncBatchNorm", "GlobalBatchNorm") and m.training]
+    if not local:
+        return []
+    shown = ", ".join(local[:3]) + (f" and {len(local) - 3} more" if len(local) > 3 else "")
+    return [Finding("batchnorm", f"{len(local)} BatchNorm layer(s) normalise with per-rank statistics ({shown})",
+                    "Trainer(sync_batchnorm=True) on GPUs; on CPU/gloo "
+                    "Trainer(plugins=[vae_ddp.fixes.GlobalSyncBatchNorm()])")]
+
+
+FACTOR = Factor(
+    key="batchnorm", name="BatchNorm statistics", page="factors/batchnorm.md",
+    changes="Trainer(sync_batchnorm=True) on GPUs; plugin GlobalSyncBatchNorm (a LayerSync) on CPU",
+    check=_check, field="sync_bn", default=False, fixed=True, choices=(True,), parts=_parts,
+    audit_parts=_audit_parts, off_label="BatchNorm back to per-rank", watch={"train_start": _watch_layers},
+    clean="no per-rank BatchNorm layer")

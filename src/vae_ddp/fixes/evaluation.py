@@ -38,8 +38,9 @@ from pytorch_lightning.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import Dataset
 
 from vae_ddp.fixes import _env
+from vae_ddp.fixes.factor import Factor, Finding, FixParts, Seen, batch_tensors, gather_ints, world
 
-__all__ = ["unrepeated_sampler", "padded_duplicates"]
+__all__ = ["unrepeated_sampler", "padded_duplicates", "FACTOR"]
 
 
 def unrepeated_sampler(dataset: Dataset, num_replicas: Optional[int] = None,
@@ -71,3 +72,67 @@ def padded_duplicates(n: int, world_size: int) -> int:
     """How many samples ``DistributedSampler(drop_last=False)`` repeats to pad ``n`` samples to
     a multiple of ``world_size`` (``ceil(n / N) * N - n``, torch's ``total_size - n``)."""
     return (-n) % world_size
+
+
+# --- the factor (Logging): its exposure check, what its fix adds, and what DDPAudit watches -------
+
+def _check(trainer, module, datamodule) -> Optional[str]:
+    if world(trainer) > 1 and not getattr(module, "sync_dist_logging", False):
+        return "self.log without sync_dist=True logs rank 0's share of the batch, not the global batch"
+    return None
+
+
+def _parts(spec, seed: int) -> FixParts:
+    return FixParts(module={"sync_dist_logging": True})
+
+
+def _watch_unsynced(seen: Seen) -> list:
+    """``train_batch_end`` (first batch): metrics logged as tensors without ``sync_dist``."""
+    results = seen.trainer._results  # the active loop's _ResultCollection (Lightning 2.x)
+    if results is None:
+        return []
+    unsynced = sorted({m.meta.name for m in results.values() if getattr(m, "is_tensor", False) and not m.meta.sync.should})
+    if not unsynced:
+        return []
+    return [Finding("logging", f"{len(unsynced)} metric(s) logged without sync_dist ({', '.join(unsynced[:4])}): "
+                    "under DDP the logged value is rank 0's share of the batch",
+                    "self.log(name, value, sync_dist=True, batch_size=len(batch[0]))")]
+
+
+def _watch_count(seen: Seen) -> list:
+    """``validation_batch_end``: count this rank's validation samples."""
+    tensors = batch_tensors(seen.batch)
+    seen.state["samples"] = seen.state.get("samples", 0) + (len(tensors[0]) if tensors and tensors[0].dim() > 0 else 0)
+    return []
+
+
+def _watch_epoch_mean(seen: Seen) -> list:
+    """``validation_epoch_end`` (the first): metrics logged as tensors with ``sync_dist=True`` on
+    ranks whose sample counts add up to a total the world size does not divide. Lightning
+    averages the ranks' counts in an integer tensor at the epoch end (``cumulated_batch_size``,
+    Lightning 2.x; issues #21838, #21859), so the epoch mean is too large by
+    ``(total / N) / floor(total / N)``."""
+    results = seen.trainer._results  # the validation loop's _ResultCollection here (Lightning 2.x)
+    names = sorted({m.meta.name for m in (results.values() if results is not None else [])
+                    if getattr(m, "is_tensor", False) and m.meta.sync.should and m.meta.on_epoch})
+    counts = gather_ints(seen.state.get("samples", 0))
+    n, total = len(counts), sum(counts)
+    if not names or n < 2 or total % n == 0:
+        return []
+    factor = (total / n) / (total // n)
+    return [Finding(
+        "logging", f"validation: the ranks hold {', '.join(map(str, counts))} samples ({total} in all) and log "
+        f"{', '.join(names[:4])} with sync_dist=True: Lightning averages the ranks' counts in an integer tensor "
+        f"at the epoch end, so the epoch mean is {factor:.4g}x the true mean (Lightning issues #21838, #21859)",
+        "log a torchmetrics.MeanMetric updated with (value, weight=batch size) as an object, "
+        "self.log(name, metric), whose states are summed over the ranks (vae_ddp.fixes.evaluation)")]
+
+
+FACTOR = Factor(
+    key="logging", name="Logging", page="factors/logging.md",
+    changes="module hook: self.log(..., sync_dist=True, batch_size=len(x))",
+    check=_check, field="sync_dist_logging", default=False, fixed=True, choices=(True,),
+    parts=_parts, off_label="logging back to rank 0",
+    watch={"train_batch_end": _watch_unsynced, "validation_batch_end": _watch_count,
+           "validation_epoch_end": _watch_epoch_mean},
+    clean="every logged metric synchronised (or none logged)")

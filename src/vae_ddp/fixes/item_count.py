@@ -26,9 +26,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
-from vae_ddp.fixes import _env
+from torch.utils.data import DistributedSampler
 
-__all__ = ["global_item_count", "global_item_mean", "global_token_cross_entropy"]
+from vae_ddp.fixes import _env
+from vae_ddp.fixes.factor import Factor, Finding, Seen, samplers, world
+from vae_ddp.fixes.sampler import uses_global_sampler
+
+__all__ = ["global_item_count", "global_item_mean", "global_token_cross_entropy", "FACTOR"]
 
 
 def global_item_count(count: Union[Tensor, int, float], device: Optional[torch.device] = None) -> Tensor:
@@ -96,3 +100,46 @@ def global_token_cross_entropy(logits: Tensor, target: Tensor, ignore_index: int
     """
     total = F.cross_entropy(logits, target, ignore_index=ignore_index, reduction="sum")
     return global_item_mean(total, (target != ignore_index).sum())
+
+
+# --- the factor (Mean reduction): its exposure check and what DDPAudit watches; the sampler's
+# switch fixes what the project's own runs are exposed to (equal per-rank batches)
+
+def _check(trainer, module, datamodule) -> Optional[str]:
+    n = world(trainer)
+    if n == 1 or datamodule is None or uses_global_sampler(datamodule):
+        return None
+    if getattr(datamodule, "dataset_train", None) is None and hasattr(datamodule, "setup"):
+        datamodule.setup("fit")
+    size, b = len(datamodule.dataset_train), int(datamodule.batch_size)
+    if size % n:
+        return (f"{size} training samples on {n} ranks: DistributedSampler pads with {n - size % n} repeated "
+                f"sample(s), counted twice in the mean")
+    per_rank = size // n
+    if per_rank % b and not getattr(datamodule, "drop_last", False):
+        return (f"the last per-device batch has {per_rank % b} of {b} samples: the average of per-rank means "
+                f"weights its samples more; drop incomplete global batches")
+    return None
+
+
+def _watch_padding(seen: Seen) -> list:
+    """``train_start``: a ``DistributedSampler`` that pads the training or validation set with
+    repeated samples up to a multiple of the world size."""
+    padded = []
+    for where, loaders in (("train", seen.trainer.train_dataloader), ("validation", seen.trainer.val_dataloaders)):
+        for s in samplers(loaders):
+            if isinstance(s, DistributedSampler) and not s.drop_last and s.total_size > len(s.dataset):
+                padded.append(f"{where}: {s.total_size - len(s.dataset)} repeated of {len(s.dataset)}")
+    if not padded:
+        return []
+    return [Finding("reduction", "DistributedSampler pads to a multiple of the world size, repeated samples count "
+                    f"twice in the mean ({'; '.join(padded)})",
+                    "drop_last=True for training; for evaluation an unrepeated sampler with metrics that sum "
+                    "their states across ranks (torchmetrics)")]
+
+
+FACTOR = Factor(
+    key="reduction", name="Mean reduction", page="factors/reduction.md",
+    changes="equal per-rank batches: incomplete global batches dropped by the sampler switch",
+    check=_check, fixed_by="sampler", watch={"train_start": _watch_padding},
+    clean="no padded samples")

@@ -25,9 +25,10 @@ import torch
 from pytorch_lightning import Callback, LightningModule, Trainer
 
 from vae_ddp.fixes.dropout import SWAPPABLE
+from vae_ddp.fixes.factor import Factor, Finding, FixParts, Seen, gather_digest, rng_states, world
 from vae_ddp.fixes.randomness import GlobalBatchRandomness
 
-__all__ = ["PerRankSeed", "GlobalBatchNoise"]
+__all__ = ["PerRankSeed", "GlobalBatchNoise", "FACTOR"]
 
 
 class PerRankSeed(Callback):
@@ -94,3 +95,81 @@ class GlobalBatchNoise(GlobalBatchRandomness):
                 "GlobalBatchDropout during fit") if dropout else (
             "; draw through vae_ddp.fixes.global_batch_draw (or a `noise` attribute) and use GlobalBatchRandomness()")
         return why + hint
+
+
+# --- the factor: its exposure check, what its fix adds, and what DDPAudit watches ----------------
+
+def _check(trainer, module, datamodule) -> Optional[str]:
+    n = world(trainer)
+    if n > 1 and not any(isinstance(cb, (PerRankSeed, GlobalBatchRandomness)) for cb in trainer.callbacks):
+        return (f"{n} ranks seeded alike draw the same random numbers in training_step (reparameterization "
+                f"noise, dropout masks): add GlobalBatchRandomness (GlobalBatchNoise for the VAE) or PerRankSeed")
+    return None
+
+
+def _parts(spec, seed: int) -> FixParts:
+    return FixParts(callbacks=[{"per_rank": PerRankSeed, "global": GlobalBatchNoise}[spec.noise](seed)])
+
+
+def _audit_parts(run) -> FixParts:
+    # dropout and drop-path layers, a `noise` attribute: drawn for the global batch
+    return FixParts(callbacks=[GlobalBatchRandomness(run.seed)])
+
+
+def _watch_streams(seen: Seen) -> list:
+    """``train_start``: the same next draws on every rank? (the hash of 16 draws from a forked
+    generator, all-gathered); skipped under ``PerRankSeed``. Under ``GlobalBatchRandomness`` the
+    generators are still alike: a draw from them in the step is one the fix does not serve (it
+    serves dropout layers and a ``noise`` attribute)."""
+    module, st = seen.module, seen.state
+    st["shared"] = False
+    st["served"] = any(isinstance(cb, GlobalBatchRandomness) for cb in seen.trainer.callbacks)
+    if any(isinstance(cb, PerRankSeed) for cb in seen.trainer.callbacks) and not st["served"]:
+        return []
+    devices = [module.device] if module.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        draw = torch.rand(16, device=module.device, dtype=torch.float64)
+    st["shared"] = len(set(gather_digest(draw.cpu().numpy().tobytes()))) == 1
+    return []
+
+
+def _watch_before(seen: Seen) -> list:
+    """``train_batch_start`` (first batch): the generators' states before the step."""
+    if seen.state.get("shared"):
+        seen.state["before"] = rng_states(seen.module)
+    return []
+
+
+def _watch_draws(seen: Seen) -> list:
+    """``train_batch_end`` (first batch): did the step draw from the shared global generator?"""
+    before, n = seen.state.get("before"), world(seen.trainer)
+    if not seen.state.get("shared") or before is None:
+        return []
+    if all(torch.equal(a, b) for a, b in zip(before, rng_states(seen.module))):
+        return []  # the training step draws no random numbers from torch's global generator
+    if seen.state["served"]:
+        return [Finding(
+            "noise", f"the training step draws random numbers from torch's global generator that "
+            "GlobalBatchRandomness does not serve (it serves nn.Dropout layers and a `noise` attribute): "
+            f"all {n} ranks draw the same ones, not this rank's share of the global batch's "
+            "(torch.randn in training_step, drop-path, dropout inside scaled_dot_product_attention, ...)",
+            "draw them for the global batch and keep this rank's rows: "
+            "x = vae_ddp.fixes.global_batch_draw(torch.randn, shape) (under GlobalBatchRandomness), "
+            "or swap the layer for one that does")]
+    return [Finding(
+        "noise", f"the training step draws random numbers and all {n} ranks draw the same "
+        "ones (same torch seed): dropout masks and reparameterization noise repeat across ranks",
+        "draw the randomness of the global batch and keep this rank's rows (a torch.Generator seeded "
+        "alike on every rank), or seed each rank differently (torch.manual_seed(seed + rank) in "
+        "setup); vae_ddp.fixes.GlobalBatchRandomness (dropout and noise) / PerRankSeed"), Finding(
+        "optimizer", "shared noise across ranks raises the variance of the averaged gradient, which "
+        "changes Adam's second moments and step sizes", "the noise fix above")]
+
+
+FACTOR = Factor(
+    key="noise", name="Random streams per rank", page="factors/noise.md",
+    changes="Trainer callback GlobalBatchNoise (global-batch noise, sliced by rank) or PerRankSeed (seed + rank)",
+    check=_check, field="noise", default="default", fixed="global", choices=("per_rank", "global"),
+    parts=_parts, audit_parts=_audit_parts, off_label="noise back to default",
+    watch={"train_start": _watch_streams, "train_batch_start": _watch_before, "train_batch_end": _watch_draws},
+    clean="no training-step draws repeated across ranks")

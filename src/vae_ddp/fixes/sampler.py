@@ -16,8 +16,9 @@ import torch
 from torch.utils.data import Dataset, DistributedSampler
 
 from vae_ddp.fixes import _env
+from vae_ddp.fixes.factor import Factor, Finding, FixParts, Seen, loader_list, samplers, world
 
-__all__ = ["GlobalBatchDistributedSampler", "deal_global_batches"]
+__all__ = ["GlobalBatchDistributedSampler", "deal_global_batches", "FACTOR"]
 
 
 class GlobalBatchDistributedSampler(DistributedSampler):
@@ -123,3 +124,66 @@ def deal_global_batches(datamodule: Any, global_batch_size: int, rank: int, worl
                           persistent_workers=dl.persistent_workers)
 
     datamodule.train_dataloader = train_dataloader
+
+
+# --- the factor: its exposure check, what its fix adds, and what DDPAudit watches ----------------
+
+def uses_global_sampler(datamodule: Any) -> bool:
+    """Whether a datamodule of this project deals global batches (its ``sampler`` is ``"global"``)."""
+    return getattr(datamodule, "sampler", None) == "global"
+
+
+def _check(trainer, module, datamodule) -> Optional[str]:
+    if world(trainer) > 1 and not uses_global_sampler(datamodule):
+        return ("Lightning's DistributedSampler deals its own permutation to the ranks interleaved: the global "
+                "batch of step k is not one device's batch k; use GlobalBatchDistributedSampler")
+    return None
+
+
+def _parts(spec, seed: int) -> FixParts:
+    return FixParts(trainer={"use_distributed_sampler": False}, datamodule={"sampler": spec.sampler})
+
+
+def _audit_parts(run) -> FixParts:
+    def prepare(datamodule, trainer) -> None:
+        deal_global_batches(datamodule, run.global_batch_size, trainer.global_rank, run.devices, run.seed)
+
+    return FixParts(trainer={"use_distributed_sampler": False}, prepare=[prepare])
+
+
+def _watch_loaders(seen: Seen) -> list:
+    """``train_start``: a loader whose batch is not its ``GlobalBatchDistributedSampler``'s
+    per-device batch; a shuffling ``DistributedSampler`` (interleaved rows of its own permutation)."""
+    out = []
+    for dl in loader_list(seen.trainer.train_dataloader):
+        found = samplers(dl)
+        s = found[0] if found else None
+        per_device, bs = getattr(s, "per_device_batch_size", None), getattr(dl, "batch_size", None)
+        if per_device is not None and bs is not None and bs != per_device:
+            out.append(Finding(
+                "sampler", f"DataLoader(batch_size={bs}) over {type(s).__name__}(global_batch_size="
+                f"{s.global_batch_size}) on {s.num_replicas} ranks: each rank takes {bs} samples per step, a "
+                f"global batch of {bs * s.num_replicas}, not {s.global_batch_size}",
+                f"DataLoader(dataset, batch_size=sampler.per_device_batch_size, sampler=sampler), here "
+                f"batch_size={per_device}"))
+    for s in samplers(seen.trainer.train_dataloader):
+        if not isinstance(s, DistributedSampler) or isinstance(s, GlobalBatchDistributedSampler) or not s.shuffle:
+            continue  # unshuffled: dataset order interleaved, the union of step k's batches is one device's batch k
+        out.append(Finding(
+            "sampler", f"{type(s).__name__}(shuffle=True) deals interleaved rows (indices[rank::{s.num_replicas}]) "
+            "of its own permutation, not the one-device order (Lightning 2.x shuffles the training "
+            "DistributedSampler even for DataLoader(shuffle=False))",
+            "deal each single-device global batch to the ranks in contiguous chunks with "
+            "Trainer(use_distributed_sampler=False) and a sampler of your own; "
+            "vae_ddp.fixes.GlobalBatchDistributedSampler"))
+        break
+    return out
+
+
+FACTOR = Factor(
+    key="sampler", name="Sampler and data order", page="factors/sampler.md",
+    changes="datamodule sampler GlobalBatchDistributedSampler; Trainer(use_distributed_sampler=False)",
+    check=_check, field="sampler", default="default", fixed="global", choices=("global",),
+    parts=_parts, audit_parts=_audit_parts, off_label="sampler back to DistributedSampler",
+    watch={"train_start": _watch_loaders},
+    clean="no shuffling DistributedSampler")

@@ -1,0 +1,275 @@
+"""What a factor is: the objects a fix module declares beside its fix, and the store they go in.
+
+Each fix module (``noise``, ``batchnorm``, ``sampler``, ``item_count``, ``evaluation``,
+``optimizer``) declares one [`Factor`][vae_ddp.fixes.factor.Factor] as ``FACTOR``: its name
+and page, what its fix adds to a run ([`FixParts`][vae_ddp.fixes.factor.FixParts]), the static
+exposure check, and the checks [`DDPAudit`][vae_ddp.audit.callback.DDPAudit] runs during a real
+fit (``watch``: one function per Lightning hook, each returning
+[`Finding`][vae_ddp.fixes.factor.Finding]s). [`vae_ddp.fixes.registry`][vae_ddp.fixes.registry]
+collects them in the order of the docs; everything else reads the registry.
+
+This module imports no fix module (the fix modules import it), so the imports go one way:
+``registry`` → fix modules → ``factor``. The helpers at the end are what the ``watch``
+checks read from a running fit (loaders, samplers, generator states, values gathered over the
+ranks).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["Factor", "FixParts", "Finding", "Seen", "HOOKS", "register", "unregister", "factors", "get",
+           "batch_tensors", "loader_list", "samplers", "rng_states", "gather_ints", "gather_digest"]
+
+
+@dataclass
+class FixParts:
+    """What a fix adds to a run: ``Trainer`` callbacks, plugins and keyword arguments, and
+    keyword arguments of the LightningModule (module hooks) and of the datamodule (sampler)."""
+
+    callbacks: list = field(default_factory=list)
+    plugins: list = field(default_factory=list)
+    trainer: dict = field(default_factory=dict)
+    module: dict = field(default_factory=dict)
+    datamodule: dict = field(default_factory=dict)
+    #: ``prepare(datamodule, trainer)`` calls once the Trainer exists (the audit's sampler fix
+    #: deals the user's loader in global batches; it needs the rank)
+    prepare: list = field(default_factory=list)
+
+    def merge(self, other: "FixParts") -> "FixParts":
+        return FixParts(self.callbacks + other.callbacks, self.plugins + other.plugins,
+                        {**self.trainer, **other.trainer}, {**self.module, **other.module},
+                        {**self.datamodule, **other.datamodule}, self.prepare + other.prepare)
+
+
+#: check(trainer, module, datamodule) -> why this run is exposed, or None when it is not.
+Check = Callable[[Any, Any, Any], Optional[str]]
+
+#: The Lightning hooks at which ``DDPAudit`` runs the factors' ``watch`` checks, in the order
+#: of a fit: ``train_start`` (once), ``train_batch_start`` and ``train_batch_end`` (the first
+#: training batch only), ``validation_batch_end`` (every validation batch but the sanity
+#: check's) and ``validation_epoch_end`` (the first validation epoch after the sanity check).
+HOOKS = ("train_start", "train_batch_start", "train_batch_end", "validation_batch_end", "validation_epoch_end")
+
+
+@dataclass
+class Seen:
+    """What a ``watch`` check sees at a hook of a DDP fit (world size > 1).
+
+    Attributes:
+        trainer: the running ``pytorch_lightning.Trainer``.
+        module: its ``LightningModule``.
+        batch: the hook's batch (``train_batch_*`` and ``validation_batch_end``), else None.
+        state: this factor's own dict for the fit (kept from hook to hook: what one hook
+            saw that a later one compares with).
+    """
+
+    trainer: Any
+    module: Any
+    batch: Any = None
+    state: dict = field(default_factory=dict)
+
+
+#: watch(seen) -> the findings at that hook (an empty list when nothing is seen).
+Watch = Callable[[Seen], list]
+
+
+@dataclass(frozen=True)
+class Factor:
+    """One factor that makes DDP on N devices differ from one device.
+
+    Attributes:
+        key: short identifier (``noise``, ``batchnorm``, ...).
+        name: its name wherever the site names it (the field's term): the factor page's title
+            and ``nav`` entry in ``mkdocs.yml``, the tables that list the factors (Home's
+            factor table, the recipe's). The only place the name is written: the rest read it
+            (``tests/test_names.py`` checks the title and the ``nav`` entry against it).
+        page: its docs page, relative to ``docs/``.
+        changes: what its fix changes, in words (Trainer arguments, callbacks, plugins,
+            sampler, module hooks).
+        check: ``check(trainer, module, datamodule) -> str | None``: why the given run is exposed.
+        field: the ``RunSpec`` field that switches its fix (None: fixed by another factor's switch).
+        default: that field's value under Lightning's defaults.
+        fixed: the value ``RunSpec.exact()`` sets.
+        choices: every non-default value (each is a variant of the step-time benchmark).
+        parts: ``parts(spec, seed) -> FixParts`` of the fix for the field's current value.
+        audit_parts: ``audit_parts(run) -> FixParts``: the fix `vae-ddp audit` applies to a
+            user's LightningModule and datamodule (``run``: an
+            [`AuditRun`][vae_ddp.audit.spec.AuditRun]); None: the audit has no automatic fix
+            for it (it reports it, or another factor's fix covers it).
+        watch: ``{hook: watch(seen) -> list[Finding]}``: what
+            [`DDPAudit`][vae_ddp.audit.callback.DDPAudit] checks in a real DDP fit, per hook of
+            [`HOOKS`][vae_ddp.fixes.factor.HOOKS].
+        clean: what `vae-ddp audit`'s table says when nothing of this factor is seen.
+        fixed_by: key of the factor whose switch fixes this one (when ``field`` is None).
+        off_label: the ablation's name for the run with this fix off (default ``"<key> fix off"``).
+    """
+
+    key: str
+    name: str
+    page: str
+    changes: str
+    check: Check
+    field: Optional[str] = None
+    default: Any = None
+    fixed: Any = None
+    choices: tuple = ()
+    parts: Optional[Callable[[Any, int], FixParts]] = None
+    audit_parts: Optional[Callable[[Any], FixParts]] = None
+    watch: Mapping[str, Watch] = dataclasses.field(default_factory=dict)  # `field` is the attribute above
+    clean: str = "not detected"
+    fixed_by: Optional[str] = None
+    off_label: str = ""
+
+    def __post_init__(self) -> None:
+        unknown = set(self.watch) - set(HOOKS)
+        if unknown:
+            raise ValueError(f"factor {self.key!r}: watch hooks {sorted(unknown)} are not among {HOOKS}")
+
+    @property
+    def ablation_label(self) -> str:
+        return self.off_label or f"{self.key} fix off"
+
+    def is_on(self, spec: Any) -> bool:
+        """Whether ``spec`` (a ``RunSpec``) has this factor's fix on."""
+        return self.field is not None and getattr(spec, self.field) != self.default
+
+    def label(self, spec: Any) -> str:
+        """Short name of the fix as set in ``spec`` (``noise=global``, ``sync_bn``)."""
+        return self.value_label(getattr(spec, self.field))
+
+    def value_label(self, value: Any) -> str:
+        """Short name of the switch at ``value`` (``noise=global``; a bool switch: its field)."""
+        return self.field if isinstance(value, bool) else f"{self.field}={value}"
+
+
+_REGISTRY: dict[str, Factor] = {}
+
+
+def register(factor: Factor) -> Factor:
+    """Add ``factor`` (its ``key`` must be new); returns it.
+
+    Raises:
+        ValueError: a factor with this key is registered already.
+    """
+    if factor.key in _REGISTRY:
+        raise ValueError(f"factor {factor.key!r} is already registered")
+    _REGISTRY[factor.key] = factor
+    return factor
+
+
+def unregister(key: str) -> None:
+    """Remove the factor ``key`` (tests register fakes and remove them)."""
+    _REGISTRY.pop(key)
+
+
+def factors() -> tuple[Factor, ...]:
+    """Every registered factor, in registration order (the order of the docs)."""
+    return tuple(_REGISTRY.values())
+
+
+def get(key: str) -> Factor:
+    """The factor ``key``. Raises ``KeyError`` when none is registered under it."""
+    return _REGISTRY[key]
+
+
+@dataclass
+class Finding:
+    """One factor a DDP run is exposed to, as ``DDPAudit`` reports it.
+
+    Attributes:
+        factor: the factor's key (``noise``, ``batchnorm``, ``sampler``, ``reduction``,
+            ``logging``, ``optimizer``; ``parameters`` for the audit's own check).
+        evidence: what was seen, with the numbers (one line).
+        fix: the change, plain Lightning/torch first, then the ``vae_ddp`` helper.
+        page: the documentation page that measures the factor (relative to the site root); by
+            default the registered factor's page (``recipe.md`` for a key that is not one).
+    """
+
+    factor: str
+    evidence: str
+    fix: str
+    page: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.page:
+            self.page = _REGISTRY[self.factor].page if self.factor in _REGISTRY else "recipe.md"
+
+    def message(self) -> str:
+        """``DDPAudit [Random streams per rank]: ... Fix: ... (see factors/noise.md)``: the
+        factor under its registry name (one name everywhere)."""
+        name = _REGISTRY[self.factor].name if self.factor in _REGISTRY else self.factor
+        return f"DDPAudit [{name}]: {self.evidence}. Fix: {self.fix} (see {self.page})"
+
+
+# --- what the watch checks read from a running fit -------------------------------------------------
+
+def world(trainer: Any) -> int:
+    """The trainer's world size (1 when it has none)."""
+    return int(getattr(trainer, "world_size", 1) or 1)
+
+
+def batch_tensors(batch: Any) -> list[torch.Tensor]:
+    """Every tensor of a batch: a tensor, or any nesting of sequences, mappings (a Hugging Face
+    ``BatchEncoding`` too), namedtuples and dataclasses, as Lightning walks batches
+    (``lightning_utilities.apply_to_collection``), in their order."""
+    from lightning_utilities.core.apply_func import apply_to_collection
+
+    out: list[torch.Tensor] = []
+    apply_to_collection(batch, torch.Tensor, out.append)
+    return out
+
+
+def loader_list(loaders: Optional[Any]) -> list:
+    """A DataLoader, a list of them, or a dict of them, as a list."""
+    if loaders is None:
+        return []
+    if isinstance(loaders, dict):
+        loaders = list(loaders.values())
+    return list(loaders) if isinstance(loaders, (list, tuple)) else [loaders]
+
+
+def samplers(loaders: Optional[Any]) -> list:
+    """The samplers of a DataLoader, a list of them, or a dict of them (CombinedLoader flattened)."""
+    out = []
+    for dl in loader_list(loaders):
+        s = getattr(dl, "sampler", None)
+        bs = getattr(dl, "batch_sampler", None)
+        if bs is not None and getattr(bs, "sampler", None) is not None:
+            s = bs.sampler
+        if s is not None:
+            out.append(s)
+    return out
+
+
+def rng_states(module: Any) -> list[torch.Tensor]:
+    """The global CPU generator's state, and the module's CUDA device's when on a GPU."""
+    states = [torch.get_rng_state()]
+    if module.device.type == "cuda":
+        states.append(torch.cuda.get_rng_state(module.device))
+    return states
+
+
+def gather_ints(value: int) -> list[int]:
+    """``value`` from every rank (``all_gather_object`` over the process group; ``[value]`` without one)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return [value]
+    out: list[Optional[int]] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value)
+    return [int(v) for v in out if v is not None]
+
+
+def gather_digest(payload: bytes) -> list[bytes]:
+    """``payload``'s sha256 digest from every rank (``all_gather_object`` over the process group)."""
+    digest = hashlib.sha256(payload).digest()
+    if not (dist.is_available() and dist.is_initialized()):
+        return [digest]
+    out: list[Optional[bytes]] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, digest)
+    return [d for d in out if d is not None]
