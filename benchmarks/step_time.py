@@ -27,9 +27,9 @@ import tempfile
 from pathlib import Path
 
 from vae_ddp.fixes import registry
-from vae_ddp.studies.configs import RunSpec
-from vae_ddp.studies.launch import launch
-from vae_ddp.studies.table import format_table, write_tables
+from vae_ddp.harness.configs import RunSpec
+from vae_ddp.harness.launch import launch
+from vae_ddp.harness.table import format_table, write_tables
 
 
 def variants() -> dict[str, dict]:

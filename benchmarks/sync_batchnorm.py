@@ -33,7 +33,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from vae_ddp.fixes.batchnorm import GlobalBatchNorm
 from vae_ddp.model import VAE
-from vae_ddp.studies.table import format_table
+from vae_ddp.harness.table import format_table
 
 
 class _Loss(nn.Module):

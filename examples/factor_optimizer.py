@@ -27,10 +27,10 @@ import statistics
 import torch
 from matplotlib.figure import Figure
 
-from vae_ddp.studies.configs import RunSpec
+from vae_ddp.harness.configs import RunSpec
 from vae_ddp.data import DigitsDataModule
 from vae_ddp.fixes import registry
-from vae_ddp.studies.launch import launch_by_world_size
+from vae_ddp.harness.launch import launch_by_world_size
 from vae_ddp.model import VAE
 
 GROUPS = ("fc_mu/fc_var", "encoder", "decoder")

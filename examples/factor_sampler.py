@@ -28,8 +28,8 @@ from torch.utils.data import DistributedSampler
 
 from vae_ddp.data import DigitsDataModule
 from vae_ddp.fixes import registry
-from vae_ddp.studies.configs import RunSpec
-from vae_ddp.studies.launch import launch_by_world_size
+from vae_ddp.harness.configs import RunSpec
+from vae_ddp.harness.launch import launch_by_world_size
 
 COMPARISONS = (
     ("default", "one device: RandomSampler (Lightning's default)"),

@@ -122,7 +122,7 @@ def test_relative_spread_tells_a_noisy_small_term_from_a_smooth_large_one():
 
 
 def test_dp_logs_one_replica_as_lightning_1x_did():
-    """Lightning 1.x DP showed one replica's chunk for on_step values (see vae_ddp.studies.dp);
+    """Lightning 1.x DP showed one replica's chunk for on_step values (see vae_ddp.dp);
     the emulation logs the last replica's, while it optimises the mean over replicas."""
     import copy
 
@@ -131,7 +131,7 @@ def test_dp_logs_one_replica_as_lightning_1x_did():
 
     from vae_ddp.data import DigitsDataModule
     from vae_ddp.model import VAE
-    from vae_ddp.studies.dp import DataParallelVAE
+    from vae_ddp.dp import DataParallelVAE
 
     seen = {}
 

@@ -78,7 +78,7 @@ def test_gradient_clipping_and_accumulation_pass_through(tmp_path):
 def test_a_run_that_needs_unused_parameters_says_how(capsys, monkeypatch, tmp_path):
     from vae_ddp.audit import study
     from vae_ddp.cli import main
-    from vae_ddp.studies.launch import RunFailed
+    from vae_ddp.harness.launch import RunFailed
 
     def failing(*args, **kwargs):
         raise RunFailed("run 'ddp' exited with code 1; first error: RuntimeError: ... `strategy='ddp_find_unused_"
@@ -215,7 +215,7 @@ def test_a_failed_run_is_exit_code_3_not_a_verdict(tmp_path, capsys, monkeypatch
     """A run that fails (or hangs) says so in one line with exit code 3; 1 means the audit's verdict."""
     from vae_ddp.audit import study
     from vae_ddp.cli import main
-    from vae_ddp.studies.launch import RunFailed
+    from vae_ddp.harness.launch import RunFailed
 
     def failing(*args, **kwargs):
         raise RunFailed("run 'ddp' exited with code 1; first error: RuntimeError: boom")

@@ -6,7 +6,7 @@ import pytest
 
 from vae_ddp.cli import build_parser, main
 from vae_ddp.fixes import registry
-from vae_ddp.studies.configs import flag
+from vae_ddp.harness.configs import flag
 
 
 @pytest.mark.parametrize("command", ["compare", "equivalence", "ablation", "seeds"])

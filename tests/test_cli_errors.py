@@ -159,7 +159,7 @@ def test_the_library_raises_plain_exceptions_that_name_the_argument(tmp_path):
 
 
 def test_field_names_become_flags():
-    from vae_ddp.studies.configs import in_flags
+    from vae_ddp.harness.configs import in_flags
 
     assert in_flags("data_dir /tmp/data_dir/x does not exist") == "--data-dir /tmp/data_dir/x does not exist"
     assert in_flags("use data='imagefolder' with data_dir") == "use --data imagefolder with --data-dir"

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from vae_ddp.studies.configs import RunSpec
-from vae_ddp.studies.launch import RunFailed, RunGroup, launch, launch_group
+from vae_ddp.harness.configs import RunSpec
+from vae_ddp.harness.launch import RunFailed, RunGroup, launch, launch_group
 
 
 def _spec(cifar_dir, **kw) -> RunSpec:
@@ -65,7 +65,7 @@ def test_ddp_step_value_is_the_global_batch_mean(cifar_dir, tmp_path):
     from vae_ddp.data import make_datamodule
     from vae_ddp.fixes.noise import GlobalBatchNoise
     from vae_ddp.fixes.sampler import GlobalBatchDistributedSampler
-    from vae_ddp.studies.runner import build_model
+    from vae_ddp.harness.runner import build_model
 
     spec = dataclasses.replace(_spec(cifar_dir, config="ddp", steps=1).exact(), dtype="float64")
     rec = launch(spec, tmp_path, quiet=True)["runs"][0]["records"][0]

@@ -194,7 +194,7 @@ def test_hook_registry_errors(tmp_path):
 TABLES = """
 import argparse, pathlib, sys
 sys.path.insert(0, {src!r})
-from vae_ddp.studies.table import format_table, write_tables
+from vae_ddp.harness.table import format_table, write_tables
 p = argparse.ArgumentParser(); p.add_argument("--out", type=pathlib.Path); a = p.parse_args()
 md = format_table(["n", "max |a - b|"], [[2, 0.5]], title="after 3 steps")
 print("progress line, not for the page")

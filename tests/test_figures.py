@@ -130,7 +130,7 @@ def test_seed_figure_draws_one_band_per_configuration(tmp_path, captured):
 
 
 def test_curves_figure_says_validation_is_in_eval_mode(tmp_path, captured):
-    from vae_ddp.studies.plots import plot_curves
+    from vae_ddp.harness.plots import plot_curves
 
     runs = _runs(["single", "ddp", "dp"], seeds=1)
     series = [(c, rs[0]["records"], rs[0]["records"][::5]) for c, rs in runs.items()]
@@ -142,7 +142,7 @@ def test_curves_figure_says_validation_is_in_eval_mode(tmp_path, captured):
 
 
 def test_report_style_figure(tmp_path, captured):
-    from vae_ddp.studies.plots import plot_report_style
+    from vae_ddp.harness.plots import plot_report_style
 
     records = [{"label": c, **x, "logged_kl": x["kl"], "logged_recon_loss": x["recon_loss"]}
                for c, rs in _runs(["single", "ddp", "dp"], seeds=1, steps=40).items() for x in rs[0]["records"]]

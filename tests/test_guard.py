@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from vae_ddp import guard
-from vae_ddp.studies.launch import RunFailed, launch
+from vae_ddp.harness.launch import RunFailed, launch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -119,7 +119,7 @@ def test_a_guard_whose_caller_died_while_it_started_runs_nothing(tmp_path):
 
 def test_launch_fails_with_the_watchdogs_line(tmp_path):
     """A study run that hangs fails in ``stall`` seconds with one line, never at a CI limit."""
-    from vae_ddp.studies.configs import RunSpec
+    from vae_ddp.harness.configs import RunSpec
 
     spec = RunSpec(config="single", steps=1).validate()
     stuck = [sys.executable, "-c", "import signal\nfrom vae_ddp.guard import beat\nbeat()\nwhile True: signal.pause()"]

@@ -8,8 +8,8 @@ float64, against one device with SharedNoise; and that independent noise does no
 import pytest
 import torch
 
-from vae_ddp.studies.configs import RunSpec
-from vae_ddp.studies.launch import launch
+from vae_ddp.harness.configs import RunSpec
+from vae_ddp.harness.launch import launch
 from vae_ddp.studies.long_horizon import SharedNoise, train_run
 
 
@@ -77,7 +77,7 @@ def test_long_horizon_command_takes_a_config(tmp_path, capsys):
 def test_long_horizon_reduced(generated):
     """The registry's reduced run (the one this site's build shows): complete and consistent."""
     from vae_ddp.studies.long_horizon import NOISE, QUANTITIES, render
-    from vae_ddp.studies.stats import VERDICTS
+    from vae_ddp.harness.stats import VERDICTS
 
     r = generated("long-horizon")
     assert r["verdict"] in VERDICTS and r["summary"].startswith("noise shared by 2 ranks")
@@ -97,7 +97,7 @@ def test_committed_long_horizon_is_what_the_command_renders():
 
     from conftest import ROOT
     from vae_ddp.studies.long_horizon import overall, render
-    from vae_ddp.studies.stats import compare_metrics
+    from vae_ddp.harness.stats import compare_metrics
 
     folder = ROOT / "docs" / "results" / "long-horizon"
     if not (folder / "long-horizon.json").exists():

@@ -12,11 +12,11 @@ import pytest
 
 from vae_ddp.fixes import registry
 from vae_ddp.fixes.registry import Factor, FixParts
-from vae_ddp.studies.configs import RunSpec
+from vae_ddp.harness.configs import RunSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 #: the files that enumerate the fixes: none of them may name a factor's switch
-DERIVED = ["src/vae_ddp/cli.py", "src/vae_ddp/studies/runner.py", "src/vae_ddp/studies/ablation.py", "src/vae_ddp/audit/run.py",
+DERIVED = ["src/vae_ddp/cli.py", "src/vae_ddp/harness/runner.py", "src/vae_ddp/studies/ablation.py", "src/vae_ddp/audit/run.py",
            "benchmarks/step_time.py"]
 
 
@@ -80,7 +80,7 @@ def test_a_new_factor_needs_only_its_registry_entry_and_its_field(seventh_factor
     Trainer's callbacks, the ablation's and the benchmark's variants and the CLI switches."""
     from vae_ddp.cli import build_parser
     from vae_ddp.studies.ablation import variants
-    from vae_ddp.studies.runner import fix_parts
+    from vae_ddp.harness.runner import fix_parts
 
     factor, marker = seventh_factor
     spec = JitterSpec(config="ddp").exact()
@@ -143,7 +143,8 @@ NAMED_OUTSIDE = {
     "src/vae_ddp/audit/study.py": "the audit's verdict folds the reduction into the sampler's ablation and merges "
                                   "the one-process noise findings into the run's",
     "src/vae_ddp/fixes/randomness.py": "`noise`: the module attribute GlobalBatchRandomness serves, not the factor",
-    "src/vae_ddp/studies/equivalence.py": "`noise`: the module attribute; `optimizer`: the run's optimizer (adam, sgd)",
+    "src/vae_ddp/harness/permutation.py": "`noise`: the module attribute the floor's permutation wraps, not the factor",
+    "src/vae_ddp/studies/equivalence.py": "`optimizer`: the run's optimizer (adam, sgd), not the factor",
     "src/vae_ddp/studies/long_horizon.py": "`noise`: the VAE's noise mode of a run (a JSON field)",
     "src/vae_ddp/studies/report_scale.py": "the report-scale study's variants each switch one factor of the VAE",
     "src/vae_ddp/studies/verdict.py": "the site's verdict words the VAE's factors by their measured rows",
@@ -181,7 +182,7 @@ def _exposures(fixes: bool, devices: int = 2):
     import pytorch_lightning as pl
 
     from vae_ddp.data import DigitsDataModule
-    from vae_ddp.studies.runner import build_model, fix_parts
+    from vae_ddp.harness.runner import build_model, fix_parts
 
     spec = RunSpec(config="ddp" if devices > 1 else "single", devices=devices, global_batch_size=32).validate()
     spec = spec.exact() if fixes else spec

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from vae_ddp.cli import main
-from vae_ddp.studies.equivalence import FLOOR_FACTOR, WithinBatchPermutation, verdict
+from vae_ddp.harness.permutation import WithinBatchPermutation
+from vae_ddp.studies.equivalence import FLOOR_FACTOR, verdict
 
 
 #: What the equivalence tests accept (the goal is FLOOR_FACTOR = 2, see _check_floor).
@@ -118,7 +119,7 @@ def test_ablation_each_factor_breaks_equivalence(generated):
 
 def test_seed_study(generated):
     from vae_ddp.studies.seeds import analyse
-    from vae_ddp.studies.stats import VERDICTS
+    from vae_ddp.harness.stats import VERDICTS
 
     r = generated("seeds")
     n = r["num_seeds"]
@@ -149,7 +150,7 @@ SLEEP_2 = [1.9, 0.8, 1.1, 0.1, -0.1, 4.4, 5.5, 1.6, 4.6, 3.4]
 
 
 def test_welch_and_paired_match_r_on_the_sleep_data():
-    from vae_ddp.studies.stats import paired, welch
+    from vae_ddp.harness.stats import paired, welch
 
     w = welch(SLEEP_1, SLEEP_2)
     assert w["diff"] == pytest.approx(-1.58) and w["t"] == pytest.approx(-1.8608, abs=1e-4)
@@ -169,7 +170,7 @@ def test_tost_agrees_with_the_90_percent_interval():
     the margin (Schuirmann 1987); the interval comes from scipy, the TOST from statsmodels."""
     import scipy.stats as sps
 
-    from vae_ddp.studies.stats import tost
+    from vae_ddp.harness.stats import tost
 
     ci = sps.ttest_rel(SLEEP_1, SLEEP_2).confidence_interval(0.90)  # about [-2.29, -0.87]
     for margin in (2.0, 2.2, 2.4, 3.0):
@@ -183,7 +184,7 @@ def test_tost_agrees_with_the_90_percent_interval():
 
 
 def test_power_and_holm_match_published_values():
-    from vae_ddp.studies.stats import compare_metrics, detectable_difference
+    from vae_ddp.harness.stats import compare_metrics, detectable_difference
 
     # Cohen (1988), Table 2.4.1 / G*Power: two groups of 10, two-sided 5%, 80% power: d = 1.32;
     # one sample (paired) of 10: d = 1.00
@@ -223,9 +224,9 @@ def test_what_runs_of_one_seed_share_with_single(tmp_path):
     """The seed study pairs run i of each configuration with run i of single. What they share,
     as its page says: the initial weights always; the data order only for dp (one process, the
     same RandomSampler seeded from the same global stream); DDP's sampler deals another order."""
-    from vae_ddp.studies.configs import RunSpec
-    from vae_ddp.studies.launch import launch_by_world_size
-    from vae_ddp.studies.runner import build_model
+    from vae_ddp.harness.configs import RunSpec
+    from vae_ddp.harness.launch import launch_by_world_size
+    from vae_ddp.harness.runner import build_model
     from vae_ddp.studies.seeds import SHARED_WITH_SINGLE
     import pytorch_lightning as pl
 

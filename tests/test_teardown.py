@@ -2,7 +2,7 @@
 
 The message came from gloo's worker threads being destroyed at interpreter exit when the
 process group was never destroyed (Lightning 2.6 does not destroy it after ``fit``); the
-runner now destroys it (``vae_ddp.studies.runner.close_process_group``). It showed in about 2
+runner now destroys it (``vae_ddp.harness.runner.close_process_group``). It showed in about 2
 runs of 45 before, so a few runs catch a regression only sometimes: the suite reads every
 launch of 2 and 4 processes that the studies of the docs registry made (the same runs the site
 shows, about a dozen launches, none run again here), and ``VAE_DDP_FULL=1`` also runs 20 more.
@@ -10,10 +10,10 @@ shows, about a dozen launches, none run again here), and ``VAE_DDP_FULL=1`` also
 
 import pytest
 
-from vae_ddp.studies.configs import RunSpec
-from vae_ddp.studies.launch import launch
+from vae_ddp.harness.configs import RunSpec
+from vae_ddp.harness.launch import launch
 
-#: the registry's studies that launch through vae_ddp.studies.launch (1, 2 and 4 processes): their JSON
+#: the registry's studies that launch through vae_ddp.harness.launch (1, 2 and 4 processes): their JSON
 STUDIES = {"equivalence": "equivalence.json", "equivalence32": "equivalence.json", "equivalence32sgd": "equivalence.json",
            "ablation": "ablation.json", "seeds": "seeds.json", "demo": "results.json", "report_scale": "report_scale.json"}
 

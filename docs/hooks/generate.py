@@ -188,7 +188,7 @@ def render_output(e: dict[str, Any], out: Path) -> str:
         tables = out / TABLES
         if not tables.is_file():
             raise PluginError(f"example {e['name']!r} has `output: tables` but wrote no {TABLES} into its output "
-                              f"folder ({out}); a study writes it with vae_ddp.studies.table.write_tables")
+                              f"folder ({out}); a study writes it with vae_ddp.harness.table.write_tables")
         return tables.read_text().rstrip() + "\n"
     stdout = (out / "stdout.txt").read_text()
     if e["output"] == "log":

@@ -3,7 +3,7 @@
 A subcommand is a typed function registered once in `vae_ddp.cli.commands()`: each
 parameter becomes a flag (``--name-with-dashes``, typed and checked by its annotation;
 ``Literal`` types give the choices), a parameter ``base: RunSpec`` becomes the flags of the
-[`RunSpec`][vae_ddp.studies.configs.RunSpec] fields (so every fix of the factor registry is a switch:
+[`RunSpec`][vae_ddp.harness.configs.RunSpec] fields (so every fix of the factor registry is a switch:
 ``--noise``, ``--sync-bn``, ``--sampler``, ``--sync-dist-logging``; ``--exact`` turns all on), and
 ``out_dir`` becomes ``--out``. Every subcommand takes ``--config FILE`` and ``--print_config``.
 
@@ -82,7 +82,7 @@ def commands() -> dict[str, Command]:
 
 @register("compare")
 def _compare() -> Command:
-    from vae_ddp.studies.configs import CONFIGS
+    from vae_ddp.harness.configs import CONFIGS
     from vae_ddp.studies.compare import compare
 
     return Command(compare, "train single, ddp and dp side by side (the main job)", out="runs/compare",
@@ -155,7 +155,7 @@ def _help_of(obj: Any) -> dict[str, str]:
 
 
 def _add(parser, name: str, hint: Any, default: Any, help: str) -> None:
-    from vae_ddp.studies.configs import flag
+    from vae_ddp.harness.configs import flag
 
     kwargs: dict[str, Any] = dict(dest=name, default=default, help=help.replace("%", "%%"))
     names = [flag(name)]
@@ -215,7 +215,7 @@ def build_parser(spec_cls: Optional[type] = None):
     ``spec_cls``: RunSpec (default) or a subclass with more fields (tests add a factor's switch this way)."""
     from jsonargparse import ArgumentParser
 
-    from vae_ddp.studies.configs import RunSpec
+    from vae_ddp.harness.configs import RunSpec
 
     spec_cls = spec_cls or RunSpec
 
@@ -237,7 +237,7 @@ _LITERAL = re.compile(r"Expected a typing\.Literal\[(.*)\]\. Got value: (.*)", r
 
 def one_line(message: str) -> str:
     """jsonargparse's (possibly multi-line) parse error as one line naming the flag."""
-    from vae_ddp.studies.configs import flag
+    from vae_ddp.harness.configs import flag
 
     m = _KEY.search(message)
     if m:
@@ -283,7 +283,7 @@ def _check_out(out: Path) -> None:
 
 
 def _call(cmd: Command, ns: argparse.Namespace) -> Any:
-    from vae_ddp.studies.configs import RunSpec
+    from vae_ddp.harness.configs import RunSpec
 
     args = {k: v for k, v in vars(ns).items() if k not in ("config", "__path__") and not k.startswith("__")}
     sig = inspect.signature(cmd.function)
@@ -320,7 +320,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     Bad input is one line on stderr and exit code 2, before any training: a
     [`UserError`][vae_ddp.errors.UserError], or a ``ValueError``/``OSError`` of the library's
     checks ([`input_error`][vae_ddp.errors.input_error]), whose field names are given as flags
-    ([`in_flags`][vae_ddp.studies.configs.in_flags]: ``data_dir`` -> ``--data-dir``). A failed
+    ([`in_flags`][vae_ddp.harness.configs.in_flags]: ``data_dir`` -> ``--data-dir``). A failed
     run is its error and exit code 1; Ctrl-C is exit code 130.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -328,7 +328,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         from vae_ddp.audit.cli import main as audit_main
 
         return audit_main(argv[1:])
-    from vae_ddp.studies.launch import RunFailed
+    from vae_ddp.harness.launch import RunFailed
 
     try:
         parser = build_parser()
@@ -345,7 +345,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     except (UserError, ValueError, OSError) as err:
         bad = input_error(err)  # a UserError, or the library's plain exception naming a field (data_dir)
         if bad is not None:
-            from vae_ddp.studies.configs import in_flags
+            from vae_ddp.harness.configs import in_flags
 
             message = str(bad) if isinstance(bad, UserError) else in_flags(str(bad))
             print(f"vae-ddp: error: {' '.join(message.split())}", file=sys.stderr)

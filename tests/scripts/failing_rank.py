@@ -1,7 +1,7 @@
 """A runner whose rank 1 raises at its 3rd training step (tests that a dead rank ends the run)."""
 import sys
 
-import vae_ddp.studies.runner as runner
+import vae_ddp.harness.runner as runner
 from vae_ddp.model import VAE
 
 

@@ -301,7 +301,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if "-h" in argv or "--help" in argv:  # before anything imports torch
         _parser(light=True).print_help()
         return 0
-    from vae_ddp.studies.launch import RunFailed
+    from vae_ddp.harness.launch import RunFailed
 
     if os.getcwd() not in sys.path:  # class paths relative to the working directory, as `python -m` allows
         sys.path.insert(0, os.getcwd())

@@ -43,8 +43,8 @@ from vae_ddp.audit.spec import AuditRun, failed_marker
 from vae_ddp.fixes import registry
 from vae_ddp.probes import per_step_differences
 from vae_ddp.studies.equivalence import FLOOR_FACTOR
-from vae_ddp.studies.launch import RunFailed, drop_tensors, launch
-from vae_ddp.studies.table import format_table
+from vae_ddp.harness.launch import RunFailed, drop_tensors, launch
+from vae_ddp.harness.table import format_table
 
 __all__ = ["audit", "render", "FLOOR_RATIO", "FLOOR_DRAWS", "ROUNDING_EPS"]
 

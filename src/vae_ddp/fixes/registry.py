@@ -6,8 +6,8 @@ module only collects them: ``noise``, ``batchnorm``, ``sampler``, ``item_count``
 reduction), ``evaluation`` (Logging), ``optimizer``.
 
 Every place that enumerates the fixes reads this registry instead of listing them:
-``RunSpec.exact()`` and ``RunSpec.fixes()`` ([`RunSpec`][vae_ddp.studies.configs.RunSpec]), the
-``Trainer`` of a run (``vae_ddp.studies.runner.build_trainer``), the ablation's and the
+``RunSpec.exact()`` and ``RunSpec.fixes()`` ([`RunSpec`][vae_ddp.harness.configs.RunSpec]), the
+``Trainer`` of a run (``vae_ddp.harness.runner.build_trainer``), the ablation's and the
 step-time benchmark's variants, the ``vae-ddp`` switches, and the runs of `vae-ddp audit`
 (its fixes and its ablation: [`audit_parts`][vae_ddp.fixes.registry.audit_parts],
 [`audit_fixable`][vae_ddp.fixes.registry.audit_fixable]). Adding a factor is one fix

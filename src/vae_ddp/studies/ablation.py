@@ -18,10 +18,10 @@ from pathlib import Path
 import torch
 
 from vae_ddp.fixes import registry
-from vae_ddp.studies.configs import RunSpec
+from vae_ddp.harness.configs import RunSpec
 from vae_ddp.studies.equivalence import max_abs_diff
-from vae_ddp.studies.launch import launch_by_world_size
-from vae_ddp.studies.table import format_table, write_tables
+from vae_ddp.harness.launch import launch_by_world_size
+from vae_ddp.harness.table import format_table, write_tables
 
 __all__ = ["ablation", "variants"]
 

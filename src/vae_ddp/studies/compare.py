@@ -7,7 +7,7 @@ written to ``tables.md``).
 
 What the report plotted is what Lightning logged: ``self.log(..., on_step=True)`` without
 ``sync_dist``, which under DDP is rank 0's mean over its share of the batch, and under
-Lightning 1.x DP one replica's (see [`vae_ddp.studies.dp`][vae_ddp.studies.dp]). Every
+Lightning 1.x DP one replica's (see [`vae_ddp.dp`][vae_ddp.dp]). Every
 record keeps that value (``logged_*``) beside the value over the whole global batch, and
 the study measures how much more the logged curve fluctuates than the global-batch one
 (the spread ratio), for the KL term and for the reconstruction term, and why the KL term
@@ -22,10 +22,10 @@ import dataclasses
 import json
 from pathlib import Path
 
-from vae_ddp.studies.configs import RunSpec
-from vae_ddp.studies.launch import launch_by_world_size
-from vae_ddp.studies.plots import plot_curves, plot_report_style
-from vae_ddp.studies.table import format_table, write_tables
+from vae_ddp.harness.configs import RunSpec
+from vae_ddp.harness.launch import launch_by_world_size
+from vae_ddp.harness.plots import plot_curves, plot_report_style
+from vae_ddp.harness.table import format_table, write_tables
 
 __all__ = ["co_movement", "compare", "per_sample_relative_variance", "relative_spread", "spread_ratio"]
 
@@ -88,7 +88,7 @@ def per_sample_relative_variance(spec: RunSpec, state_dict: dict, seed: int) -> 
 
     from vae_ddp.data import make_datamodule
     from vae_ddp.studies.report_scale import per_sample_terms
-    from vae_ddp.studies.runner import build_model
+    from vae_ddp.harness.runner import build_model
 
     pl.seed_everything(seed, verbose=False)
     single = dataclasses.replace(spec, config="single", devices=1)

@@ -2,14 +2,14 @@
 
 ``vae-ddp equivalence --world-sizes 2 4 --dtype float64 --out DIR`` trains ``single`` and
 ``ddp`` at each world size from the same seed, data and global batch size with every fix
-on ([`exact`][vae_ddp.studies.configs.RunSpec.exact]), through Lightning's ``Trainer``, and
+on ([`exact`][vae_ddp.harness.configs.RunSpec.exact]), through Lightning's ``Trainer``, and
 compares them step by step from the same weights (teacher forcing): every step of the DDP
 run starts from the one-device run's weights at that step, and its all-reduced gradient and
 BatchNorm buffers are compared with one device's.
 
 What "to the last digits" means is measured in the same run, not assumed: one-device runs
 that start every step from the same weights but with the samples inside each batch permuted
-([`WithinBatchPermutation`][vae_ddp.studies.equivalence.WithinBatchPermutation]) compute
+([`WithinBatchPermutation`][vae_ddp.harness.permutation.WithinBatchPermutation]) compute
 mathematically the same step (the same samples, each with its own noise; a mean and
 BatchNorm statistics do not depend on the order), so their differences are rounding alone:
 the *reordering floor*, several draws of it per step. DDP sums the same terms in another
@@ -26,18 +26,16 @@ import dataclasses
 import json
 import statistics
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Optional
 
 import torch
-from pytorch_lightning import Callback, LightningModule, Trainer
-from torch import Tensor
 
 from vae_ddp.errors import UserError
-from vae_ddp.studies.configs import RunSpec
-from vae_ddp.studies.launch import drop_tensors, launch_by_world_size
-from vae_ddp.studies.table import format_table, write_tables
+from vae_ddp.harness.configs import RunSpec
+from vae_ddp.harness.launch import drop_tensors, launch_by_world_size
+from vae_ddp.harness.table import format_table, write_tables
 
-__all__ = ["equivalence", "max_abs_diff", "param_diffs", "WithinBatchPermutation", "FLOOR_FACTOR", "verdict"]
+__all__ = ["equivalence", "max_abs_diff", "param_diffs", "FLOOR_FACTOR", "verdict"]
 
 #: DDP matches one device when its largest per-step relative difference (gradient, BatchNorm
 #: buffers) is at most this many times the largest draw of the one-device reordering floor.
@@ -59,76 +57,9 @@ def max_abs_diff(a: dict, b: dict, buffers: bool = False) -> float:
     return max(param_diffs(a, b, buffers).values(), default=0.0)
 
 
-class WithinBatchPermutation(Callback):
-    """One device only: permute the samples of each training batch, each keeping its noise.
-
-    At training batch k (counted from the start of ``fit``) the callback draws
-    ``perm = torch.randperm(B)`` from a generator seeded with ``seed * 1_000_003 + k`` and
-    reorders, in place, every tensor of the batch whose first dimension is ``B``
-    (``x: (B, ...)``, the labels ``(B,)``): row ``i`` becomes row ``perm[i]``. It also wraps
-    the LightningModule's ``noise`` attribute (``mu -> eps``, the hook that
-    [`VAE`][vae_ddp.model.VAE] and the recipe's module draw their reparameterization noise
-    through, and that [`GlobalBatchNoise`][vae_ddp.fixes.noise.GlobalBatchNoise] sets): the
-    noise of row ``i`` becomes ``noise(mu)[perm[i]]``, the ``eps`` that sample met in the
-    unpermuted run. The loss (a mean over the batch), its gradient and the BatchNorm
-    statistics are then the same sums in another order: only floating-point rounding can
-    tell the two runs apart.
-
-    Put it after any callback that sets ``noise`` (Lightning calls callbacks in list order).
-    Lightning converts the batch to the precision's dtype and moves it to the device before
-    ``on_train_batch_start`` (``_TrainingEpochLoop.advance``, Lightning 2.x) and passes that
-    same object to ``training_step``, so the in-place reordering reaches the model.
-
-    Args:
-        seed: seed of the permutations.
-
-    Raises:
-        RuntimeError: used with more than one process, or on a module without ``noise``.
-    """
-
-    def __init__(self, seed: int) -> None:
-        self.seed = seed
-        self._batch = 0
-        self._perm: Optional[Tensor] = None
-        self._inner: Optional[Callable[[Tensor], Tensor]] = None
-
-    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._batch = 0
-
-    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        if trainer.world_size != 1:
-            raise RuntimeError(f"WithinBatchPermutation is a one-device probe; this run has world size "
-                               f"{trainer.world_size}")
-        if not callable(getattr(pl_module, "noise", None)):
-            raise RuntimeError(f"{type(pl_module).__name__} has no `noise(mu)` to draw its noise through; "
-                               "without it the noise could not follow its sample")
-        n = len(batch[0])
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self._batch)
-        self._perm = torch.randperm(n, generator=g)
-        for t in batch:
-            if isinstance(t, Tensor) and t.dim() > 0 and len(t) == n:
-                t.copy_(t[self._perm.to(t.device)])
-        self._inner = pl_module.noise
-        pl_module.noise = self
-
-    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
-        if pl_module.__dict__.get("noise") is self:  # not already restored by a callback before this one
-            if getattr(self._inner, "__self__", None) is pl_module:
-                del pl_module.noise  # it was the module's own method
-            else:
-                pl_module.noise = self._inner
-        self._batch += 1
-
-    def __call__(self, mu: Tensor) -> Tensor:
-        """``eps`` for the permuted rows: the unpermuted ``noise(mu)[perm]``, ``mu: (B, latent_dim)``."""
-        eps = self._inner(mu)
-        return eps[self._perm.to(eps.device)]
-
-
 def _final(result: tuple[dict, Path]) -> tuple[dict, dict]:
     """Final ``state_dict`` and last training record of one spec's result of
-    [`launch_by_world_size`][vae_ddp.studies.launch.launch_by_world_size]."""
+    [`launch_by_world_size`][vae_ddp.harness.launch.launch_by_world_size]."""
     run = result[0]["runs"][0]
     return torch.load(result[1] / run["params"])["state_dict"], run["records"][-1]
 
@@ -231,7 +162,7 @@ def equivalence(base: RunSpec, world_sizes: list[int], out_dir: Path, permutatio
         world_sizes: DDP world sizes to compare with one device.
         out_dir: where the runs and ``equivalence.json`` go.
         permutations: one-device runs that permute the samples inside every batch with their
-            own seed ([`WithinBatchPermutation`][vae_ddp.studies.equivalence.WithinBatchPermutation]):
+            own seed ([`WithinBatchPermutation`][vae_ddp.harness.permutation.WithinBatchPermutation]):
             the same loss summed in another order, i.e. a draw of rounding alone at every step.
 
     The floor is the largest per-step difference over all permuted runs and steps;

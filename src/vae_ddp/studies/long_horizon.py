@@ -20,7 +20,7 @@ thing equal:
 
 Both use the same sampler (seeded by the run's seed), so run i of each mode shares its
 initial weights and its data order: only the noise differs, and the comparison is paired
-by seed. Each final quantity is compared with [`compare_metrics`][vae_ddp.studies.stats.compare_metrics]
+by seed. Each final quantity is compared with [`compare_metrics`][vae_ddp.harness.stats.compare_metrics]
 (paired t-test, TOST with a margin of ``margin_sd`` standard deviations of the
 ``independent`` runs, Holm over the four quantities).
 """
@@ -43,9 +43,9 @@ from torch import Tensor
 
 from vae_ddp.errors import UserError
 from vae_ddp.model import standard_normal_noise
-from vae_ddp.studies.configs import RunSpec
-from vae_ddp.studies.stats import compare_metrics
-from vae_ddp.studies.table import write_tables
+from vae_ddp.harness.configs import RunSpec
+from vae_ddp.harness.stats import compare_metrics
+from vae_ddp.harness.table import write_tables
 
 __all__ = ["SharedNoise", "train_run", "long_horizon", "render", "NOISE"]
 
@@ -127,7 +127,7 @@ def train_run(spec: RunSpec, seed: int, noise: Literal["shared", "independent"],
 
     from vae_ddp.data import make_datamodule
     from vae_ddp.recording import GlobalBatchRecorder
-    from vae_ddp.studies.runner import build_model, build_trainer
+    from vae_ddp.harness.runner import build_model, build_trainer
 
     if noise not in NOISE:
         raise ValueError(f"unknown noise mode {noise!r}: use one of {', '.join(NOISE)}")
@@ -193,7 +193,7 @@ def long_horizon(out_dir: Path, num_seeds: int = 10, steps: int = 2000, global_b
     Returns:
         ``{"settings", "num_seeds", "runs", "comparison", "verdict", "summary", "seconds"}``:
         ``runs[noise]`` the per-seed curves and final values, ``comparison`` the entries of
-        [`compare_metrics`][vae_ddp.studies.stats.compare_metrics] per quantity,
+        [`compare_metrics`][vae_ddp.harness.stats.compare_metrics] per quantity,
         ``verdict`` one of ``"equivalent"`` (every quantity), ``"different"`` (any
         quantity) or ``"inconclusive"``; ``summary`` one sentence.
 
@@ -311,7 +311,7 @@ def statistics_table(comparison: dict[str, dict], a: str, b: str) -> tuple[list[
 
 def render(result: dict) -> str:
     """The study's verdict, then its table (Markdown), from its ``long-horizon.json`` content."""
-    from vae_ddp.studies.table import format_table
+    from vae_ddp.harness.table import format_table
 
     st = result["settings"]
     headers, rows = comparison_table(result["comparison"], "shared", "independent")

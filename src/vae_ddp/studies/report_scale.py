@@ -22,7 +22,7 @@ Variants (each factor alone, by turning every fix on except that one, as the abl
 does): ``ddp`` with Lightning's defaults; ``ddp`` with every fix (the rounding floor);
 noise back to the default (the same stream on both ranks); BatchNorm back to per-rank;
 sampler back to Lightning's ``DistributedSampler``; and the emulation of Lightning 1.x
-DP (see [`vae_ddp.studies.dp`][vae_ddp.studies.dp]).
+DP (see [`vae_ddp.dp`][vae_ddp.dp]).
 
 Logging changes no gradient. Its effect on what the report plotted is measured on the
 default ``ddp`` run, with the same yardstick: ``|logged KL - global-batch KL|`` per step
@@ -33,7 +33,7 @@ per-sample relative variance ``var / mean^2`` of the one-sample Monte Carlo KL e
 and of the reconstruction (MSE) term, from ``spread_batches`` extra forward passes.
 
 ``python -m vae_ddp.studies.report_scale SPECS_JSON OUT_DIR`` is the child-process entry of
-the runs of one world size (started by [`launch`][vae_ddp.studies.launch.launch]); the study itself is
+the runs of one world size (started by [`launch`][vae_ddp.harness.launch.launch]); the study itself is
 [`report_scale`][vae_ddp.studies.report_scale.report_scale].
 """
 
@@ -50,7 +50,7 @@ from typing import Any
 
 import torch
 
-from vae_ddp.studies.configs import RunSpec
+from vae_ddp.harness.configs import RunSpec
 
 __all__ = ["VARIANTS", "FACTOR_VARIANTS", "command_md", "factor_effects", "plot", "ranking", "render",
            "report_scale"]
@@ -152,14 +152,14 @@ def _spread(trainer, module, skip: int, batches: int) -> dict:
 
 def _worker(specs_json: str, out_dir: str) -> int:
     """Frozen-weights runs of one world size, one after the other in these processes (a
-    [`RunGroup`][vae_ddp.studies.launch.RunGroup]): ``OUT_DIR/worker.json`` lists, per spec,
+    [`RunGroup`][vae_ddp.harness.launch.RunGroup]): ``OUT_DIR/worker.json`` lists, per spec,
     its ``folder`` and ``spread_batches``; rank 0 writes ``grads.pt`` and ``run.json`` into
     each folder, and ``OUT_DIR/run.json``."""
     import pytorch_lightning as pl
 
     from vae_ddp.data import make_datamodule
     from vae_ddp.recording import GlobalBatchRecorder
-    from vae_ddp.studies.runner import build_model, build_trainer, close_process_group
+    from vae_ddp.harness.runner import build_model, build_trainer, close_process_group
     from vae_ddp.utils import quiet
 
     specs, out = [RunSpec(**d) for d in json.loads(specs_json)], Path(out_dir)
@@ -281,7 +281,7 @@ def report_scale(
             ``data_dir`` included.
     """
     from vae_ddp.errors import UserError
-    from vae_ddp.studies.launch import RunGroup, launch
+    from vae_ddp.harness.launch import RunGroup, launch
 
     names = list(VARIANTS) if variants is None else list(variants)
     unknown = [n for n in names if n not in VARIANTS]
@@ -349,7 +349,7 @@ def report_scale(
     result["ranking"] = ranking(result)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report_scale.json").write_text(json.dumps(result, indent=1))
-    from vae_ddp.studies.table import write_tables
+    from vae_ddp.harness.table import write_tables
 
     tables = render(result)
     write_tables(out, tables)

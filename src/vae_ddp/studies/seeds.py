@@ -6,7 +6,7 @@ final train and validation KL and reconstruction of each configuration with ``si
 "Final train" is the mean over the last 10% of steps of the global-batch value; "final
 validation" is the whole validation set with fixed noise.
 
-The comparison ([`compare_metrics`][vae_ddp.studies.stats.compare_metrics]) is paired by
+The comparison ([`compare_metrics`][vae_ddp.harness.stats.compare_metrics]) is paired by
 seed: run i of every configuration starts from ``seed_everything(i)`` and so from the same
 initial weights as run i of ``single`` (DDP broadcasts rank 0's weights, drawn after the
 same seeding). What the runs of one seed do not share: the reparameterization noise
@@ -37,9 +37,9 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from vae_ddp.errors import UserError
-from vae_ddp.studies.configs import RunSpec
-from vae_ddp.studies.launch import launch_group
-from vae_ddp.studies.stats import compare_metrics
+from vae_ddp.harness.configs import RunSpec
+from vae_ddp.harness.launch import launch_group
+from vae_ddp.harness.stats import compare_metrics
 
 __all__ = ["seed_study", "analyse", "reanalyse", "render", "plot", "plot_finals", "verdict_lines", "STUDY_CONFIGS",
            "MARGIN_SD"]
@@ -141,7 +141,7 @@ def analyse(result: dict, margin_sd: float = MARGIN_SD) -> dict:
     ``result["summary"][config][quantity]["values"]`` holds one value per seed, in seed
     order. Returns a copy with, per configuration and quantity, ``mean`` and ``std`` and,
     for every configuration but ``single``, ``vs_single`` (the entry of
-    [`compare_metrics`][vae_ddp.studies.stats.compare_metrics], paired by seed, margin
+    [`compare_metrics`][vae_ddp.harness.stats.compare_metrics], paired by seed, margin
     ``margin_sd`` standard deviations of ``single``), plus ``margin_sd``, ``shared_with_single``,
     ``verdict`` (``{config: {quantity: "equivalent" | "different" | "inconclusive"}}``) and
     ``verdict_lines`` (one sentence per configuration).
@@ -182,7 +182,7 @@ def reanalyse(out_dir: Path, margin_sd: float = MARGIN_SD) -> dict:
 
 
 def _write(result: dict, out_dir: Path) -> None:
-    from vae_ddp.studies.table import write_tables
+    from vae_ddp.harness.table import write_tables
 
     (out_dir / "seeds.json").write_text(json.dumps(result, indent=1))
     markdown = render(result)
@@ -197,7 +197,7 @@ def _g(v: float) -> str:
 def render(result: dict) -> str:
     """The study's verdict lines, then its tables (Markdown), from its ``seeds.json`` content."""
     from vae_ddp.studies.long_horizon import STATISTICS_TITLE, comparison_table, statistics_table
-    from vae_ddp.studies.table import format_table
+    from vae_ddp.harness.table import format_table
 
     st, n = result["settings"], result["num_seeds"]
     rows = [[c, q, _g(e["mean"]), _g(e["std"])] for c, qs in result["summary"].items() for q, e in qs.items()]

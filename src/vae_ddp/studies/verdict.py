@@ -292,7 +292,7 @@ def _training_words(seeds: dict, config: str, scope: bool = True, long_horizon: 
 
 def _dp(seeds: dict) -> str:
     """Why DP looked like one device: the same random streams as DDP, by the seed study's words on
-    ``dp``; what each logged (the ``vae_ddp.studies.dp`` docstring)."""
+    ``dp``; what each logged (the ``vae_ddp.dp`` docstring)."""
     what = _training_words(seeds, "dp").replace("differs in training", "differs in training too", 1)
     return (f"**Why DP looked like one device**: DP shares that default (every replica draws the same noise, "
             f"[inferred](dataparallel.md)) and {what}, but it logged a replica's chunk of the *same* batches as one "
@@ -398,7 +398,7 @@ def dp_table(results: dict[str, dict | None]) -> str:
          "mean of the replica means (equal chunks but for an uneven last batch; inferred from `training_step_end`)",
          "mean of rank means, equal at this scale (measured: " + _page_link("reduction") + ")"),
         (_name("logging") + " (`on_step`, no `sync_dist`)", "the whole batch",
-         "one replica's chunk (inferred from Lightning 1.2.6 and 1.9.5 source, see [`vae_ddp.studies.dp`][vae_ddp.studies.dp])",
+         "one replica's chunk (inferred from Lightning 1.2.6 and 1.9.5 source, see [`vae_ddp.dp`][vae_ddp.dp])",
          "rank 0's half (measured: " + _page_link("logging") + ")"),
         (_name("optimizer"), "one Adam on the batch gradient", "the same, on the mean of the replica gradients",
          "the same, on the all-reduced gradient (measured: " + _page_link("optimizer") + ")"),

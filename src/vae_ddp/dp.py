@@ -7,7 +7,7 @@ ran ``training_step`` on its chunk; the returned losses were gathered to GPU 0 a
 averaged (``training_step_end`` default: mean of the replica outputs); one backward ran
 through the replicas, so the gradient is the mean of the chunk gradients.
 
-[`DataParallelVAE`][vae_ddp.studies.dp.DataParallelVAE] reproduces that step in two ways:
+[`DataParallelVAE`][vae_ddp.dp.DataParallelVAE] reproduces that step in two ways:
 
 - ``mode="real"`` (needs >= 2 CUDA devices): the real ``torch.nn.DataParallel`` over the
   first ``replicas`` GPUs.
@@ -88,7 +88,7 @@ class DataParallelVAE(VAE):
     Args:
         replicas: number of DataParallel replicas (GPUs) N; the batch is the global batch.
         dp_mode: ``"real"`` or ``"emulate"`` (see the module docstring); resolve
-            ``"auto"`` first with [`resolve_dp_mode`][vae_ddp.studies.dp.resolve_dp_mode].
+            ``"auto"`` first with [`resolve_dp_mode`][vae_ddp.dp.resolve_dp_mode].
         replica_seed: seed of each replica's noise generator in the emulation.
         logged_replica: whose values ``self.log`` shows (see the module docstring): the
             index of a replica (default -1: the last), or ``None`` for the mean over

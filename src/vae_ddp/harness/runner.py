@@ -1,6 +1,6 @@
-"""Run one [`RunSpec`][vae_ddp.studies.configs.RunSpec] through Lightning's ``Trainer``.
+"""Run one [`RunSpec`][vae_ddp.harness.configs.RunSpec] through Lightning's ``Trainer``.
 
-Entry point for a child process: ``python -m vae_ddp.studies.runner SPEC_JSON OUT_DIR``. A DDP
+Entry point for a child process: ``python -m vae_ddp.harness.runner SPEC_JSON OUT_DIR``. A DDP
 run on CPU forks its other ranks from this process once it has imported Lightning
 ([`vae_ddp.ranks`][vae_ddp.ranks]); on GPUs Lightning starts them by re-running this same
 command (``_SubprocessScriptLauncher``). Either way a study launches its runs in a process
@@ -24,8 +24,8 @@ from vae_ddp.fixes import registry
 from vae_ddp.fixes.registry import FixParts
 from vae_ddp.model import VAE
 from vae_ddp.ranks import cluster_plugins, run_ranks
-from vae_ddp.studies.configs import RunSpec
-from vae_ddp.studies.dp import DataParallelVAE
+from vae_ddp.harness.configs import RunSpec
+from vae_ddp.dp import DataParallelVAE
 from vae_ddp.recording import GlobalBatchRecorder
 from vae_ddp.utils import close_process_group, quiet
 
@@ -68,7 +68,7 @@ def build_trainer(spec: RunSpec, seed: int, callbacks: Optional[list] = None) ->
     if plugins:
         extra["plugins"] = plugins
     if spec.permute_seed is not None:  # after the fixes' callbacks: it wraps the noise they set
-        from vae_ddp.studies.equivalence import WithinBatchPermutation
+        from vae_ddp.harness.permutation import WithinBatchPermutation
 
         callbacks.append(WithinBatchPermutation(spec.permute_seed))
     accelerator = "gpu" if (spec.accelerator == "gpu" or (spec.config == "dp" and spec.dp_mode == "real")) else "cpu"
@@ -121,7 +121,7 @@ def train_one(spec: RunSpec, seed: int, out_dir: Optional[Path] = None, progress
 
 def main(argv: Optional[list[str]] = None) -> int:
     """``SPEC_JSON OUT_DIR``: one spec, ``OUT_DIR/run.json`` = ``{"spec", "runs"}``. ``SPEC_JSON``
-    may be a JSON list of specs of one world size (a [`RunGroup`][vae_ddp.studies.launch.RunGroup]):
+    may be a JSON list of specs of one world size (a [`RunGroup`][vae_ddp.harness.launch.RunGroup]):
     they train one after the other in these processes, spec ``k`` saving its parameters under
     ``OUT_DIR/k/``, and ``run.json`` = ``{"group": [{"spec", "runs"}, ...]}``."""
     argv = sys.argv[1:] if argv is None else argv

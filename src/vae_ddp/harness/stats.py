@@ -73,7 +73,7 @@ def welch(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> d
 def paired(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> dict[str, float]:
     """Compare the means of two samples paired by position (``a[i]`` with ``b[i]``).
 
-    Same keys as [`welch`][vae_ddp.studies.stats.welch], from ``scipy.stats.ttest_rel(a, b)``
+    Same keys as [`welch`][vae_ddp.harness.stats.welch], from ``scipy.stats.ttest_rel(a, b)``
     (``df = n - 1``), plus ``std_diff`` (standard deviation of ``a[i] - b[i]``) and ``r``
     (Pearson correlation of ``a`` and ``b``: how much the pairing narrows the interval).
 
@@ -96,7 +96,7 @@ def tost(a: Sequence[float], b: Sequence[float], margin: float, pair: bool) -> f
     confidence interval lying inside the margin.
 
     Raises:
-        ValueError: ``margin`` not positive, or the inputs of [`paired`][vae_ddp.studies.stats.paired].
+        ValueError: ``margin`` not positive, or the inputs of [`paired`][vae_ddp.harness.stats.paired].
     """
     from statsmodels.stats.weightstats import ttost_ind, ttost_paired
 
@@ -145,12 +145,12 @@ def compare_metrics(a: Mapping[str, Sequence[float]], b: Mapping[str, Sequence[f
     Args:
         a, b: ``{metric: values}``, one value per seed (paired: the same seeds, same order).
         margins: ``{metric: m}``, the equivalence margin of each metric (positive).
-        pair: paired tests (see [`paired`][vae_ddp.studies.stats.paired]) or Welch's.
+        pair: paired tests (see [`paired`][vae_ddp.harness.stats.paired]) or Welch's.
         alpha: familywise error rate over the metrics, for each kind of test.
 
     Returns:
-        ``{metric: entry}``: the keys of [`paired`][vae_ddp.studies.stats.paired] or
-        [`welch`][vae_ddp.studies.stats.welch], ``test`` (``"paired"``/``"welch"``),
+        ``{metric: entry}``: the keys of [`paired`][vae_ddp.harness.stats.paired] or
+        [`welch`][vae_ddp.harness.stats.welch], ``test`` (``"paired"``/``"welch"``),
         ``p_holm``, ``margin``, ``p_tost``, ``p_tost_holm``, ``mde`` (smallest difference
         detected with 80% power at level ``alpha / k``), ``within_margin`` (Holm-adjusted
         TOST p below ``alpha``) and ``verdict`` (one of :data:`VERDICTS`).

@@ -3,12 +3,12 @@
 - ``single``: 1 device, per-device batch size = global batch size.
 - ``ddp``: Lightning's ``strategy="ddp"`` with N processes (gloo on CPU, NCCL on GPUs),
   per-device batch size = global batch size / N.
-- ``dp``: Lightning 1.x DataParallel (see [`vae_ddp.studies.dp`][vae_ddp.studies.dp]): 1 process, the global
+- ``dp``: Lightning 1.x DataParallel (see [`vae_ddp.dp`][vae_ddp.dp]): 1 process, the global
   batch scattered into N chunks.
 
 Every configuration starts from ``seed_everything(seed)``, the same initial weights and
 the same global batch size. The fixes are independent switches, all off by default
-(Lightning's defaults); [`exact`][vae_ddp.studies.configs.RunSpec.exact] turns all of them on.
+(Lightning's defaults); [`exact`][vae_ddp.harness.configs.RunSpec.exact] turns all of them on.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from vae_ddp.data import DATASETS, find_image_root
 from vae_ddp.errors import UserError
 from vae_ddp.fixes import registry
 from vae_ddp.model import MODELS
-from vae_ddp.studies.dp import DP_MODES, resolve_dp_mode
+from vae_ddp.dp import DP_MODES, resolve_dp_mode
 
 __all__ = ["RunSpec", "CONFIGS", "choice_error", "flag", "in_flags"]
 

@@ -1,11 +1,11 @@
 """Start a run, or a group of runs of one world size, in its own process tree (under a
 [guard][vae_ddp.guard]: own process group, watchdog, no orphans) and collect what rank 0 wrote.
 
-Each run is ``python -m vae_ddp.studies.runner SPEC_JSON OUT_DIR``; Lightning's DDP launcher then
+Each run is ``python -m vae_ddp.harness.runner SPEC_JSON OUT_DIR``; Lightning's DDP launcher then
 starts the other ranks by re-running that command. If any rank fails, Lightning ends the
 whole group (rank 0 kills its children on an exception; ``_ChildProcessObserver``
 SIGKILLs everyone when a child exits non-zero), so the run returns a non-zero code
-instead of hanging; [`launch`][vae_ddp.studies.launch.launch] then raises [`RunFailed`][vae_ddp.studies.launch.RunFailed] with the end of the
+instead of hanging; [`launch`][vae_ddp.harness.launch.launch] then raises [`RunFailed`][vae_ddp.harness.launch.RunFailed] with the end of the
 failing process's stderr.
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Optional
 
 from vae_ddp import guard
-from vae_ddp.studies.configs import RunSpec
+from vae_ddp.harness.configs import RunSpec
 
 __all__ = ["launch", "launch_group", "launch_by_world_size", "RunGroup", "RunFailed"]
 
@@ -38,8 +38,8 @@ class RunGroup:
     Lightning; under DDP the launcher then starts the other ranks, which import them again),
     which is most of the time of the short runs the studies make. Lightning reuses the
     process group for the next ``fit`` of the same processes. ``specs`` are anything with
-    ``to_json()``, ``label``, ``world_size`` and ``accelerator`` (a [`RunSpec`][vae_ddp.studies.configs.RunSpec]
-    or the audit's runs); the group has the same attributes, so [`launch`][vae_ddp.studies.launch.launch]
+    ``to_json()``, ``label``, ``world_size`` and ``accelerator`` (a [`RunSpec`][vae_ddp.harness.configs.RunSpec]
+    or the audit's runs); the group has the same attributes, so [`launch`][vae_ddp.harness.launch.launch]
     takes it in place of one spec and the child receives the JSON list of the specs.
 
     Raises:
@@ -65,7 +65,7 @@ def launch(spec: "RunSpec | RunGroup", out_dir: Path, timeout: Optional[float] =
     ([`vae_ddp.guard`][vae_ddp.guard]); return its ``run.json``.
 
     Progress lines stream to this process's stdout (unless ``quiet``); stderr goes to
-    ``out_dir/stderr.log``. ``entry`` replaces ``[python, -m, vae_ddp.studies.runner]`` (tests use
+    ``out_dir/stderr.log``. ``entry`` replaces ``[python, -m, vae_ddp.harness.runner]`` (tests use
     it to inject a failing rank). ``stall``: seconds without progress of any rank before the
     watchdog dumps every rank's stacks into ``stderr.log`` and ends the tree (default
     ``$VAE_DDP_WATCHDOG_S`` or 300). On ``timeout``, SIGINT/SIGTERM of this process, or its
@@ -85,7 +85,7 @@ def launch(spec: "RunSpec | RunGroup", out_dir: Path, timeout: Optional[float] =
     if spec.accelerator == "cpu" and "OMP_NUM_THREADS" not in os.environ:
         # like torchrun: do not let N ranks x all cores threads fight over the cores
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // spec.world_size))
-    cmd = (entry or [sys.executable, "-m", "vae_ddp.studies.runner"]) + [spec.to_json(), str(out_dir)]
+    cmd = (entry or [sys.executable, "-m", "vae_ddp.harness.runner"]) + [spec.to_json(), str(out_dir)]
     with open(log, "w") as err:
         try:
             # under a guard: its own process group, a watchdog, nothing left behind (vae_ddp.guard)
@@ -113,7 +113,7 @@ def launch_group(specs: list[RunSpec], out_dir: Path, timeout: Optional[float] =
     relative to ``out_dir``).
 
     Raises:
-        RunFailed: as [`launch`][vae_ddp.studies.launch.launch].
+        RunFailed: as [`launch`][vae_ddp.harness.launch.launch].
         ValueError: specs of different world sizes.
     """
     return launch(RunGroup(specs), out_dir, timeout=timeout, quiet=quiet)["group"]
@@ -121,7 +121,7 @@ def launch_group(specs: list[RunSpec], out_dir: Path, timeout: Optional[float] =
 
 def launch_by_world_size(specs: list[RunSpec], out_dir: Path, timeout: Optional[float] = None,
                          quiet: bool = False) -> list[tuple[dict, Path]]:
-    """Train ``specs`` with one launch per world size (a [`RunGroup`][vae_ddp.studies.launch.RunGroup]
+    """Train ``specs`` with one launch per world size (a [`RunGroup`][vae_ddp.harness.launch.RunGroup]
     each, in the order the world sizes first appear) under ``out_dir/<N>-process/``.
 
     Returns:

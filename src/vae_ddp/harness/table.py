@@ -1,7 +1,7 @@
 """Markdown tables for the terminal and for the documentation pages.
 
 Each study prints its tables and also writes exactly that Markdown to ``OUT/tables.md``
-([`write_tables`][vae_ddp.studies.table.write_tables]); the docs build includes that file,
+([`write_tables`][vae_ddp.harness.table.write_tables]); the docs build includes that file,
 so a page shows what the command printed without parsing its output.
 """
 

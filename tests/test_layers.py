@@ -1,0 +1,42 @@
+"""The import graph of src/: the fixes below the harness, the harness below the studies and the
+audit. Read from the source (every import statement, lazy ones inside functions included)."""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src" / "vae_ddp"
+
+
+def _imports(path: Path) -> set[str]:
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            out.add(node.module)
+            out |= {f"{node.module}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+    return out
+
+
+def _importing(package: str, above: tuple[str, ...]) -> dict[str, list[str]]:
+    found = {}
+    for path in sorted((SRC / package).rglob("*.py")):
+        bad = sorted(m for m in _imports(path) if m.startswith(above))
+        if bad:
+            found[str(path.relative_to(ROOT))] = bad
+    return found
+
+
+def test_the_harness_imports_no_study_and_no_audit():
+    assert _importing("harness", ("vae_ddp.studies", "vae_ddp.audit", "vae_ddp.cli")) == {}
+
+
+def test_the_fixes_import_no_harness_study_or_audit():
+    assert _importing("fixes", ("vae_ddp.harness", "vae_ddp.studies", "vae_ddp.audit", "vae_ddp.cli")) == {}
+
+
+def test_the_graph_is_read():
+    """The reader sees imports of every form (the checks above cannot pass by reading nothing)."""
+    assert "vae_ddp.harness.configs.RunSpec" in _imports(SRC / "studies" / "equivalence.py")
+    assert "vae_ddp.harness.permutation.WithinBatchPermutation" in _imports(SRC / "harness" / "runner.py")  # lazy
