@@ -205,6 +205,48 @@ class GlobalTokens(MaskedTokens):
         return global_token_cross_entropy(logits.reshape(-1, self.vocab), targets.reshape(-1))
 
 
+class PaddedTokens(Regression):
+    """Sequences of 2 to 7 tokens, padded in the loader's `collate_fn` to the longest row of
+    each batch (as Hugging Face's `DataCollatorWithPadding` and `pad_sequence` do): under DDP
+    each rank pads its own per-device batch, one device the global batch."""
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=self.shuffle, collate_fn=_pad_tokens)
+
+
+def _pad_tokens(items):
+    x = torch.stack([i[0] for i in items])  # (b, 8)
+    tokens = (x.abs() * 3).long().clamp(max=10)
+    length = 2 + tokens[:, 0] % 6
+    targets = tokens.roll(-1, dims=1)
+    targets[torch.arange(8)[None, :] >= length[:, None]] = -100
+    longest = int(length.max())
+    return tokens[:, :longest], targets[:, :longest]  # (b, longest) each
+
+
+class PaddedTokensDropout(LightningModule):
+    """Token embeddings with dropout, averaged over the global token count
+    (`global_token_cross_entropy`), on `PaddedTokens`: the loss reduces over the global batch,
+    but the dropout masks drawn for the global batch follow each rank's own padded length."""
+
+    def __init__(self, vocab: int = 11) -> None:
+        super().__init__()
+        self.vocab = vocab
+        self.emb = nn.Embedding(vocab, 16)
+        self.drop = nn.Dropout(0.2)
+        self.out = nn.Linear(16, vocab)
+
+    def training_step(self, batch, batch_idx):
+        from vae_ddp.fixes import global_token_cross_entropy
+
+        tokens, targets = batch
+        logits = self.out(self.drop(self.emb(tokens)))
+        return global_token_cross_entropy(logits.reshape(-1, self.vocab), targets.reshape(-1))
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=1e-2)
+
+
 class GatheredNegatives(Base):
     """In-batch negatives over the global batch (SimCLR-style): the embeddings of every rank
     gathered with gradients, ``self.all_gather(z, sync_grads=True)``; each rank's rows are the

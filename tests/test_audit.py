@@ -126,6 +126,9 @@ def test_masked_token_mean(tmp_path):
     assert f["reduction"]["exposed"] and "differs per rank" in f["reduction"]["evidence"], log[-3000:]
     assert "global_token_cross_entropy" in f["reduction"]["fix"]
     assert code == 1 and not result["unexplained"]  # explained, but only the user can fix it
+    # asked again under the process group (eval mode, every fix): confirmed, and said so
+    assert result["reduction_under_ddp"]["ratio_to_floor"] > FLOOR_RATIO
+    assert "under DDP's process group too" in f["reduction"]["evidence"]
 
 
 def test_a_global_token_mean_is_not_flagged(tmp_path):
@@ -135,6 +138,23 @@ def test_a_global_token_mean_is_not_flagged(tmp_path):
     assert code == 0 and result["within_floor"], log[-3000:]
     assert not by_factor(result)["reduction"]["exposed"]
     assert any("already reduced over the global batch" in n for n in result["notes"]), result["notes"]
+
+
+def test_per_rank_padding_is_named_not_the_reduction(tmp_path):
+    """A global token mean (one-process check: flagged, no process group) with dropout, over
+    batches padded per rank in the collate_fn: the reduction is asked again under the process
+    group in eval mode and cleared; what is left is named, the ranks' batch shapes, with the
+    fix in the user's code (exit 1, not "unexplained")."""
+    code, result, log = audit(tmp_path, f"{M}.PaddedTokensDropout", data=f"{M}.PaddedTokens")
+    f = by_factor(result)
+    assert code == 1 and result["deterministic"] and not result["within_floor"], log[-3000:]
+    assert result["reduction_under_ddp"]["ratio_to_floor"] <= FLOOR_RATIO, result["reduction_under_ddp"]
+    assert not f["reduction"]["exposed"], f["reduction"]
+    assert any("in eval mode" in n and "already reduced over the global batch" in n for n in result["notes"])
+    assert not result["unexplained"]
+    assert f["sampler"]["exposed"] and not f["sampler"]["automatic_fix"], f["sampler"]
+    assert "differ in shape" in f["sampler"]["evidence"] and "max_length=L" in f["sampler"]["fix"]
+    assert "needs your code" in log
 
 
 def test_all_gather_with_gradients(tmp_path):

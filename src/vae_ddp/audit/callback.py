@@ -29,7 +29,7 @@ class DDPAudit(Callback):
 
     The checks are the factors' own (``watch`` of each [`Factor`][vae_ddp.fixes.factor.Factor],
     declared in its fix module and collected by [`vae_ddp.fixes.registry`][vae_ddp.fixes.registry]),
-    run at the hooks of [`HOOKS`][vae_ddp.fixes.factor.HOOKS]; ``parameters`` is the callback's own.
+    run at the hooks of ``vae_ddp.fixes.factor.HOOKS``; ``parameters`` is the callback's own.
     Each needs world size > 1; on one device the callback does nothing:
 
     - ``noise``: every rank's global torch generator yields the same next draws (a hash of
@@ -47,7 +47,9 @@ class DDPAudit(Callback):
       of the world size (counted for the training and validation loaders); and a training
       ``DataLoader`` whose ``batch_size`` is not its ``GlobalBatchDistributedSampler``'s
       per-device batch (``DataLoader(batch_size=B)`` over a sampler of global batch ``B`` on
-      N ranks trains with a global batch of ``N * B``).
+      N ranks trains with a global batch of ``N * B``); and, over the first 8 training
+      batches, ranks whose batches differ in shape beyond the batch dimension (a ``collate_fn``
+      that pads each per-device batch to its own longest row).
     - ``reduction``: padding also changes the mean: repeated samples count twice.
     - ``logging``: metrics logged with ``self.log(..., sync_dist=False)`` (the default):
       under DDP the logged value is rank 0's share of the batch, checked after the first
@@ -82,7 +84,7 @@ class DDPAudit(Callback):
         self._keep(trainer, found)
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        if not self._first_batch_done and trainer.world_size > 1:
+        if trainer.world_size > 1:
             self._keep(trainer, self._watch("train_batch_start", trainer, pl_module, batch))
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,

@@ -80,6 +80,19 @@ class PermuteWithinBatch(Callback):
             self._stream = None
 
 
+class EvalModeSteps(Callback):
+    """Each training step in eval mode: ``module.eval()`` at the start of the batch, ``train()``
+    at its end (dropout off, BatchNorm normalising with its running statistics and not updating
+    them), what the one-process reduction check measures, here under the real process group."""
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        pl_module.eval()
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        pl_module.train()
+
+
 def build(run: AuditRun,
           probe: Optional[StepProbe] = None) -> tuple[LightningModule, pl.LightningDataModule, Trainer]:
     """Seed, build the user's module and datamodule (per-device batch size) and the Trainer with
@@ -96,6 +109,8 @@ def build(run: AuditRun,
     callbacks += parts.callbacks
     if run.permute:
         callbacks.append(PermuteWithinBatch(run.seed * 1009 + run.permute))
+    if run.eval_mode:
+        callbacks.append(EvalModeSteps())
     callbacks.append(DDPAudit(warn=False))
     plugins = parts.plugins + cluster_plugins()  # cluster_plugins: a forked rank (the environment vae_ddp.ranks set)
     user = dict(run.trainer)

@@ -134,6 +134,10 @@ class AuditRun:
             the θ_k recorded there (``teacher_forced`` True), see
             [`StepProbe`][vae_ddp.probes.StepProbe].
         teacher_forced: start every batch from the weights of ``steps_file``.
+        eval_mode: run each training step with the module in eval mode (``module.eval()``: no
+            dropout, BatchNorm with its running statistics), as the one-process reduction check
+            does: a forced pair of these (one device, DDP) tells whether the loss reduces over
+            the global batch under the real process group.
         trainer: Trainer arguments of the user's training that every run takes alike
             (``TRAINER_ARGS``: ``strategy`` for the DDP runs, ``accumulate_grad_batches``,
             ``gradient_clip_val``, ...).
@@ -154,6 +158,7 @@ class AuditRun:
     permute: int = 0
     steps_file: Optional[str] = None
     teacher_forced: bool = False
+    eval_mode: bool = False
     trainer: dict = field(default_factory=dict)
     label: str = ""
 

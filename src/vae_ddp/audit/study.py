@@ -19,7 +19,11 @@ ranks, all forks of one process on CPU):
    [`DDPAudit`][vae_ddp.audit.callback.DDPAudit] findings tell which factors the run is exposed
    to), ``ddp+fixed`` and ``permuted`` (one device, samples permuted);
 5. ``ddp-<factor>``: every fix but one, every step from one device's weights: the factor's
-   contribution, in the same units as the verdict (the ablation).
+   contribution, in the same units as the verdict (the ablation);
+6. ``single-eval`` and ``ddp+fixed-eval``, only when the one-process check flagged the loss's
+   reduction: the same teacher-forced comparison in eval mode (no dropout, BatchNorm's running
+   statistics), under the real process group: it clears the flag of a loss that reduces over
+   the global batch through collectives, or confirms it.
 
 DDP passes (exit 0) when its largest per-step gradient difference is within 2x the largest
 floor draw (the rule of ``vae-ddp equivalence``). When the floor itself is more than rounding
@@ -152,6 +156,15 @@ def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress
            base.replace(label="ddp+fixed-forced", devices=n, **forced),
            *(base.replace(label=f"ddp-{f}", devices=n, **dict(forced, fixes=[g for g in fixes if g != f]))
              for f in fixes)]
+    # The one-process reduction check ran without a process group: a loss that reduces over the
+    # global batch through collectives (an all-reduced item count, gathered embeddings) looks
+    # per-rank there. Asked again where the collectives run: one device and DDP with every fix,
+    # every step from the same weights, in eval mode as that check (no dropout, BatchNorm's
+    # running statistics), so that nothing drawn or normalised in training mode is measured.
+    recheck = any(f["factor"] == "reduction" for f in static or [])
+    if recheck:
+        one_device.append(base.replace(label="single-eval", devices=1, eval_mode=True, **forced))
+        ddp.append(base.replace(label="ddp+fixed-eval", devices=n, eval_mode=True, **forced))
     if progress:
         for spec in one_device + ddp:
             print(f"[audit] {spec.label}: {spec.devices} process(es), fixes: {', '.join(spec.fixes) or 'none'}"
@@ -167,8 +180,8 @@ def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress
                   for tag, specs in (("one-device", one_device), ("ddp", ddp)))
     single = one["single"][0]
 
-    def per_step(run: tuple[dict, dict, Path], label: str) -> list[float]:
-        ref = torch.load(one["single"][2] / "single.steps.pt")["grads"]
+    def per_step(run: tuple[dict, dict, Path], label: str, reference: str = "single") -> list[float]:
+        ref = torch.load(one[reference][2] / f"{reference}.steps.pt")["grads"]
         try:
             return per_step_differences(torch.load(run[2] / f"{label}.steps.pt")["grads"], ref)
         except (ValueError, RuntimeError) as err:  # steps or gradients that do not line up
@@ -182,10 +195,15 @@ def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress
     ratio = max(grad_steps, default=0.0) / yardstick
     deterministic = floor <= ROUNDING_EPS * eps
     within = deterministic and ratio <= FLOOR_RATIO
+    reduction_ddp = None  # the reduction check under the process group: {"grad_steps", "ratio_to_floor"}
+    if recheck:
+        eval_steps = per_step(first["ddp+fixed-eval"], "ddp+fixed-eval", reference="single-eval")
+        reduction_ddp = {"grad_steps": eval_steps, "ratio_to_floor": max(eval_steps, default=0.0) / yardstick}
+    reduced_globally = bool(deterministic and reduction_ddp and reduction_ddp["ratio_to_floor"] <= FLOOR_RATIO)
     trajectory_floor = _diff(one["permuted"][0], single)
     default, info = first["ddp"][:2]
     fixed = first["ddp+fixed"][0]
-    found = {f["factor"]: f for f in info["findings"]}
+    found = {f["factor"]: f for f in info["findings"] if not f.get("manual")}
     manual = {}  # exposed factors the audit cannot fix by itself (one-process checks)
     cleared = []
     for f in static or []:
@@ -199,6 +217,16 @@ def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress
             cleared.append(f"a one-process check flagged {_name(f['factor'])} ({f['evidence'].split(':')[0]}), but "
                            f"under DDP's process group the gradient matches one device's at every step: {what}")
             continue
+        if f["factor"] == "reduction" and reduced_globally:
+            # DDP still differs, but not by the reduction: in eval mode it matches one device
+            cleared.append(f"a one-process check flagged {_name('reduction')} ({f['evidence'].split(':')[0]}), but "
+                           "under DDP's process group, in eval mode (no dropout, BatchNorm's running statistics), "
+                           "the gradient matches one device's at every step: the loss is already reduced over the "
+                           "global batch; what DDP still changes is drawn or normalised in training mode")
+            continue
+        if f["factor"] == "reduction" and reduction_ddp is not None and deterministic:
+            f = dict(f, evidence=f["evidence"] + f"; under DDP's process group too (eval mode, every fix): "
+                                                 f"{reduction_ddp['ratio_to_floor']:.3g}x the floor")
         manual[f["factor"]] = f
         if f["factor"] in found:
             f = dict(f, evidence=found[f["factor"]]["evidence"] + "; " + f["evidence"],
@@ -211,6 +239,13 @@ def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress
             u = dict(u, evidence=static_noise["evidence"] + "; " + u["evidence"],
                      fix=static_noise["fix"] + "; " + u["fix"])
         manual["noise"] = found["noise"] = u
+    # what only the user's code fixes, as the DDP runs saw it (with every fix on, else by default)
+    user_code = {f["factor"]: f for f in info["findings"] + first["ddp+fixed"][1]["findings"] if f.get("manual")}
+    for key, f in user_code.items():
+        prev = manual.get(key) or found.get(key)
+        if prev:
+            f = dict(f, evidence=prev["evidence"] + "; " + f["evidence"], fix=prev["fix"] + "; " + f["fix"])
+        manual[key] = found[key] = f
     ablated = [f for f in fixes if f in found and f not in manual]
     contributions: dict[str, Optional[float]] = {
         f: max(per_step(first[f"ddp-{f}"], f"ddp-{f}"), default=0.0) for f in ablated}
@@ -241,6 +276,7 @@ def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress
               "floor": floor, "floor_draws": floor_draws, "grad_steps": grad_steps, "ratio_to_floor": ratio,
               "deterministic": deterministic, "within_floor": within, "unexplained": unexplained,
               "trajectory_floor": trajectory_floor, "divergence_default": div_default, "divergence_fixed": div_fixed,
+              "reduction_under_ddp": reduction_ddp,
               "findings": findings, "largest_differences": _largest(fixed, single) if unexplained else [],
               "model": base.model, "data": base.data, "global_batch_size": base.global_batch_size,
               "trainer": base.trainer,

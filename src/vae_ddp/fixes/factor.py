@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["Factor", "FixParts", "Finding", "Seen", "HOOKS", "register", "unregister", "factors", "get",
-           "batch_tensors", "loader_list", "samplers", "rng_states", "gather_ints", "gather_digest"]
+           "batch_tensors", "loader_list", "samplers", "rng_states", "gather_ints", "gather_objects", "gather_digest"]
 
 
 @dataclass
@@ -52,7 +52,8 @@ class FixParts:
 Check = Callable[[Any, Any, Any], Optional[str]]
 
 #: The Lightning hooks at which ``DDPAudit`` runs the factors' ``watch`` checks, in the order
-#: of a fit: ``train_start`` (once), ``train_batch_start`` and ``train_batch_end`` (the first
+#: of a fit: ``train_start`` (once), ``train_batch_start`` (every training batch: a watch that
+#: gathers over the ranks limits itself to the first few), ``train_batch_end`` (the first
 #: training batch only), ``validation_batch_end`` (every validation batch but the sanity
 #: check's) and ``validation_epoch_end`` (the first validation epoch after the sanity check).
 HOOKS = ("train_start", "train_batch_start", "train_batch_end", "validation_batch_end", "validation_epoch_end")
@@ -105,7 +106,7 @@ class Factor:
             for it (it reports it, or another factor's fix covers it).
         watch: ``{hook: watch(seen) -> list[Finding]}``: what
             [`DDPAudit`][vae_ddp.audit.callback.DDPAudit] checks in a real DDP fit, per hook of
-            [`HOOKS`][vae_ddp.fixes.factor.HOOKS].
+            ``vae_ddp.fixes.factor.HOOKS``.
         clean: what `vae-ddp audit`'s table says when nothing of this factor is seen.
         fixed_by: key of the factor whose switch fixes this one (when ``field`` is None).
         off_label: the ablation's name for the run with this fix off (default ``"<key> fix off"``).
@@ -190,12 +191,16 @@ class Finding:
         fix: the change, plain Lightning/torch first, then the ``vae_ddp`` helper.
         page: the documentation page that measures the factor (relative to the site root); by
             default the registered factor's page (``recipe.md`` for a key that is not one).
+        manual: True when only a change in the user's code fixes it (none of the fixes the
+            audit applies removes it), e.g. per-rank padding in a ``collate_fn``.
     """
 
     factor: str
     evidence: str
     fix: str
     page: str = ""
+    #: only a change in the user's code fixes it (no fix `vae-ddp audit` applies removes it)
+    manual: bool = False
 
     def __post_init__(self) -> None:
         if not self.page:
@@ -263,6 +268,16 @@ def gather_ints(value: int) -> list[int]:
     out: list[Optional[int]] = [None] * dist.get_world_size()
     dist.all_gather_object(out, value)
     return [int(v) for v in out if v is not None]
+
+
+def gather_objects(value: Any) -> list:
+    """``value`` (any picklable object) from every rank, in rank order (``all_gather_object``;
+    ``[value]`` without a process group)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return [value]
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value)
+    return out
 
 
 def gather_digest(payload: bytes) -> list[bytes]:

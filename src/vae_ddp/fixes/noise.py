@@ -134,8 +134,8 @@ def _watch_streams(seen: Seen) -> list:
 
 
 def _watch_before(seen: Seen) -> list:
-    """``train_batch_start`` (first batch): the generators' states before the step."""
-    if seen.state.get("shared"):
+    """``train_batch_start`` (the first batch's): the generators' states before the step."""
+    if seen.state.get("shared") and "before" not in seen.state:
         seen.state["before"] = rng_states(seen.module)
     return []
 

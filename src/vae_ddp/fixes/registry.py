@@ -55,7 +55,7 @@ def switches() -> tuple[Factor, ...]:
 
 def watchers(hook: str) -> list[tuple[str, Any]]:
     """``[(factor key, watch)]`` of the factors that watch ``hook`` (one of
-    [`HOOKS`][vae_ddp.fixes.factor.HOOKS]), in registry order.
+    ``vae_ddp.fixes.factor.HOOKS``), in registry order.
 
     Raises:
         ValueError: ``hook`` is not one of ``HOOKS``.

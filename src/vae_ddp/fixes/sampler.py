@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import Dataset, DistributedSampler
 
 from vae_ddp.fixes import _env
-from vae_ddp.fixes.factor import Factor, Finding, FixParts, Seen, loader_list, samplers, world
+from vae_ddp.fixes.factor import Factor, Finding, FixParts, Seen, batch_tensors, gather_objects, loader_list, samplers, world
 
 __all__ = ["GlobalBatchDistributedSampler", "deal_global_batches", "FACTOR"]
 
@@ -180,10 +180,40 @@ def _watch_loaders(seen: Seen) -> list:
     return out
 
 
+#: training batches whose shapes ``DDPAudit`` compares across the ranks (one all-gather each)
+SHAPE_BATCHES = 8
+
+
+def _watch_shapes(seen: Seen) -> list:
+    """``train_batch_start`` (the first ``SHAPE_BATCHES`` batches): do the ranks' batches have
+    the same shapes beyond the batch dimension? A ``collate_fn`` that pads to the longest row
+    of its batch (Hugging Face's ``DataCollatorWithPadding``, ``pad_sequence``) pads each
+    per-device batch to its own length under DDP, one device the global batch to one length:
+    the rank's batch is then not its chunk of the one-device batch, and draws made for the
+    global batch (dropout masks) or anything computed per position differ."""
+    st = seen.state
+    st["batches"] = st.get("batches", 0) + 1
+    if st.get("found") or st["batches"] > SHAPE_BATCHES:
+        return []
+    shapes = gather_objects([tuple(t.shape[1:]) for t in batch_tensors(seen.batch)])
+    if len({tuple(s) for s in shapes}) < 2:
+        return []
+    st["found"] = True
+    shown = "; ".join(f"rank {r}: " + ", ".join("(b, " + ", ".join(map(str, s)) + ")" for s in ts[:2])
+                      for r, ts in enumerate(shapes[:4]))
+    return [Finding(
+        "sampler", f"the ranks' batches differ in shape beyond the batch dimension at training batch {st['batches']} "
+        f"({shown}): the collate_fn pads each per-device batch to its own longest row, one device the global batch "
+        "to one length, so a rank's batch is not its chunk of the one-device batch and draws made for the global "
+        "batch (dropout masks) follow other shapes",
+        "pad every batch to one length L, at least the longest row: tokenizer(..., padding='max_length', "
+        "max_length=L), a Hugging Face collator's pad_to_multiple_of=L, or a collate_fn that pads to L", manual=True)]
+
+
 FACTOR = Factor(
     key="sampler", name="Sampler and data order", page="factors/sampler.md",
     changes="datamodule sampler GlobalBatchDistributedSampler; Trainer(use_distributed_sampler=False)",
     check=_check, field="sampler", default="default", fixed="global", choices=("global",),
     parts=_parts, audit_parts=_audit_parts, off_label="sampler back to DistributedSampler",
-    watch={"train_start": _watch_loaders},
+    watch={"train_start": _watch_loaders, "train_batch_start": _watch_shapes},
     clean="no shuffling DistributedSampler")

@@ -5,6 +5,6 @@
 - [`vae_ddp.harness.launch`][vae_ddp.harness.launch] and [`vae_ddp.harness.runner`][vae_ddp.harness.runner]:
   how one run is launched (its own process tree) and trained through Lightning's ``Trainer``.
 - [`vae_ddp.harness.permutation`][vae_ddp.harness.permutation]: the one-device reordering floor.
-- [`vae_ddp.harness.table`][vae_ddp.harness.table], [`vae_ddp.harness.stats`][vae_ddp.harness.stats],
-  [`vae_ddp.harness.plots`][vae_ddp.harness.plots]: tables, statistics and figures.
+- [`vae_ddp.harness.table`][vae_ddp.harness.table], ``vae_ddp.harness.stats`` and
+  ``vae_ddp.harness.plots``: tables, statistics and figures.
 """
