@@ -36,9 +36,10 @@ EXPECTED: dict[str, tuple[str, frozenset]] = {
     "SimCLR, seeded, keys by a transpose": ("1 unexplained", frozenset()),  # unexplained: torch's gloo all_gather backward
     "DCGAN": ("1 your code", frozenset({"noise"})),
     "DCGAN, z for the global batch": ("0 passed", frozenset({"noise", "batchnorm"})),
-    "GPT-2": ("1 not judged", frozenset({"noise", "reduction"})),
+    "GPT-2": ("1 not judged", frozenset({"noise", "reduction", "sampler"})),
     "GPT-2, global token mean, no attention dropout": ("0 passed", frozenset({"noise", "sampler"})),
-    "BERT (masked LM)": ("1 not judged", frozenset({"noise", "reduction"})),
+    "GPT-2, as above, padded per batch": ("1 your code", frozenset({"sampler"})),
+    "BERT (masked LM)": ("1 not judged", frozenset({"noise", "reduction", "sampler"})),
 }
 
 

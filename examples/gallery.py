@@ -385,6 +385,6 @@ GALLERY = {
     "DCGAN, z for the global batch": ("DCGANGlobalNoise", "Images", {}, {"strategy": "ddp_find_unused_parameters_true"}),
     "GPT-2": ("GPT2", "Text", {}, {}),
     "GPT-2, global token mean, no attention dropout": ("GPT2Fixed", "Text", {"pad_to_multiple_of": 32}, {}),
-    "GPT-2, global token mean, no attention dropout, padded per batch": ("GPT2Fixed", "Text", {}, {}),
+    "GPT-2, as above, padded per batch": ("GPT2Fixed", "Text", {}, {}),
     "BERT (masked LM)": ("BertMLM", "Text", {"mlm": True}, {}),
 }
