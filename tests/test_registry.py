@@ -70,7 +70,8 @@ def seventh_factor():
                                  default="default", fixed="global", choices=("global",),
                                  parts=lambda spec, seed: FixParts(callbacks=[marker]),
                                  audit_parts=lambda run: FixParts(callbacks=[marker]),
-                                 watch={"train_start": watch}, clean="no jitter seen"))
+                                 watch={"train_start": watch}, clean="no jitter seen",
+                                 before=lambda model, dm, batches, n: [{"factor": "jitter", "evidence": f"{n} chunks"}]))
     yield f, marker
     registry.unregister("jitter")
 
@@ -120,6 +121,14 @@ def test_a_new_factor_needs_only_its_registry_entry_and_its_field(seventh_factor
     assert [f.evidence for f in found] == ["2 ranks jitter apart"] and found[0].page == "factors/jitter.md"
     assert found[0].message().startswith("DDPAudit [augmentation jitter]: ")
     assert _clean("jitter") == "no jitter seen"  # the audit table's row when nothing is seen
+    # the audit's one-process checks, before any training, run the factor's own
+    from examples.audit_models import Plain, Regression
+    from vae_ddp.audit.static import static_findings
+
+    dm = Regression(batch_size=16)
+    dm.setup("fit")
+    batches = [next(iter(dm.train_dataloader()))]
+    assert static_findings(Plain(), dm, batches, 2) == [{"factor": "jitter", "evidence": "2 chunks"}]
 
 
 def test_the_derived_places_name_no_factor():
@@ -138,8 +147,6 @@ def test_the_derived_places_name_no_factor():
 #: modules outside the fix modules that still name a factor key in code, each with why; the list
 #: may only shrink (the test fails when one of them no longer names a key: remove it here)
 NAMED_OUTSIDE = {
-    "src/vae_ddp/audit/static.py": "the audit's one-process checks (the loss's reduction, dataset and collate_fn "
-                                   "draws) are not declared by their factors yet",
     "src/vae_ddp/audit/study.py": "the audit's verdict folds the reduction into the sampler's ablation and merges "
                                   "the one-process noise findings into the run's",
     "src/vae_ddp/fixes/randomness.py": "`noise`: the module attribute GlobalBatchRandomness serves, not the factor",

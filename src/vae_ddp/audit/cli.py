@@ -187,7 +187,7 @@ def check(run, data_cls: type, model_cls: type) -> tuple[list[dict], list[str]]:
     Returns the findings of the one-process checks ([`static_findings`][vae_ddp.audit.static.static_findings])
     and notes: a ``training_step`` that needs a Trainer (``self.all_gather``, ...) skips the
     checks that call it (the DDP runs answer for it) instead of being refused."""
-    from vae_ddp.audit.static import _cast
+    from vae_ddp.fixes.factor import cast_batch as _cast
 
     import torch
     from pytorch_lightning import LightningModule

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["Factor", "FixParts", "Finding", "Seen", "HOOKS", "register", "unregister", "factors", "get",
-           "batch_tensors", "loader_list", "samplers", "rng_states", "gather_ints", "gather_objects", "gather_digest"]
+           "batch_tensors", "cast_batch", "chunk_batch", "loader_list", "samplers", "rng_states", "gather_ints", "gather_objects", "gather_digest"]
 
 
 @dataclass
@@ -107,6 +107,9 @@ class Factor:
         watch: ``{hook: watch(seen) -> list[Finding]}``: what
             [`DDPAudit`][vae_ddp.audit.callback.DDPAudit] checks in a real DDP fit, per hook of
             ``vae_ddp.fixes.factor.HOOKS``.
+        before: ``before(model, datamodule, batches, world_size) -> [finding dicts]``: what
+            `vae-ddp audit` checks in one process before any training, on a few global batches
+            (each dict: ``factor``, ``evidence``, ``fix``, ``page``, ``fixable: False``).
         clean: what `vae-ddp audit`'s table says when nothing of this factor is seen.
         fixed_by: key of the factor whose switch fixes this one (when ``field`` is None).
         off_label: the ablation's name for the run with this fix off (default ``"<key> fix off"``).
@@ -124,6 +127,7 @@ class Factor:
     parts: Optional[Callable[[Any, int], FixParts]] = None
     audit_parts: Optional[Callable[[Any], FixParts]] = None
     watch: Mapping[str, Watch] = dataclasses.field(default_factory=dict)  # `field` is the attribute above
+    before: Optional[Callable[[Any, Any, list, int], list]] = None
     clean: str = "not detected"
     fixed_by: Optional[str] = None
     off_label: str = ""
@@ -229,6 +233,26 @@ def batch_tensors(batch: Any) -> list[torch.Tensor]:
     out: list[torch.Tensor] = []
     apply_to_collection(batch, torch.Tensor, out.append)
     return out
+
+
+def cast_batch(batch: Any, dtype: torch.dtype) -> Any:
+    """``batch`` with its floating-point tensors cast to ``dtype`` (the rest as they are)."""
+    from lightning_utilities.core.apply_func import apply_to_collection
+
+    return apply_to_collection(batch, torch.Tensor, lambda t: t.to(dtype) if t.is_floating_point() else t)
+
+
+def chunk_batch(batch: Any, n: int) -> list[Any]:
+    """``batch`` split into ``n`` per-rank chunks along the batch dimension (``Tensor.chunk``).
+
+    Raises:
+        TypeError: the batch holds no tensor.
+    """
+    from lightning_utilities.core.apply_func import apply_to_collection
+
+    if not batch_tensors(batch):
+        raise TypeError(f"cannot split a batch of type {type(batch).__name__}")
+    return [apply_to_collection(batch, torch.Tensor, lambda t, i=i: t.chunk(n)[i]) for i in range(n)]
 
 
 def loader_list(loaders: Optional[Any]) -> list:

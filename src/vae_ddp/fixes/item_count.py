@@ -19,7 +19,7 @@ gradients is the gradient of ``sum_r S_r / sum_r n_r``, the one-device global me
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -29,10 +29,11 @@ from torch import Tensor
 from torch.utils.data import DistributedSampler
 
 from vae_ddp.fixes import _env
-from vae_ddp.fixes.factor import Factor, Finding, Seen, samplers, world
+from vae_ddp.fixes.factor import Factor, Finding, Seen, cast_batch, chunk_batch, samplers, world
 from vae_ddp.fixes.sampler import uses_global_sampler
 
-__all__ = ["global_item_count", "global_item_mean", "global_token_cross_entropy", "FACTOR"]
+__all__ = ["global_item_count", "global_item_mean", "global_token_cross_entropy", "reduction", "reduction_gap",
+           "REDUCTION_TOLERANCE", "FACTOR"]
 
 
 def global_item_count(count: Union[Tensor, int, float], device: Optional[torch.device] = None) -> Tensor:
@@ -138,8 +139,102 @@ def _watch_padding(seen: Seen) -> list:
                     "their states across ranks (torchmetrics)")]
 
 
+def _grad(model: Any, batch: Any) -> torch.Tensor:
+    model.zero_grad(set_to_none=True)
+    with torch.random.fork_rng():
+        out = model.training_step(batch, 0)
+    loss = out["loss"] if isinstance(out, dict) else out
+    loss.backward()
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                      for p in model.parameters()])
+
+
+def reduction_gap(model: Any, batch: Any, n: int) -> Optional[float]:
+    """``max |g(batch) - mean_r g(chunk_r)| / max |g(batch)|`` in float64 and eval mode; None
+    for manual optimization (``training_step`` steps the optimizers itself)."""
+    found = reduction(model, batch, n)
+    return None if found is None else found[0]
+
+
+def reduction(model: Any, batch: Any, n: int) -> Optional[tuple[float, str]]:
+    """How the loss reduces the batch: ``(gap, kind)``, ``gap`` as in
+    [`reduction_gap`][vae_ddp.fixes.item_count.reduction_gap] and ``kind`` from the least-squares fit
+    ``g(batch) = sum_r a_r g(chunk_r)`` over the ``n`` per-rank chunks (float64, eval mode):
+
+    - ``"mean"``: every ``a_r = 1/n``: a mean over samples (what DDP's gradient average assumes);
+    - ``"sum"``: every ``a_r = 1``: a sum over the batch (DDP's average is 1/n of one device's);
+    - ``"weighted"``: other weights, e.g. a mean over a number of tokens that differs per chunk;
+    - ``"coupled"``: no such weights fit (relative residual above 1e-6): the loss of a sample
+      depends on the other samples of its batch (in-batch negatives, a contrastive loss).
+
+    None for manual optimization (``training_step`` steps the optimizers itself)."""
+    if not model.automatic_optimization:
+        return None
+    model = model.double()
+    was_training = model.training
+    model.eval()
+    try:
+        batch = cast_batch(batch, torch.float64)
+        full = _grad(model, batch)
+        chunks = torch.stack([_grad(model, c) for c in chunk_batch(batch, n)])  # (n, P)
+    finally:
+        model.train(was_training)
+        model.zero_grad(set_to_none=True)
+    scale = float(full.abs().max())
+    gap = float((full - chunks.mean(0)).abs().max()) / scale if scale > 0 else 0.0
+    if gap <= REDUCTION_TOLERANCE:
+        return gap, "mean"
+    a = torch.linalg.lstsq(chunks.T, full.unsqueeze(1)).solution.squeeze(1)  # (n,)
+    residual = float((chunks.T @ a - full).norm() / full.norm())
+    if residual > 1e-6:
+        return gap, "coupled"
+    if bool(((a - 1.0).abs() < 1e-6).all()):
+        return gap, "sum"
+    return gap, "weighted"
+
+
+#: what each kind of reduction gets: (evidence, fix); the evidence is preceded by the measured gap
+_REDUCTIONS = {
+    "sum": ("the loss is a sum over the batch, not a mean: DDP averages the ranks' sums over b samples, so its "
+            "gradient is 1/N of one device's sum over the global batch",
+            "multiply the summed loss by the world size, loss * self.trainer.world_size, so that DDP's average of "
+            "the ranks' sums is one device's sum (or return the mean over the batch, on one device and under DDP "
+            "alike; see the summed-loss question page)"),
+    "weighted": ("the loss is a mean over a number of items that differs per rank (e.g. a mean over the valid "
+                 "tokens of each rank's batch): DDP averages the ranks' means with equal weights",
+                 "average over the global item count: all-reduce the number of items (tokens, pixels, boxes) and "
+                 "divide the summed loss by it (times the world size, as DDP averages); "
+                 "vae_ddp.fixes.global_token_cross_entropy(logits, targets) for tokens, "
+                 "vae_ddp.fixes.global_item_mean(summed_loss, item_count) for any per-item loss"),
+    "coupled": ("the loss of a sample depends on the other samples of its batch (in-batch negatives, a contrastive "
+                "or ranking loss): each rank's loss sees only its own b samples, one device's all B",
+                "gather the embeddings of every rank with gradients, self.all_gather(z, sync_grads=True), and "
+                "compute the loss over the global batch (see the in-batch negatives question page)"),
+}
+
+
+#: A relative gradient gap above this is a loss that is not a per-sample mean (float64 rounding is ~1e-15).
+REDUCTION_TOLERANCE = 1e-9
+
+
+def _before(model: Any, datamodule: Any, batches: list, n: int) -> list:
+    """The one-process check of `vae-ddp audit`: the largest gap over ``batches`` and the kind
+    the batches agree on first (coupled, then weighted, then sum): a mean over tokens equals the
+    global mean on a batch whose chunks happen to hold as many tokens each, so one batch can hide it."""
+    found = [r for r in (reduction(model, b, n) for b in batches) if r is not None and r[0] > REDUCTION_TOLERANCE]
+    if not found:
+        return []
+    gap = max(g for g, _ in found)
+    kind = next(k for k in ("coupled", "weighted", "sum") if any(kk == k for _, kk in found))
+    evidence, fix = _REDUCTIONS[kind]
+    return [{"factor": FACTOR.key, "fixable": False, "page": FACTOR.page, "kind": kind,
+             "evidence": f"{evidence}; the gradient of the global batch differs from the mean of its {n} "
+                         f"per-rank chunks' gradients by {gap:.3g} (relative)",
+             "fix": fix}]
+
+
 FACTOR = Factor(
     key="reduction", name="Mean reduction", page="factors/reduction.md",
     changes="equal per-rank batches: incomplete global batches dropped by the sampler switch",
-    check=_check, fixed_by="sampler", watch={"train_start": _watch_padding},
+    check=_check, fixed_by="sampler", watch={"train_start": _watch_padding}, before=_before,
     clean="no padded samples")

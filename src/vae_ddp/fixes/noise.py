@@ -18,17 +18,17 @@ batch gets the same ``eps`` rows as rank 0's. Two fixes:
 from __future__ import annotations
 
 import random
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 import torch
 from pytorch_lightning import Callback, LightningModule, Trainer
 
 from vae_ddp.fixes.dropout import SWAPPABLE
-from vae_ddp.fixes.factor import Factor, Finding, FixParts, Seen, gather_digest, rng_states, world
+from vae_ddp.fixes.factor import Factor, Finding, FixParts, Seen, batch_tensors, gather_digest, rng_states, world
 from vae_ddp.fixes.randomness import GlobalBatchRandomness
 
-__all__ = ["PerRankSeed", "GlobalBatchNoise", "FACTOR"]
+__all__ = ["PerRankSeed", "GlobalBatchNoise", "dataset_is_random", "collate_is_random", "FACTOR"]
 
 
 class PerRankSeed(Callback):
@@ -166,10 +166,61 @@ def _watch_draws(seen: Seen) -> list:
         "changes Adam's second moments and step sizes", "the noise fix above")]
 
 
+def dataset_is_random(dm: Any) -> bool:
+    """Two reads of sample 0 of the training set differ (random augmentation in ``__getitem__``)."""
+    ds = dm.train_dataloader().dataset
+    if len(ds) == 0:
+        return False
+    with torch.random.fork_rng():
+        a, b = ds[0], ds[0]
+    ta, tb = batch_tensors(a), batch_tensors(b)
+    return any(not torch.equal(x, y) for x, y in zip(ta, tb))
+
+
+def collate_is_random(dm: Any, samples: int = 4) -> bool:
+    """Two calls of the training loader's ``collate_fn`` on the same first ``samples`` samples
+    differ (random draws at batch level, e.g. mixup)."""
+    dl = dm.train_dataloader()
+    ds = dl.dataset
+    n = min(samples, len(ds))
+    if n == 0 or dl.collate_fn is None:
+        return False
+    with torch.random.fork_rng():
+        items = [ds[i] for i in range(n)]
+        torch.manual_seed(0)
+        a = dl.collate_fn(items)
+        torch.manual_seed(1)
+        b = dl.collate_fn(items)
+    ta, tb = batch_tensors(a), batch_tensors(b)
+    return len(ta) != len(tb) or any(x.shape != y.shape or not torch.equal(x, y) for x, y in zip(ta, tb))
+
+
+def _before(model: Any, datamodule: Any, batches: list, n: int) -> list:
+    """The one-process checks of `vae-ddp audit`: random draws in the dataset and in the loader's ``collate_fn``."""
+    out = []
+    if dataset_is_random(datamodule):
+        out.append({"factor": FACTOR.key, "fixable": False, "page": FACTOR.page,
+                    "evidence": "the dataset draws random augmentation in __getitem__: the same draws on every rank "
+                                "(worker seeds derive from the same base seed) and a different draw per sample for "
+                                "every world size",
+                    "fix": "draw each sample's augmentation from generators seeded with (seed, epoch, index): "
+                           "vae_ddp.fixes.SeededAugmentation(dataset, transform)"})
+    if collate_is_random(datamodule):
+        out.append({"factor": FACTOR.key, "fixable": False, "page": FACTOR.page,
+                    "evidence": "the DataLoader's collate_fn draws random numbers (e.g. batch-level mixup): every rank "
+                                "draws the same ones (the same seed), and a draw over the per-device batch is not the "
+                                "one-device draw over the global batch",
+                    "fix": "draw in training_step from a generator seeded with (seed, step), for the global batch, "
+                           "and keep this rank's rows: vae_ddp.fixes.global_batch_draw under GlobalBatchRandomness "
+                           "(see the collate_fn question page)"})
+    return out
+
+
 FACTOR = Factor(
     key="noise", name="Random streams per rank", page="factors/noise.md",
     changes="Trainer callback GlobalBatchNoise (global-batch noise, sliced by rank) or PerRankSeed (seed + rank)",
     check=_check, field="noise", default="default", fixed="global", choices=("per_rank", "global"),
     parts=_parts, audit_parts=_audit_parts, off_label="noise back to default",
     watch={"train_start": _watch_streams, "train_batch_start": _watch_before, "train_batch_end": _watch_draws},
+    before=_before,
     clean="no training-step draws repeated across ranks")
