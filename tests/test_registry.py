@@ -147,8 +147,6 @@ def test_the_derived_places_name_no_factor():
 #: modules outside the fix modules that still name a factor key in code, each with why; the list
 #: may only shrink (the test fails when one of them no longer names a key: remove it here)
 NAMED_OUTSIDE = {
-    "src/vae_ddp/audit/study.py": "the audit's verdict folds the reduction into the sampler's ablation and merges "
-                                  "the one-process noise findings into the run's",
     "src/vae_ddp/fixes/randomness.py": "`noise`: the module attribute GlobalBatchRandomness serves, not the factor",
     "src/vae_ddp/harness/permutation.py": "`noise`: the module attribute the floor's permutation wraps, not the factor",
     "src/vae_ddp/studies/equivalence.py": "`optimizer`: the run's optimizer (adam, sgd), not the factor",

@@ -44,7 +44,7 @@ from typing import Optional
 import torch
 
 from vae_ddp.audit.spec import AuditRun, failed_marker
-from vae_ddp.fixes import registry
+from vae_ddp.fixes import noise, registry
 from vae_ddp.probes import per_step_differences
 from vae_ddp.studies.equivalence import FLOOR_FACTOR
 from vae_ddp.harness.launch import RunFailed, drop_tensors, launch
@@ -161,7 +161,7 @@ def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress
     # per-rank there. Asked again where the collectives run: one device and DDP with every fix,
     # every step from the same weights, in eval mode as that check (no dropout, BatchNorm's
     # running statistics), so that nothing drawn or normalised in training mode is measured.
-    recheck = any(f["factor"] == "reduction" for f in static or [])
+    recheck = any(f.get("recheck") for f in static or [])
     if recheck:
         one_device.append(base.replace(label="single-eval", devices=1, eval_mode=True, **forced))
         ddp.append(base.replace(label="ddp+fixed-eval", devices=n, eval_mode=True, **forced))
@@ -212,19 +212,19 @@ def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress
             # every fix, DDP's gradient is one device's at every step: what they saw makes no
             # difference here (a loss reduced over the global batch already, by an all-reduced
             # item count or embeddings gathered with gradients; draws that happen to agree)
-            what = ("the loss is already reduced over the global batch" if f["factor"] == "reduction"
+            what = ("the loss is already reduced over the global batch" if f.get("recheck")
                     else "it makes no difference to the gradient here")
             cleared.append(f"a one-process check flagged {_name(f['factor'])} ({f['evidence'].split(':')[0]}), but "
                            f"under DDP's process group the gradient matches one device's at every step: {what}")
             continue
-        if f["factor"] == "reduction" and reduced_globally:
+        if f.get("recheck") and reduced_globally:
             # DDP still differs, but not by the reduction: in eval mode it matches one device
-            cleared.append(f"a one-process check flagged {_name('reduction')} ({f['evidence'].split(':')[0]}), but "
+            cleared.append(f"a one-process check flagged {_name(f['factor'])} ({f['evidence'].split(':')[0]}), but "
                            "under DDP's process group, in eval mode (no dropout, BatchNorm's running statistics), "
                            "the gradient matches one device's at every step: the loss is already reduced over the "
                            "global batch; what DDP still changes is drawn or normalised in training mode")
             continue
-        if f["factor"] == "reduction" and reduction_ddp is not None and deterministic:
+        if f.get("recheck") and reduction_ddp is not None and deterministic:
             f = dict(f, evidence=f["evidence"] + f"; under DDP's process group too (eval mode, every fix): "
                                                  f"{reduction_ddp['ratio_to_floor']:.3g}x the floor")
         manual[f["factor"]] = f
@@ -232,19 +232,14 @@ def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress
             f = dict(f, evidence=found[f["factor"]]["evidence"] + "; " + f["evidence"],
                      fix=found[f["factor"]]["fix"] + "; " + f["fix"])
         found[f["factor"]] = f
-    unserved = [f for f in first["ddp+fixed"][1]["findings"] if f["factor"] == "noise"]
-    if unserved:  # draws from the global generator under GlobalBatchRandomness: the user's code must draw them
-        u, static_noise = unserved[0], manual.get("noise")
-        if static_noise:  # the loader's draws too (collate_fn, dataset)
-            u = dict(u, evidence=static_noise["evidence"] + "; " + u["evidence"],
-                     fix=static_noise["fix"] + "; " + u["fix"])
-        manual["noise"] = found["noise"] = u
-    # what only the user's code fixes, as the DDP runs saw it (with every fix on, else by default)
+    # What only the user's code fixes, as the DDP runs saw it (with every fix on, else by default):
+    # draws under GlobalBatchRandomness that it does not serve, ranks padded each to its own length.
+    # It replaces what the automatic fix covers, and joins what the one-process checks found
+    # (e.g. the loader's draws beside the step's).
     user_code = {f["factor"]: f for f in info["findings"] + first["ddp+fixed"][1]["findings"] if f.get("manual")}
     for key, f in user_code.items():
-        prev = manual.get(key) or found.get(key)
-        if prev:
-            f = dict(f, evidence=prev["evidence"] + "; " + f["evidence"], fix=prev["fix"] + "; " + f["fix"])
+        if key in manual:
+            f = dict(f, evidence=manual[key]["evidence"] + "; " + f["evidence"], fix=manual[key]["fix"] + "; " + f["fix"])
         manual[key] = found[key] = f
     ablated = [f for f in fixes if f in found and f not in manual]
     contributions: dict[str, Optional[float]] = {
@@ -255,8 +250,9 @@ def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress
     for factor in _factors():
         f = found.get(factor)
         contribution = contributions.get(factor)
-        if factor == "reduction" and "sampler" in contributions and factor not in manual:
-            contribution = contributions["sampler"] if f else None  # the sampler fix drops the padding too
+        other = registry.get(factor).ablated_with if factor in {g.key for g in registry.factors()} else None
+        if other in contributions and factor not in manual:
+            contribution = contributions[other] if f else None  # that factor's fix removes this one too
         if factor in manual:  # what bites is in the user's code, which no automatic fix removes
             contribution = None
         if not deterministic:  # against a floor that is not rounding, no contribution means anything
@@ -367,7 +363,7 @@ def render(result: dict) -> str:
                  f"{result['floor']:.3g}"
                  + (f" (below one machine epsilon, {eps:.3g}, which the ratio takes instead)"
                     if result["floor"] < eps else ""))
-    unserved = any(f["factor"] == "noise" and f["exposed"] and not f["automatic_fix"] for f in result["findings"])
+    unserved = any(f["factor"] == noise.FACTOR.key and f["exposed"] and not f["automatic_fix"] for f in result["findings"])
     if not result["deterministic"]:
         why = ("the training step draws random numbers that do not follow their sample, from torch's global "
                "generator, which the audit's fix does not serve (see Random streams per rank)" if unserved else

@@ -110,6 +110,8 @@ class Factor:
         before: ``before(model, datamodule, batches, world_size) -> [finding dicts]``: what
             `vae-ddp audit` checks in one process before any training, on a few global batches
             (each dict: ``factor``, ``evidence``, ``fix``, ``page``, ``fixable: False``).
+        ablated_with: key of the factor whose fix the audit's ablation undoes to measure this one
+            (its fix removes this factor too), when this one has no fix of its own in the audit.
         clean: what `vae-ddp audit`'s table says when nothing of this factor is seen.
         fixed_by: key of the factor whose switch fixes this one (when ``field`` is None).
         off_label: the ablation's name for the run with this fix off (default ``"<key> fix off"``).
@@ -128,6 +130,7 @@ class Factor:
     audit_parts: Optional[Callable[[Any], FixParts]] = None
     watch: Mapping[str, Watch] = dataclasses.field(default_factory=dict)  # `field` is the attribute above
     before: Optional[Callable[[Any, Any, list, int], list]] = None
+    ablated_with: Optional[str] = None
     clean: str = "not detected"
     fixed_by: Optional[str] = None
     off_label: str = ""

@@ -155,7 +155,7 @@ def _watch_draws(seen: Seen) -> list:
             "(torch.randn in training_step, drop-path, dropout inside scaled_dot_product_attention, ...)",
             "draw them for the global batch and keep this rank's rows: "
             "x = vae_ddp.fixes.global_batch_draw(torch.randn, shape) (under GlobalBatchRandomness), "
-            "or swap the layer for one that does")]
+            "or swap the layer for one that does", manual=True)]
     return [Finding(
         "noise", f"the training step draws random numbers and all {n} ranks draw the same "
         "ones (same torch seed): dropout masks and reparameterization noise repeat across ranks",
