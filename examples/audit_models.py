@@ -229,11 +229,11 @@ class PaddedTokensDropout(LightningModule):
     (`global_token_cross_entropy`), on `PaddedTokens`: the loss reduces over the global batch,
     but the dropout masks drawn for the global batch follow each rank's own padded length."""
 
-    def __init__(self, vocab: int = 11) -> None:
+    def __init__(self, vocab: int = 11, p: float = 0.2) -> None:
         super().__init__()
         self.vocab = vocab
         self.emb = nn.Embedding(vocab, 16)
-        self.drop = nn.Dropout(0.2)
+        self.drop = nn.Dropout(p)
         self.out = nn.Linear(16, vocab)
 
     def training_step(self, batch, batch_idx):

@@ -155,6 +155,12 @@ def test_per_rank_padding_is_named_not_the_reduction(tmp_path):
     assert f["sampler"]["exposed"] and not f["sampler"]["automatic_fix"], f["sampler"]
     assert "differ in shape" in f["sampler"]["evidence"] and "max_length=L" in f["sampler"]["fix"]
     assert "needs your code" in log
+    # without dropout the shapes make no difference: seen, said in a note, and the audit passes
+    code, result, log = audit(tmp_path / "p0", f"{M}.PaddedTokensDropout", "--model.init_args.p", "0",
+                              data=f"{M}.PaddedTokens")
+    assert code == 0 and result["within_floor"], log[-3000:]
+    assert not any(f["exposed"] and not f["automatic_fix"] for f in result["findings"]), result["findings"]
+    assert any("differ in shape" in n and "makes no difference here" in n for n in result["notes"]), result["notes"]
 
 
 def test_all_gather_with_gradients(tmp_path):

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Optional
@@ -238,6 +239,11 @@ def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress
     # (e.g. the loader's draws beside the step's).
     user_code = {f["factor"]: f for f in info["findings"] + first["ddp+fixed"][1]["findings"] if f.get("manual")}
     for key, f in user_code.items():
+        if within:  # seen, but DDP with every fix computes one device's step: it makes no difference here
+            gist = re.split(r": | \(", f["evidence"], maxsplit=1)[0]
+            cleared.append(f"the DDP runs saw, under {_name(key)}, that {gist}, but with every "
+                           "fix the gradient matches one device's at every step: it makes no difference here")
+            continue
         if key in manual:
             f = dict(f, evidence=manual[key]["evidence"] + "; " + f["evidence"], fix=manual[key]["fix"] + "; " + f["fix"])
         manual[key] = found[key] = f
