@@ -195,25 +195,27 @@ def collate_is_random(dm: Any, samples: int = 4) -> bool:
     return len(ta) != len(tb) or any(x.shape != y.shape or not torch.equal(x, y) for x, y in zip(ta, tb))
 
 
+#: what the one-process checks say of random draws in the loader: (evidence, fix)
+_LOADER_DRAWS = {
+    "dataset": ("the dataset draws random augmentation in __getitem__: the same draws on every rank (worker seeds "
+                "derive from the same base seed) and a different draw per sample for every world size",
+                "draw each sample's augmentation from generators seeded with (seed, epoch, index): "
+                "vae_ddp.fixes.SeededAugmentation(dataset, transform)"),
+    "collate_fn": ("the DataLoader's collate_fn draws random numbers (e.g. batch-level mixup): every rank draws the "
+                   "same ones (the same seed), and a draw over the per-device batch is not the one-device draw over "
+                   "the global batch",
+                   "draw in training_step from a generator seeded with (seed, step), for the global batch, and keep "
+                   "this rank's rows: vae_ddp.fixes.global_batch_draw under GlobalBatchRandomness (see the "
+                   "collate_fn question page)"),
+}
+
+
 def _before(model: Any, datamodule: Any, batches: list, n: int) -> list:
     """The one-process checks of `vae-ddp audit`: random draws in the dataset and in the loader's ``collate_fn``."""
-    out = []
-    if dataset_is_random(datamodule):
-        out.append({"factor": FACTOR.key, "fixable": False, "page": FACTOR.page,
-                    "evidence": "the dataset draws random augmentation in __getitem__: the same draws on every rank "
-                                "(worker seeds derive from the same base seed) and a different draw per sample for "
-                                "every world size",
-                    "fix": "draw each sample's augmentation from generators seeded with (seed, epoch, index): "
-                           "vae_ddp.fixes.SeededAugmentation(dataset, transform)"})
-    if collate_is_random(datamodule):
-        out.append({"factor": FACTOR.key, "fixable": False, "page": FACTOR.page,
-                    "evidence": "the DataLoader's collate_fn draws random numbers (e.g. batch-level mixup): every rank "
-                                "draws the same ones (the same seed), and a draw over the per-device batch is not the "
-                                "one-device draw over the global batch",
-                    "fix": "draw in training_step from a generator seeded with (seed, step), for the global batch, "
-                           "and keep this rank's rows: vae_ddp.fixes.global_batch_draw under GlobalBatchRandomness "
-                           "(see the collate_fn question page)"})
-    return out
+    seen = [where for where, random in (("dataset", dataset_is_random), ("collate_fn", collate_is_random))
+            if random(datamodule)]
+    return [{"factor": FACTOR.key, "fixable": False, "page": FACTOR.page, "evidence": _LOADER_DRAWS[where][0],
+             "fix": _LOADER_DRAWS[where][1]} for where in seen]
 
 
 FACTOR = Factor(
