@@ -7,7 +7,7 @@ Each repeat trains the same small module (examples/audit_models.py: WithBatchNor
 64) twice in one launch, with and without the callback, in alternating order, and times the
 whole training loop (from ``on_train_start`` before the callback's to ``on_train_end``, every
 batch hook inside). The overhead is the median over repeats of the paired ratio of those
-times. The callback works once, at the start of training and after the first batch, so its
+times. The callback works at the start of training and over the first batches (8 at most), so its
 share shrinks with the number of steps.
 """
 
@@ -121,7 +121,7 @@ def render(result: dict) -> str:
                      f"{', '.join(f'{1000 * t:.3g}' for t in medians[v])} |")
     lines += ["", f"- overhead of DDPAudit: {pct(result['overhead'])} of the training time of a {result['steps']}-step "
                   f"run (median of {result['repeats']} paired ratios, range {pct(min(ratios) - 1)} to "
-                  f"{pct(max(ratios) - 1)}); its checks run once, so the share shrinks as runs get longer "
+                  f"{pct(max(ratios) - 1)}); its checks run at the start and over the first 8 batches, so the share shrinks as runs get longer "
                   f"(median one-time difference {1000 * result['one_time_s']:.3g} ms)"]
     return "\n".join(lines)
 
