@@ -76,6 +76,7 @@ def seventh_factor():
     registry.unregister("jitter")
 
 
+@pytest.mark.filterwarnings("ignore:You are trying to `self.log\\(\\)`")  # the one-process checks call training_step
 def test_a_new_factor_needs_only_its_registry_entry_and_its_field(seventh_factor):
     """Registered once (plus its typed RunSpec field), a factor shows up in exact(), fixes(), the
     Trainer's callbacks, the ablation's and the benchmark's variants and the CLI switches."""
