@@ -349,6 +349,9 @@ def test_the_page_states_the_audit_rules():
     from vae_ddp.audit.spec import DDP_STRATEGIES, TRAINER_ARGS
 
     flat = " ".join(page.split())
+    from vae_ddp.fixes.sampler import SHAPE_BATCHES
+
+    assert f"compared over the first {SHAPE_BATCHES} batches" in flat  # DDPAudit's batch shapes
     assert all(f"`--trainer.{a}`" in flat for a in TRAINER_ARGS) and all(f"`{s}`" in flat for s in DDP_STRATEGIES[:2])
 
 

@@ -288,15 +288,6 @@ def rng_states(module: Any) -> list[torch.Tensor]:
     return states
 
 
-def gather_ints(value: int) -> list[int]:
-    """``value`` from every rank (``all_gather_object`` over the process group; ``[value]`` without one)."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return [value]
-    out: list[Optional[int]] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, value)
-    return [int(v) for v in out if v is not None]
-
-
 def gather_objects(value: Any) -> list:
     """``value`` (any picklable object) from every rank, in rank order (``all_gather_object``;
     ``[value]`` without a process group)."""
@@ -307,11 +298,11 @@ def gather_objects(value: Any) -> list:
     return out
 
 
+def gather_ints(value: int) -> list[int]:
+    """``value`` from every rank (see ``gather_objects``)."""
+    return [int(v) for v in gather_objects(value)]
+
+
 def gather_digest(payload: bytes) -> list[bytes]:
-    """``payload``'s sha256 digest from every rank (``all_gather_object`` over the process group)."""
-    digest = hashlib.sha256(payload).digest()
-    if not (dist.is_available() and dist.is_initialized()):
-        return [digest]
-    out: list[Optional[bytes]] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, digest)
-    return [d for d in out if d is not None]
+    """``payload``'s sha256 digest from every rank (see ``gather_objects``)."""
+    return gather_objects(hashlib.sha256(payload).digest())
