@@ -56,11 +56,11 @@ def test_report_scale_bad_input_is_one_line(tmp_path):
     """In this process (test_cli_errors runs the console entry point as a user does)."""
     from vae_ddp.cli import main_captured
 
-    code, _, err = main_captured(["report-scale", "--variants", "nope", "--out", str(tmp_path)])
+    code, _, err = main_captured(["report-scale", "--variants", "[nope]", "--out", str(tmp_path)])
     assert code == 2 and "--variants" in err and "nope" in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
-    code, _, err = main_captured(["report-scale", "--grad-steps", "1", "--out", str(tmp_path)])
-    assert code == 2 and "--grad-steps must be at least 2" in err
+    code, _, err = main_captured(["report-scale", "--grad_steps", "1", "--out", str(tmp_path)])
+    assert code == 2 and "--grad_steps must be at least 2" in err
     assert not list(tmp_path.iterdir())  # refused before any work
 
 

@@ -14,13 +14,15 @@ def _run(capsys, *args):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--global-batch-size", "255", "--devices", "2"], "global batch size 255 is not divisible by 2 devices"),
-    (["--data", "imagefolder", "--data-dir", "/nonexistent/cifar"], "--data-dir /nonexistent/cifar does not exist"),
-    (["--configs", "single", "fsdp"], "unknown --configs 'fsdp': use one of single, ddp, dp"),
+    (["--global_batch_size", "255", "--devices", "2"], "global batch size 255 is not divisible by 2 devices"),
+    (["--data", "imagefolder", "--data_dir", "/nonexistent/cifar"], "--data_dir /nonexistent/cifar does not exist"),
+    (["--configs", "[single, fsdp]"], "unknown --configs 'fsdp': use one of single, ddp, dp"),
     (["--model", "resnet999"], "unknown --model 'resnet999': use one of resnet18, small"),
     (["--data", "mnist"], "unknown --data 'mnist': use one of digits, cifar10, imagefolder"),
     (["--steps", "0"], "--steps must be at least 1"),
-    (["--steps", "ten"], "--steps: expected int, got 'ten'"),
+    (["--steps", "ten"], "--steps: Expected a int. Got value: ten"),
+    (["--exact"], "--exact: expected a value"),
+    (["--global-batch-size", "64"], "unrecognized arguments: --global-batch-size 64"),
     (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
     (["--config", "/nonexistent/c.yaml"], "--config: File does not exist"),
 ])
@@ -36,7 +38,7 @@ def test_bad_input_is_one_clear_line(args, message, tmp_path, capsys):
 def test_empty_data_dir_names_the_path_and_the_data(tmp_path, capsys):
     (tmp_path / "empty" / "cat").mkdir(parents=True)
     (tmp_path / "empty" / "cat" / "notes.txt").write_text("no images here")
-    code, err = _run(capsys, "compare", "--data", "imagefolder", "--data-dir", str(tmp_path / "empty"))
+    code, err = _run(capsys, "compare", "--data", "imagefolder", "--data_dir", str(tmp_path / "empty"))
     assert code == 2
     assert f"{tmp_path / 'empty'} holds no images" in err
     assert "cifar10-jpg-subset" in err  # says where to get data
@@ -45,18 +47,18 @@ def test_empty_data_dir_names_the_path_and_the_data(tmp_path, capsys):
 @pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="this machine has 2 CUDA devices: real DP can run")
 def test_real_dp_without_two_cuda_devices_says_which_one_runs(tmp_path):
     """Through the installed console entry point: exit code and stderr as a user sees them."""
-    proc = run_cli("compare", "--configs", "dp", "--dp", "real", "--out", str(tmp_path / "o"), timeout=120)
+    proc = run_cli("compare", "--configs", "[dp]", "--dp_mode", "real", "--out", str(tmp_path / "o"), timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.count("\n") == 1
-    assert "--dp real needs 2 CUDA devices" in proc.stderr and "--dp emulate" in proc.stderr
+    assert "--dp_mode real needs 2 CUDA devices" in proc.stderr and "--dp_mode emulate" in proc.stderr
     assert not (tmp_path / "o").exists()
 
 
 @pytest.mark.parametrize("args, message", [
     (["--lr", "-1"], "--lr must be positive"),
-    (["--val-every", "-1"], "--val-every must be 0"),
-    (["--max-samples", "3", "--global-batch-size", "4"], "--max-samples 3 is too small"),
-    (["--data", "imagefolder", "--data-dir", "/etc/passwd"], "is a file, not a folder"),
+    (["--val_every", "-1"], "--val_every must be 0"),
+    (["--max_samples", "3", "--global_batch_size", "4"], "--max_samples 3 is too small"),
+    (["--data", "imagefolder", "--data_dir", "/etc/passwd"], "is a file, not a folder"),
 ])
 def test_more_bad_input(args, message, tmp_path, capsys):
     code, err = _run(capsys, "compare", "--out", str(tmp_path / "o"), *args)
@@ -64,8 +66,8 @@ def test_more_bad_input(args, message, tmp_path, capsys):
 
 
 def test_equivalence_world_size_zero_names_its_flag(tmp_path, capsys):
-    code, err = _run(capsys, "equivalence", "--world-sizes", "2", "0", "--out", str(tmp_path / "o"))
-    assert code == 2 and err.strip() == "vae-ddp: error: --world-sizes: 0 is not a positive integer"
+    code, err = _run(capsys, "equivalence", "--world_sizes", "[2, 0]", "--out", str(tmp_path / "o"))
+    assert code == 2 and err.strip() == "vae-ddp: error: --world_sizes must be positive integers, got [2, 0]"
     assert not (tmp_path / "o").exists()
 
 
@@ -81,7 +83,7 @@ def test_unwritable_out_is_found_before_training(tmp_path, capsys):
 
 def test_a_valid_out_is_left_as_it_was_after_bad_input(tmp_path, capsys):
     out = tmp_path / "new" / "deeper"
-    code, _ = _run(capsys, "compare", "--out", str(out), "--configs", "dp", "--dp", "real", "--devices", "3")
+    code, _ = _run(capsys, "compare", "--out", str(out), "--configs", "[dp]", "--dp_mode", "real", "--devices", "3")
     assert code == 2 and not (tmp_path / "new").exists()
 
 
@@ -95,7 +97,7 @@ def test_an_unreadable_image_is_named(tmp_path, capsys, monkeypatch):
             write_png(torch.randint(0, 256, (3, 32, 32), dtype=torch.uint8), str(tmp_path / "imgs" / c / f"{i}.png"))
     bad = tmp_path / "imgs" / "dog" / "broken.jpg"
     bad.write_bytes(b"\xff\xd8 not really a jpeg")
-    code, err = _run(capsys, "compare", "--data", "imagefolder", "--data-dir", str(tmp_path / "imgs"),
+    code, err = _run(capsys, "compare", "--data", "imagefolder", "--data_dir", str(tmp_path / "imgs"),
                      "--out", str(tmp_path / "o"))
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert f"cannot read image {bad}" in err and "remove or replace that file" in err
@@ -110,7 +112,7 @@ def test_cifar10_without_network_says_how_to_get_it(tmp_path, capsys, monkeypatc
         raise urllib.error.URLError("[Errno -2] Name or service not known")
 
     monkeypatch.setattr(urllib.request, "urlopen", offline)
-    code, err = _run(capsys, "compare", "--data", "cifar10", "--data-dir", str(tmp_path / "cifar"),
+    code, err = _run(capsys, "compare", "--data", "cifar10", "--data_dir", str(tmp_path / "cifar"),
                      "--out", str(tmp_path / "o"))
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert "could not get CIFAR-10" in err and "cifar-10-python.tar.gz" in err and "--data imagefolder" in err
@@ -161,6 +163,7 @@ def test_the_library_raises_plain_exceptions_that_name_the_argument(tmp_path):
 def test_field_names_become_flags():
     from vae_ddp.harness.configs import in_flags
 
-    assert in_flags("data_dir /tmp/data_dir/x does not exist") == "--data-dir /tmp/data_dir/x does not exist"
-    assert in_flags("use data='imagefolder' with data_dir") == "use --data imagefolder with --data-dir"
+    assert in_flags("data_dir /tmp/data_dir/x does not exist") == "--data_dir /tmp/data_dir/x does not exist"
+    assert in_flags("use data='imagefolder' with data_dir") == "use --data imagefolder with --data_dir"
+    assert in_flags("out_dir runs/x is a file") == "--out runs/x is a file"
     assert in_flags("too few steps of data") == "too few steps of data"

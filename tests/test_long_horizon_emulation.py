@@ -70,8 +70,8 @@ def test_long_horizon_command_takes_a_config(tmp_path, capsys):
     (tmp_path / "c.yaml").write_text(printed)
     assert main(["long-horizon", "--config", str(tmp_path / "c.yaml"), "--print_config"]) == 0
     assert capsys.readouterr().out == printed
-    assert main(["long-horizon", "--num-seeds", "2", "--out", str(tmp_path / "o")]) == 2
-    assert "--num-seeds must be at least 3" in capsys.readouterr().err
+    assert main(["long-horizon", "--num_seeds", "2", "--out", str(tmp_path / "o")]) == 2
+    assert "--num_seeds must be at least 3" in capsys.readouterr().err
 
 
 def test_long_horizon_reduced(generated):

@@ -75,9 +75,9 @@ def test_equivalence_float32_within_the_one_device_floor(generated, name, optimi
 def test_equivalence_resnet18(dtype, optimizer, cifar_dir, tmp_path):
     """The report's model, 10 steps at a small global batch (the small model's 100-step runs are
     the registry's full settings, read by the tests above under VAE_DDP_FULL=1)."""
-    args = ["--data", "imagefolder", "--data-dir", cifar_dir, "--model", "resnet18", "--steps", 10,
-            "--global-batch-size", 16, "--dtype", dtype, "--optimizer", optimizer]
-    assert _cli("equivalence", "--world-sizes", 2, 4, *args, "--out", tmp_path) == 0
+    args = ["--data", "imagefolder", "--data_dir", cifar_dir, "--model", "resnet18", "--steps", 10,
+            "--global_batch_size", 16, "--dtype", dtype, "--optimizer", optimizer]
+    assert _cli("equivalence", "--world_sizes", "[2, 4]", *args, "--out", tmp_path) == 0
     _check_floor(json.loads((tmp_path / "equivalence.json").read_text()), dtype, optimizer, bound=dtype == "float64")
 
 

@@ -12,7 +12,7 @@ sample is returned as ``(x, y)`` with ``x: (3, 32, 32) float32`` and ``y`` the c
 
 Bad input raises plain exceptions whose message names the argument (``data_dir``):
 ``FileNotFoundError``, ``NotADirectoryError`` or ``ValueError``. The ``vae-ddp`` command
-turns them into one line with its flag (``--data-dir``) and exit code 2
+turns them into one line with its flag (``--data_dir``) and exit code 2
 ([`input_error`][vae_ddp.errors.input_error]).
 """
 

@@ -65,8 +65,8 @@ def resolve_dp_mode(mode: str, replicas: int) -> str:
     if mode == "auto":
         return "real" if cuda >= replicas else "emulate"
     if mode == "real" and cuda < replicas:
-        raise ValueError(f"--dp real needs {replicas} CUDA devices, this machine has {cuda}: "
-                         f"use --dp emulate (a single-process emulation of Lightning 1.x DP)")
+        raise ValueError(f"dp_mode='real' needs {replicas} CUDA devices, this machine has {cuda}: "
+                         f"use dp_mode='emulate' (a single-process emulation of Lightning 1.x DP)")
     return mode
 
 

@@ -9,12 +9,14 @@ argument (``data_dir``); a command line finds them with
 
 from __future__ import annotations
 
+import ast
+import re
 from typing import Optional
 
-__all__ = ["UserError", "input_error"]
+__all__ = ["UserError", "input_error", "one_line"]
 
 #: the modules whose ValueError and OSError mean bad input (their docstrings say which)
-INPUT_MODULES = ("vae_ddp.data",)
+INPUT_MODULES = ("vae_ddp.data", "vae_ddp.utils")
 
 
 class UserError(Exception):
@@ -43,3 +45,14 @@ def input_error(err: BaseException) -> Optional[BaseException]:
                 return err
         err = err.__cause__ or err.__context__
     return None
+
+
+def one_line(text: str) -> str:
+    """An error message as one line; jsonargparse's (``Parser key "steps":`` and its reasons, over
+    several lines) names the flag (``--steps: ...``), and a value outside a ``Literal``'s choices
+    says them (``unknown --model 'x': use one of resnet18, small``)."""
+    text = re.sub(r'Parser key "(?:[\w-]+\.)?(\w+)":', r"--\1:", " ".join(text.split()))
+    lit = re.search(r"(--\w+):.*?Expected a typing\.Literal\[(.*?)\]\. Got value: (.*?)(?: - |$)", text)
+    if lit:
+        return f"unknown {lit[1]} {lit[3]!r}: use one of {', '.join(ast.literal_eval(f'({lit[2]},)'))}"
+    return text.replace("<class '", "").replace("'>", "").replace("expected one argument", "expected a value")

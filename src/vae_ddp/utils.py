@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import warnings
 
-__all__ = ["quiet", "close_process_group"]
+__all__ = ["quiet", "close_process_group", "check_writable"]
 
 
 def quiet() -> None:
@@ -32,3 +32,40 @@ def close_process_group() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+
+
+def check_writable(out_dir) -> "Path":
+    """``out_dir`` as a ``Path`` once it is known to be a folder that can be created and written
+    into: checked before any training by creating it and a scratch file, then removing what the
+    check created (a mistyped path leaves nothing behind).
+
+    Raises:
+        NotADirectoryError: ``out_dir`` is a file.
+        PermissionError: it cannot be created or written (any ``OSError`` there).
+    """
+    import os
+    import tempfile
+    from pathlib import Path
+
+    out = Path(out_dir).expanduser()
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"out_dir {out} is a file, not a folder: choose a folder path")
+    created, p = [], out
+    while not p.exists():
+        created.append(p)
+        p = p.parent
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd, scratch = tempfile.mkstemp(dir=out, prefix=".write-check-")
+        os.close(fd)
+        os.unlink(scratch)
+    except OSError as err:
+        raise PermissionError(f"out_dir {out} is not writable ({err.strerror or err}): choose a folder you can write "
+                              "to") from None
+    finally:
+        for d in created:  # deepest first
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+    return Path(out_dir)

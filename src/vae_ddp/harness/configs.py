@@ -32,24 +32,25 @@ __all__ = ["RunSpec", "CONFIGS", "choice_error", "flag", "in_flags"]
 
 CONFIGS = ("single", "ddp", "dp")
 
-#: RunSpec fields whose command-line flag is not ``--`` + the name with dashes.
-FLAGS = {"dp_mode": "--dp"}
+#: parameters whose ``vae-ddp`` flag is not ``--`` + the name (``vae_ddp.cli``)
+FLAGS = {"out_dir": "--out"}
 
 
 def flag(name: str) -> str:
-    """The ``vae-ddp`` flag of the RunSpec field (or function parameter) ``name``."""
-    return FLAGS.get(name, "--" + name.replace("_", "-"))
+    """The ``vae-ddp`` flag of the RunSpec field (or study parameter) ``name``: jsonargparse's
+    ``--name``, except for those of ``FLAGS``."""
+    return FLAGS.get(name, "--" + name)
 
 
 def in_flags(message: str) -> str:
     """A library error message in the words of ``vae-ddp``: each RunSpec field it names becomes
-    its flag (``data_dir`` -> ``--data-dir``, ``data='cifar10'`` -> ``--data cifar10``).
+    its flag (``data_dir`` -> ``--data_dir``, ``data='cifar10'`` -> ``--data cifar10``; ``out_dir`` -> ``--out``).
 
     Only field names written as identifiers are replaced: those with an underscore
     (``data_dir``), and any field followed by ``='value'``; a plain word such as ``data`` or
     ``steps`` in the text, and a name inside a path (``/tmp/data_dir/x``), are left alone.
     """
-    names = "|".join(sorted((f.name for f in dataclasses.fields(RunSpec)), key=len, reverse=True))
+    names = "|".join(sorted([f.name for f in dataclasses.fields(RunSpec)] + list(FLAGS), key=len, reverse=True))
     message = re.sub(rf"(?<![\w./-])({names})='([^']*)'", lambda m: f"{flag(m[1])} {m[2]}", message)
     return re.sub(rf"(?<![\w./-])({names})(?![\w=/-])", lambda m: flag(m[1]) if "_" in m[1] else m[1], message)
 
@@ -175,12 +176,12 @@ class RunSpec:
         if self.lr <= 0:
             raise UserError(f"--lr must be positive, got {self.lr}")
         if self.val_every < 0:
-            raise UserError(f"--val-every must be 0 (never) or positive, got {self.val_every}")
+            raise UserError(f"--val_every must be 0 (never) or positive, got {self.val_every}")
         if self.max_samples is not None and self.max_samples < 2 * self.global_batch_size:
-            raise UserError(f"--max-samples {self.max_samples} is too small for global batch size "
+            raise UserError(f"--max_samples {self.max_samples} is too small for global batch size "
                             f"{self.global_batch_size}: use at least {2 * self.global_batch_size} (20% go to validation)")
         if self.global_batch_size < 1:
-            raise UserError(f"--global-batch-size must be at least 1, got {self.global_batch_size}")
+            raise UserError(f"--global_batch_size must be at least 1, got {self.global_batch_size}")
         if self.config in ("ddp", "dp") and self.global_batch_size % self.devices:
             raise UserError(f"global batch size {self.global_batch_size} is not divisible by {self.devices} "
                             f"devices: pick a multiple of {self.devices} (per-device batch = global / devices)")
@@ -192,10 +193,10 @@ class RunSpec:
             try:
                 spec.dp_mode = resolve_dp_mode(self.dp_mode, self.devices)
             except ValueError as err:
-                raise UserError(str(err)) from None
+                raise UserError(in_flags(str(err))) from None
         if self.data == "imagefolder":
             if not self.data_dir:
-                raise UserError("--data imagefolder needs --data-dir DIR, an ImageFolder tree such as the CIFAR-10 subset "
+                raise UserError("--data imagefolder needs --data_dir DIR, an ImageFolder tree such as the CIFAR-10 subset "
                                 "built by .github/scripts/cifar10-subset.sh")
             try:
                 find_image_root(self.data_dir)

@@ -21,8 +21,9 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import Literal
 
-from vae_ddp.harness.configs import RunSpec
+from vae_ddp.harness.configs import CONFIGS, RunSpec
 from vae_ddp.harness.launch import launch_by_world_size
 from vae_ddp.harness.plots import plot_curves, plot_report_style
 from vae_ddp.harness.table import format_table, write_tables
@@ -105,7 +106,7 @@ def per_sample_relative_variance(spec: RunSpec, state_dict: dict, seed: int) -> 
             "recon_mean": float(rec.mean())}
 
 
-def compare(base: RunSpec, configs: list[str], out_dir: Path, exact: bool = False) -> dict:
+def compare(base: RunSpec, configs: list[Literal[CONFIGS]], out_dir: Path, exact: bool = False) -> dict:
     """Train each configuration of ``configs`` from ``base`` (one seed: ``base.seeds[0]``).
 
     Every spec is validated before the first run starts. With ``exact`` every fix is on

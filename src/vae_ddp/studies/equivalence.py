@@ -1,6 +1,6 @@
 """Equivalence: with every fix on, does Lightning DDP compute what one device computes?
 
-``vae-ddp equivalence --world-sizes 2 4 --dtype float64 --out DIR`` trains ``single`` and
+``vae-ddp equivalence --world_sizes '[2, 4]' --dtype float64 --out DIR`` trains ``single`` and
 ``ddp`` at each world size from the same seed, data and global batch size with every fix
 on ([`exact`][vae_ddp.harness.configs.RunSpec.exact]), through Lightning's ``Trainer``, and
 compares them step by step from the same weights (teacher forcing): every step of the DDP
@@ -176,8 +176,10 @@ def equivalence(base: RunSpec, world_sizes: list[int], out_dir: Path, permutatio
     value above :data:`FLOOR_FACTOR` would mean the rule flags rounding itself.
 
     Raises:
-        UserError: ``permutations`` below 2 (the calibration needs two draws).
+        UserError: ``permutations`` below 2 (the calibration needs two draws), a world size below 1.
     """
+    if min(world_sizes, default=0) < 1:
+        raise UserError(f"--world_sizes must be positive integers, got {world_sizes}")
     if permutations < 2:
         raise UserError(f"--permutations must be at least 2 (the floor is a distribution of draws), got {permutations}")
     out_dir = Path(out_dir)

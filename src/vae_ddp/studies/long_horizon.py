@@ -201,13 +201,13 @@ def long_horizon(out_dir: Path, num_seeds: int = 10, steps: int = 2000, global_b
         UserError: bad settings (one line, before any training).
     """
     if num_seeds < 3:
-        raise UserError(f"--num-seeds must be at least 3 for a paired test, got {num_seeds}")
+        raise UserError(f"--num_seeds must be at least 3 for a paired test, got {num_seeds}")
     if world_size < 2:
-        raise UserError(f"--world-size must be at least 2 (ranks that share the noise), got {world_size}")
+        raise UserError(f"--world_size must be at least 2 (ranks that share the noise), got {world_size}")
     if global_batch_size % world_size:
-        raise UserError(f"--global-batch-size {global_batch_size} is not divisible by --world-size {world_size}")
+        raise UserError(f"--global_batch_size {global_batch_size} is not divisible by --world_size {world_size}")
     if not margin_sd > 0:
-        raise UserError(f"--margin-sd must be positive, got {margin_sd}")
+        raise UserError(f"--margin_sd must be positive, got {margin_sd}")
     if jobs < 1 or window < 1:
         raise UserError(f"--jobs and --window must be at least 1, got {jobs} and {window}")
     spec = RunSpec(config="single", sampler="global", steps=steps, global_batch_size=global_batch_size, data=data,

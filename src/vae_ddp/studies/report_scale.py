@@ -46,11 +46,13 @@ import math
 import statistics
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
+from vae_ddp.data import DATASETS
 from vae_ddp.harness.configs import RunSpec
+from vae_ddp.model import MODELS
 
 __all__ = ["VARIANTS", "FACTOR_VARIANTS", "command_md", "factor_effects", "plot", "ranking", "render",
            "report_scale"]
@@ -236,17 +238,17 @@ def factor_effects(result: dict) -> dict[str, float]:
 
 def report_scale(
     out_dir: Path = Path("runs/report-scale"),
-    data: str = "imagefolder",
+    data: Literal[DATASETS] = "imagefolder",
     data_dir: str | None = None,
-    model: str = "resnet18",
+    model: Literal[MODELS] = "resnet18",
     global_batch_size: int = 256,
     devices: int = 2,
     grad_steps: int = 3,
     spread_batches: int = 6,
-    variants: list[str] | None = None,
+    variants: list[Literal[tuple(VARIANTS)]] | None = None,
     max_samples: int | None = None,
     seed: int = 0,
-    accelerator: str = "cpu",
+    accelerator: Literal["cpu", "gpu"] = "cpu",
 ) -> dict:
     """Measure each factor's per-step gradient difference at the report's scale.
 
@@ -288,9 +290,9 @@ def report_scale(
     if unknown:
         raise UserError(f"unknown variant {unknown[0]!r}: use any of {', '.join(repr(v) for v in VARIANTS)}")
     if grad_steps < 2:
-        raise UserError(f"--grad-steps must be at least 2 (batch-to-batch noise needs two batches), got {grad_steps}")
+        raise UserError(f"--grad_steps must be at least 2 (batch-to-batch noise needs two batches), got {grad_steps}")
     if spread_batches < 0:
-        raise UserError(f"--spread-batches must be 0 or more, got {spread_batches}")
+        raise UserError(f"--spread_batches must be 0 or more, got {spread_batches}")
     out = Path(out_dir)
     base = RunSpec(data=data, data_dir=data_dir, model=model, global_batch_size=global_batch_size, devices=devices,
                    steps=grad_steps, seeds=[seed], max_samples=max_samples, accelerator=accelerator).exact()
@@ -299,7 +301,7 @@ def report_scale(
     n_train = _train_size(ref_spec)
     if n_train < (grad_steps + 1) * global_batch_size:
         raise UserError(f"{n_train} training images are too few for {grad_steps} steps of {global_batch_size}: "
-                        "lower --grad-steps or use more data")
+                        "lower --grad_steps or use more data")
 
     def run_all(jobs: list[tuple[RunSpec, str, int]]) -> dict[str, tuple[list, dict]]:
         """Train ``(spec, folder, spread_batches)`` jobs, one launch per world size; {folder: (grads, info)}."""
@@ -368,15 +370,15 @@ def command_md(result: dict, out: Path) -> str:
     words = ["vae-ddp", "report-scale", "--data", s["data"]]
     note = ""
     if s.get("data_dir"):  # the folder as a reader names it, not this machine's path
-        words += ["--data-dir", "DIR"]
+        words += ["--data_dir", "DIR"]
         note = ("# DIR: the CIFAR-10 subset that .github/scripts/cifar10-subset.sh builds (ImageFolder tree)\n"
                 if s["data"] == "imagefolder" else "# DIR: where torchvision keeps CIFAR-10\n")
-    words += ["--model", s["model"], "--global-batch-size", str(s["global_batch_size"]), "--devices",
-              str(s["world_size"]), "--grad-steps", str(s["grad_steps"]), "--spread-batches", str(s["spread_batches"])]
+    words += ["--model", s["model"], "--global_batch_size", str(s["global_batch_size"]), "--devices",
+              str(s["world_size"]), "--grad_steps", str(s["grad_steps"]), "--spread_batches", str(s["spread_batches"])]
     if s.get("max_samples"):
-        words += ["--max-samples", str(s["max_samples"])]
+        words += ["--max_samples", str(s["max_samples"])]
     if s["variants"] != list(VARIANTS):
-        words += ["--variants", *s["variants"]]
+        words += ["--variants", json.dumps(s["variants"])]
     words += ["--seed", str(s["seeds"][0]), "--out", str(out)]
     return "```bash\n" + note + shlex.join(words) + "\n```\n"
 

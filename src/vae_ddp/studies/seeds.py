@@ -33,6 +33,7 @@ import json
 import statistics
 import time
 from pathlib import Path
+from typing import Literal
 
 from matplotlib.figure import Figure
 
@@ -70,7 +71,7 @@ def _finals(run: dict) -> dict[str, float]:
             "val_kl": val["kl"], "val_recon_loss": val["recon_loss"]}
 
 
-def seed_study(base: RunSpec, configs: list[str], num_seeds: int, out_dir: Path, margin_sd: float = MARGIN_SD,
+def seed_study(base: RunSpec, configs: list[Literal[STUDY_CONFIGS]], num_seeds: int, out_dir: Path, margin_sd: float = MARGIN_SD,
                reanalyse_only: bool = False) -> dict:
     """Run the study; write ``seeds.json``, ``seeds.md`` and ``tables.md`` (both the printed
     tables and verdicts) and ``seeds.png`` into ``out_dir``; return the JSON content
@@ -97,9 +98,9 @@ def seed_study(base: RunSpec, configs: list[str], num_seeds: int, out_dir: Path,
     if "single" not in configs:
         raise UserError("the seed study compares with 'single': include it in --configs")
     if num_seeds < 3:
-        raise UserError(f"--num-seeds must be at least 3 for a paired test and a standard deviation, got {num_seeds}")
+        raise UserError(f"--num_seeds must be at least 3 for a paired test and a standard deviation, got {num_seeds}")
     if not margin_sd > 0:
-        raise UserError(f"--margin-sd must be positive, got {margin_sd}")
+        raise UserError(f"--margin_sd must be positive, got {margin_sd}")
     out_dir = Path(out_dir)
     seeds = list(range(num_seeds))
     val_every = base.val_every if base.val_every else base.steps
