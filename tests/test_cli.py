@@ -1,6 +1,7 @@
 """The vae-ddp command on jsonargparse: config files, the flags of RunSpec and of the registry."""
 
 import dataclasses
+import itertools
 import functools
 
 import pytest
@@ -49,3 +50,46 @@ def test_each_fix_is_a_switch_and_exact_turns_all_on(monkeypatch, tmp_path):
     assert main(["seeds", "--sync_bn", "true", "--noise", "per_rank", "--out", str(tmp_path / "o")]) == 0
     assert seen["base"].fixes() == ["noise=per_rank", "sync_bn"]
     assert dataclasses.asdict(seen["base"])["seeds"] == [0]
+
+
+def _documented_commands() -> list[tuple[str, list[str]]]:
+    """Every ``vae-ddp SUBCOMMAND ...`` of the README, CONTRIBUTING and the pages (bash blocks,
+    continuation lines joined, and inline code), as (file, argv after ``vae-ddp``)."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    from vae_ddp.studies import COMMANDS
+
+    root = Path(__file__).resolve().parents[1]
+    files = [root / "README.md", root / "CONTRIBUTING.md",
+             *(p for p in sorted((root / "docs").rglob("*.md")) if "generated" not in p.parts)]
+    found = []
+    for path in files:
+        text = path.read_text()
+        lines = [ln for block in re.findall(r"```(?:bash|sh)\n(.*?)```", text, re.S)
+                 for ln in block.replace("\\\n", " ").splitlines()]
+        lines += re.findall(r"`((?:\.venv/bin/)?vae-ddp [^`]+)`", text)
+        for line in lines:
+            words = shlex.split(line, comments=True)
+            for i, w in enumerate(words):
+                if w.endswith("vae-ddp") and i + 1 < len(words) and words[i + 1] in COMMANDS:
+                    argv = list(itertools.takewhile(lambda a: a not in (">", "|", "&&", ";"), words[i + 1:]))
+                    found.append((str(path.relative_to(root)), argv))
+    return found
+
+
+def test_every_documented_command_parses():
+    """A reader copies these: each parses as shown (the flags exist, the values are valid)."""
+    commands = _documented_commands()
+    assert len(commands) >= 15 and {a[0] for _, a in commands} >= {"compare", "equivalence", "seeds", "long-horizon"}
+    parser = build_parser()
+    for where, argv in commands:
+        if "--config" in argv or "-h" in argv:  # a file of the reader's; the help
+            continue
+        try:
+            parser.parse_args(argv)
+        except SystemExit as err:  # --print_config prints and exits 0
+            assert err.code == 0, (where, argv)
+        except Exception as err:
+            pytest.fail(f"{where}: vae-ddp {' '.join(argv)}: {err}")

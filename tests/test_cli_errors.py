@@ -20,7 +20,7 @@ def _run(capsys, *args):
     (["--model", "resnet999"], "unknown --model 'resnet999': use one of resnet18, small"),
     (["--data", "mnist"], "unknown --data 'mnist': use one of digits, cifar10, imagefolder"),
     (["--steps", "0"], "--steps must be at least 1"),
-    (["--steps", "ten"], "--steps: Expected a int. Got value: ten"),
+    (["--steps", "ten"], "--steps: expected int, got 'ten'"),
     (["--exact"], "--exact: expected a value"),
     (["--global-batch-size", "64"], "unrecognized arguments: --global-batch-size 64"),
     (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),

@@ -49,10 +49,14 @@ def input_error(err: BaseException) -> Optional[BaseException]:
 
 def one_line(text: str) -> str:
     """An error message as one line; jsonargparse's (``Parser key "steps":`` and its reasons, over
-    several lines) names the flag (``--steps: ...``), and a value outside a ``Literal``'s choices
-    says them (``unknown --model 'x': use one of resnet18, small``)."""
-    text = re.sub(r'Parser key "(?:[\w-]+\.)?(\w+)":', r"--\1:", " ".join(text.split()))
+    several lines) names the flag and what it expected (``--steps: expected int, got 'ten'``), and
+    a value outside a ``Literal``'s choices says them (``unknown --model 'x': use one of resnet18, small``)."""
+    text = re.sub(r'Parser key "(?:--)?(?:[\w-]+\.)?(\w+)":', r"--\1:", " ".join(text.split()))
     lit = re.search(r"(--\w+):.*?Expected a typing\.Literal\[(.*?)\]\. Got value: (.*?)(?: - |$)", text)
     if lit:
         return f"unknown {lit[1]} {lit[3]!r}: use one of {', '.join(ast.literal_eval(f'({lit[2]},)'))}"
-    return text.replace("<class '", "").replace("'>", "").replace("expected one argument", "expected a value")
+    typed = re.match(r"(--\w+): (?:Does not validate against any of the Union subtypes.*Given value: |.*Got value: )(.*)$", text)
+    if typed:  # a value that is not of the flag's type (of none of an Optional's types)
+        kinds = re.findall(r"Expected a <class '(\w+)'>", text)
+        return f"{typed[1]}: expected {' or '.join(k.replace('NoneType', 'null') for k in kinds)}, got {typed[2]!r}"
+    return text.replace("expected one argument", "expected a value")
