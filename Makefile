@@ -6,7 +6,7 @@ OUT ?= runs
 # The CIFAR-10 images (ImageFolder) the benchmarks train on, as the tests find them (tests/conftest.py)
 CIFAR ?= $(or $(VAE_DDP_CIFAR_SUBSET),../shared/data/cifar10-jpg-subset)
 
-.PHONY: setup browser demo test test-full docs docs-serve legacy legacy-test bench bench-docs gallery stress clean
+.PHONY: setup browser demo test test-full results docs docs-serve legacy legacy-test bench bench-docs gallery stress clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -60,10 +60,13 @@ gallery: setup  ## vae-ddp audit on the real architectures of examples/gallery.p
 	$(PY) -m pip install -e ".[gallery]"
 	$(PY) examples/audit_gallery.py --out docs/results/audit-gallery
 
-docs: setup  ## build the site strictly into site/, running every example of docs/examples.yml (cached)
+results: setup  ## run every example and study of docs/examples.yml into docs/generated/ (cached by their inputs; VAE_DDP_DOCS_JOBS=2: two at once)
+	$(PY) tools/results.py
+
+docs: results  ## build the site strictly into site/ from docs/ and the results
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
-docs-serve: setup  ## serve the site with live reload on http://127.0.0.1:8000
+docs-serve: results  ## serve the site with live reload on http://127.0.0.1:8000 (rerun `make results` after a change)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
 
 # Legacy environment: Lightning 1.9.5 + lightning-bolts 0.7.0, separate from $(VENV).

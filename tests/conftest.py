@@ -1,4 +1,5 @@
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -53,10 +54,10 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-def _hook():
+def _runner():
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("docs_generate_hook", ROOT / "docs" / "hooks" / "generate.py")
+    spec = importlib.util.spec_from_file_location("vae_ddp_results", ROOT / "tools" / "results.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -72,19 +73,19 @@ def needs_cifar(entry: dict) -> bool:
 @pytest.fixture(scope="session")
 def generated(request):
     """``generated(name) -> dict``: run the docs registry entry ``name`` (docs/examples.yml) the
-    way the site build does, cached by the same hash, and return the JSON it wrote. The site
-    and the tests thus read one execution of each example and study. Only entries that read
-    the CIFAR-10 subset need it (through the ``cifar_dir`` fixture)."""
+    way ``make results`` does (``tools/results.py``), cached by the same hash, and return the JSON
+    it wrote. The site and the tests thus read one execution of each example and study. Only
+    entries that read the CIFAR-10 subset need it (through the ``cifar_dir`` fixture)."""
     import json
 
-    hook = _hook()
-    entries = {e["name"]: e for e in hook.load_registry(ROOT)}
+    runner = _runner()
+    entries = {e["name"]: e for e in runner.load_registry(ROOT)}
 
     def get(name: str, filename: str | None = None) -> dict:
         if needs_cifar(entries[name]):
             request.getfixturevalue("cifar_dir")
-        hook.run_entry(ROOT, entries[name])
-        out = ROOT / hook.GENERATED / name
+        runner.run_entry(ROOT, entries[name])
+        out = ROOT / runner.GENERATED / name
         assert (out / "stdout.txt").read_text().strip(), f"{name} printed nothing"
         return json.loads((out / (filename or f"{name}.json")).read_text())
 
@@ -101,19 +102,21 @@ def _start_site_build() -> None:
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
     from vae_ddp.guard import guarded
 
-    # under a guard: the build and every example it runs end with the session, even when
-    # pytest itself is killed (SIGTERM/SIGKILL skip pytest_sessionfinish)
-    cmd = guarded([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out / "site")],
+    # `make results` (every registered example, cached), then `mkdocs build --strict`, which only
+    # includes what they wrote; under a guard: the build and every example it runs end with the
+    # session, even when pytest itself is killed (SIGTERM/SIGKILL skip pytest_sessionfinish)
+    py, site = shlex.quote(sys.executable), shlex.quote(str(out / "site"))
+    cmd = guarded(["bash", "-c", f"{py} tools/results.py && {py} -m mkdocs build --strict --site-dir {site}"],
                   stall=3600)
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
     _SITE.update(proc=proc, out=out, log=log, t0=time.monotonic())
 
 
 def pytest_collection_finish(session):
-    """The site build (``mkdocs build --strict``, which runs every example of the docs registry)
-    is the longest step of the suite: when the session has a test that reads the built site,
-    start it now, beside the other tests. The docs hook locks each example, so an example a
-    test asks for while the build runs it is run once and read by both."""
+    """The results (``tools/results.py``: every example of the docs registry) and the site build
+    (``mkdocs build --strict``) are the longest step of the suite: when the session has a test
+    that reads the built site, start them now, beside the other tests. The results runner locks
+    each example, so an example a test asks for while the runner runs it is run once and read by both."""
     if session.config.option.collectonly:
         return
     if any("site" in getattr(item, "fixturenames", ()) for item in session.items):
@@ -139,11 +142,11 @@ def site_build(timeout: float = 3600) -> tuple[Path, str, float]:
 
 
 def pytest_terminal_summary(terminalreporter):
-    """How long the site build took and each docs registry example it ran (``generate: NAME ran
-    in N s``): the build runs beside the tests, and these are where its time went."""
+    """How long the results and the site build took and each docs registry example they ran
+    (``results: NAME ran in N s``): they run beside the tests, and these are where the time went."""
     if "seconds" not in _SITE:  # no build, or one the session did not wait for
         return
-    ran = [ln.split("generate: ", 1)[1] for ln in _SITE.get("text", "").splitlines() if "generate: " in ln]
+    ran = [ln.split("results: ", 1)[1] for ln in _SITE.get("text", "").splitlines() if "results: " in ln]
     terminalreporter.write_sep("-", f"site build: {_SITE['seconds']:.0f} s")
     for line in ran:
         terminalreporter.write_line(line)

@@ -397,7 +397,7 @@ def test_factor_table_and_report_scale_rank_by_the_same_quantity(generated):
     """Home's factor table and the report-scale table show each training factor's effect as
     the same number from the same JSON (one step's gradient change over batch noise), and the
     ranking holds only that quantity (logging's logged-KL ratio is another kind)."""
-    from conftest import _hook
+    from conftest import _runner
     from vae_ddp.fixes import registry
     from vae_ddp.studies.report_scale import factor_effects, ranking
 
@@ -405,15 +405,15 @@ def test_factor_table_and_report_scale_rank_by_the_same_quantity(generated):
     effects = factor_effects(r)
     assert set(effects) == {"noise", "batchnorm", "sampler"}
     assert {row["kind"] for row in ranking(r)} == {"gradient"}
-    hook = _hook()
-    entries = hook.load_registry(ROOT)
+    runner = _runner()
+    entries = runner.load_registry(ROOT)
     for e in entries:  # the factor examples whose rows make the table, run as the build runs them
         if e.get("summary"):
             generated(e["name"])
-    hook.write_summary(ROOT, entries)  # what the build writes: Home's factor table
-    summary = (ROOT / hook.GENERATED / "summary" / "output.md").read_text()
+    runner.write_summary(ROOT, entries)  # what the build writes: Home's factor table
+    summary = (ROOT / runner.GENERATED / "summary" / "output.md").read_text()
     tables = (REPORT_SCALE / "tables.md").read_text()
-    assert hook.REPORT_SCALE_COLUMN in summary.splitlines()[0]
+    assert runner.REPORT_SCALE_COLUMN in summary.splitlines()[0]
     for key, value in effects.items():
         name = registry.get(key).name
         row = next(ln for ln in summary.splitlines() if f"[{name}]" in ln)

@@ -1,7 +1,8 @@
 """The documentation site: strict build, its Python code blocks, and the pages in a browser.
 
-One site build (``mkdocs build --strict``, which runs every registered example through
-``docs/hooks/generate.py``, cached by content) is shared by all tests of this module.
+One site build (``tools/results.py``, which runs every registered example, cached by
+content, then ``mkdocs build --strict``, which includes what they wrote) is shared by all tests
+of this module.
 Broken internal links and anchors fail the strict build (``validation`` in mkdocs.yml).
 
 The browser test drives Debian's ``chromium`` (``/usr/bin/chromium``) with Playwright's
@@ -40,7 +41,7 @@ def site() -> Path:
 
     out, log, seconds = site_build()
     print(f"mkdocs build --strict: {seconds:.0f} s")
-    print("\n".join(ln for ln in log.splitlines() if "generate:" in ln))  # per-entry times (pytest -rA)
+    print("\n".join(ln for ln in log.splitlines() if "results:" in ln))  # per-entry times (pytest -rA)
     return out
 
 
@@ -63,7 +64,7 @@ def test_build_strict(site):
     assert (site / "generated" / "demo" / "curves.png").stat().st_size > 0
     assert (site / "search" / "search_index.json").is_file()
     # The text the pages include is not published as pages of its own.
-    assert not list((site / "generated").rglob("*.md")) and not (site / "hooks").exists()
+    assert not list((site / "generated").rglob("*.md")) and not (site / "examples.yml").exists()
     home = (site / "index.html").read_text()
     assert "--8&lt;--" not in home and "--8<--" not in home, "a snippet was not included"
 
@@ -80,8 +81,8 @@ def test_generated_output_included(site):
 def test_study_tables_are_what_the_studies_printed(site):
     """Every ``output: tables`` entry: the page includes the tables.md the study wrote, and that
     Markdown is exactly what it printed (one block of its stdout), not a rewording of it."""
-    hook = _hook()
-    entries = [e for e in hook.load_registry(ROOT) if e["output"] == "tables"]
+    runner = _runner()
+    entries = [e for e in runner.load_registry(ROOT) if e["output"] == "tables"]
     assert {"demo", "equivalence", "ablation", "seeds"} <= {e["name"] for e in entries}
     for e in entries:
         out = DOCS / "generated" / e["name"]
@@ -105,10 +106,10 @@ def test_notebook_page_is_executed_and_downloadable(site):
     assert 'href="notebook.ipynb"' in html
 
 
-# --------------------------------------------------------------------------- the hook
+# --------------------------------------------------------------------------- the results runner (tools/results.py)
 
-def _hook():
-    spec = importlib.util.spec_from_file_location("docs_generate_hook", DOCS / "hooks" / "generate.py")
+def _runner():
+    spec = importlib.util.spec_from_file_location("vae_ddp_results", ROOT / "tools" / "results.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -133,40 +134,40 @@ print("| a | b |\\n|---|---|\\n| 1 | 2 |")
 """
 
 
-def test_hook_runs_caches_and_summarises(tmp_path):
-    hook = _hook()
+def test_results_runs_caches_and_summarises(tmp_path):
+    runner = _runner()
     root = _project(tmp_path, {"good.py": GOOD},
                     "examples:\n  - script: examples/good.py\n    summary: true\n    page: factors/noise.md\n")
-    assert hook.generate(root) == {"good": "ran"}
+    assert runner.generate(root) == {"good": "ran"}
     out = root / "docs" / "generated" / "good"
     assert "| 1 | 2 |" in (out / "output.md").read_text()
     assert "python examples/good.py --out out/good" in (out / "command.md").read_text()  # not the site's folder
     summary = (root / "docs" / "generated" / "summary" / "output.md").read_text()
     assert "[noise](factors/noise.md)" in summary and "GlobalBatchNoise" in summary
-    assert hook.generate(root) == {"good": "cached"}
+    assert runner.generate(root) == {"good": "cached"}
     (root / "examples" / "good.py").write_text(GOOD + "\n# changed\n")
-    assert hook.generate(root) == {"good": "ran"}
+    assert runner.generate(root) == {"good": "ran"}
 
 
-def test_hook_failing_example_fails_the_build_with_its_stderr(tmp_path):
-    hook = _hook()
+def test_results_failing_example_fails_the_build_with_its_stderr(tmp_path):
+    runner = _runner()
     root = _project(tmp_path, {"bad.py": "import sys\nprint('boom: the reason', file=sys.stderr)\nsys.exit(3)\n"},
                     "examples:\n  - script: examples/bad.py\n")
-    with pytest.raises(hook.PluginError, match=r"(?s)exit code 3.*boom: the reason"):
-        hook.generate(root)
+    with pytest.raises(runner.ResultsError, match=r"(?s)exit code 3.*boom: the reason"):
+        runner.generate(root)
 
 
-def test_hook_timeout_kills_the_whole_process_tree(tmp_path):
+def test_results_timeout_kills_the_whole_process_tree(tmp_path):
     """An entry past its ``timeout`` fails the build, and the processes it started (DDP ranks,
     study runs) are killed with it instead of running on."""
-    hook = _hook()
+    runner = _runner()
     slow = ("import signal, subprocess, sys\n"  # both wait for a signal: only the timeout's kill ends them
             "child = subprocess.Popen([sys.executable, '-c', 'import signal; signal.pause()'])\n"
             "print(child.pid, flush=True)\n"
             "signal.pause()\n")
     root = _project(tmp_path, {"slow.py": slow}, "examples:\n  - script: examples/slow.py\n    timeout: 5\n")
-    with pytest.raises(hook.PluginError, match="timed out after 5 s"):
-        hook.generate(root)
+    with pytest.raises(runner.ResultsError, match="timed out after 5 s"):
+        runner.generate(root)
     grandchild = int((root / "docs" / "generated" / "slow" / "stdout.txt").read_text().split()[0])
     import select
 
@@ -181,14 +182,14 @@ def test_hook_timeout_kills_the_whole_process_tree(tmp_path):
     assert ready, "the entry's child outlived the timeout"
 
 
-def test_hook_registry_errors(tmp_path):
-    hook = _hook()
+def test_results_registry_errors(tmp_path):
+    runner = _runner()
     root = _project(tmp_path, {}, "examples:\n  - script: examples/missing.py\n")
-    with pytest.raises(hook.PluginError, match="does not exist"):
-        hook.generate(root)
+    with pytest.raises(runner.ResultsError, match="does not exist"):
+        runner.generate(root)
     (root / "docs" / "examples.yml").write_text("examples:\n  - name: x\n    command: [true]\n    colour: red\n")
-    with pytest.raises(hook.PluginError, match="unknown key"):
-        hook.generate(root)
+    with pytest.raises(runner.ResultsError, match="unknown key"):
+        runner.generate(root)
 
 
 TABLES = """
@@ -203,25 +204,25 @@ write_tables(a.out, md)
 """
 
 
-def test_hook_output_tables_is_the_file_the_entry_wrote(tmp_path):
+def test_results_output_tables_is_the_file_the_entry_wrote(tmp_path):
     """``output: tables``: output.md is the entry's tables.md, not its stdout; a pipe inside a
     cell stays content (escaped), so the table keeps its two columns."""
-    hook = _hook()
+    runner = _runner()
     root = _project(tmp_path, {"study.py": TABLES.format(src=str(ROOT / "src"))},
                     "examples:\n  - script: examples/study.py\n    output: tables\n")
-    assert hook.generate(root) == {"study": "ran"}
+    assert runner.generate(root) == {"study": "ran"}
     out = root / "docs" / "generated" / "study"
     assert (out / "output.md").read_text() == (
         "after 3 steps\n\n| n | max \\|a - b\\| |\n|---|---------------|\n| 2 | 0.5000        |\n")
     assert "progress line" in (out / "stdout.txt").read_text()
 
 
-def test_hook_output_tables_missing_file_fails(tmp_path):
-    hook = _hook()
+def test_results_output_tables_missing_file_fails(tmp_path):
+    runner = _runner()
     root = _project(tmp_path, {"quiet.py": "print('| a |\\n|---|\\n| 1 |')\n"},
                     "examples:\n  - script: examples/quiet.py\n    output: tables\n")
-    with pytest.raises(hook.PluginError, match=r"`output: tables` but wrote no tables.md"):
-        hook.generate(root)
+    with pytest.raises(runner.ResultsError, match=r"`output: tables` but wrote no tables.md"):
+        runner.generate(root)
 
 
 # --------------------------------------------------------------------------- code blocks
@@ -438,7 +439,7 @@ def _read_page(rel: str) -> str | None:
 
 def _scripts_run() -> dict[str, str]:
     """Script path -> what runs it: the entries of docs/examples.yml and RUN_BY_TESTS."""
-    scripts = {e["script"]: "docs/examples.yml" for e in _hook().load_registry(ROOT) if "script" in e}
+    scripts = {e["script"]: "docs/examples.yml" for e in _runner().load_registry(ROOT) if "script" in e}
     for script, test in RUN_BY_TESTS.items():
         assert Path(script).name in (ROOT / test).read_text() or Path(script).stem in (ROOT / test).read_text(), \
             f"{test} does not run {script}: correct RUN_BY_TESTS"
@@ -776,7 +777,7 @@ def test_factor_pages_show_the_number_home_ranks_them_by(site):
     the committed report-scale JSON (or says it has none)."""
     from vae_ddp.fixes import registry
 
-    effects = _hook().report_scale_effects(ROOT)
+    effects = _runner().report_scale_effects(ROOT)
     assert effects, "no committed report-scale study"
     rows = re.findall(r"(?s)<tr>(.*?)</tr>", (site / "index.html").read_text())
     for f in registry.factors():

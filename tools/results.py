@@ -1,17 +1,17 @@
-"""MkDocs hook: run the registered examples at build time (one source of truth for every number).
+"""``make results``: run the registered examples and studies, each into ``docs/generated/<name>/``
+(one source of truth for every number of the site, which only includes what they wrote).
 
-Registered in ``mkdocs.yml`` (``hooks: [docs/hooks/generate.py]``). Before each build
-(``on_pre_build``) it runs every entry of ``docs/examples.yml`` whose inputs changed and
-writes ``docs/generated/<name>/``: ``output.md`` (what the entry printed, or with ``output:
-tables`` the ``tables.md`` it wrote: a study's titles, tables and verdicts), ``command.md``
-(how it was run) and the files it wrote with ``--out`` (PNG, JSON). A failing entry fails
-the build with the end of its stderr. ``VAE_DDP_FULL=1`` runs the full settings
-(``full_args``) instead of the reduced ones (``args``).
+For each entry of ``docs/examples.yml`` whose inputs changed it writes ``output.md`` (what the
+entry printed, or with ``output: tables`` the ``tables.md`` it wrote: a study's titles, tables
+and verdicts), ``command.md`` (how it was run) and the files it wrote with ``--out`` (PNG,
+JSON); then ``docs/generated/summary/``, the Home page's factor table, from the ``"summary"``
+objects of the entries marked ``summary: true``. A failing entry fails with the end of its
+stderr. ``VAE_DDP_FULL=1`` runs the full settings (``full_args``) instead of the reduced ones
+(``args``); ``VAE_DDP_DOCS_JOBS=2`` runs two entries at once.
 
-It also writes ``docs/generated/summary/output.md``, the Home page's factor table, from
-the ``"summary"`` objects of the entries marked ``summary: true``.
-
-Run it alone with ``python docs/hooks/generate.py`` (generates without building).
+``python tools/results.py [NAME ...]``: those entries only (no summary). The tests read the same
+folder through this module (``tests/conftest.py``), and ``mkdocs build`` includes it with
+pymdownx.snippets.
 """
 
 from __future__ import annotations
@@ -32,9 +32,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
 
 import yaml
-from mkdocs.exceptions import PluginError
 
-log = logging.getLogger("mkdocs.hooks.generate")
+log = logging.getLogger("vae_ddp.results")
+
+
+class ResultsError(Exception):
+    """An entry of the registry is wrong, failed or timed out (the message says which and why)."""
 
 REGISTRY = "docs/examples.yml"
 GENERATED = "docs/generated"
@@ -59,43 +62,43 @@ def load_registry(root: Path) -> list[dict[str, Any]]:
     for i, raw in enumerate(data.get("examples") or []):
         where = f"{REGISTRY}, entry {i + 1}"
         if not isinstance(raw, dict):
-            raise PluginError(f"{where}: expected a mapping, got {raw!r}")
+            raise ResultsError(f"{where}: expected a mapping, got {raw!r}")
         unknown = set(raw) - KEYS
         if unknown:
-            raise PluginError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; use {', '.join(sorted(KEYS))}")
+            raise ResultsError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; use {', '.join(sorted(KEYS))}")
         if ("script" in raw) == ("command" in raw):
-            raise PluginError(f"{where}: give exactly one of `script` or `command`")
+            raise ResultsError(f"{where}: give exactly one of `script` or `command`")
         e = dict(raw)
         if "script" in e:
             script = root / e["script"]
             if not script.is_file():
-                raise PluginError(f"{where}: script {e['script']} does not exist")
+                raise ResultsError(f"{where}: script {e['script']} does not exist")
             e.setdefault("name", script.stem)
             e.setdefault("output", "markdown")
         else:
             if not isinstance(e["command"], list) or not e["command"]:
-                raise PluginError(f"{where}: `command` must be a non-empty list")
+                raise ResultsError(f"{where}: `command` must be a non-empty list")
             if "name" not in e:
-                raise PluginError(f"{where}: a `command` entry needs a `name`")
+                raise ResultsError(f"{where}: a `command` entry needs a `name`")
             e.setdefault("output", "tables")
         if e["output"] not in OUTPUT_MODES:
-            raise PluginError(f"{where}: output {e['output']!r} is not one of {', '.join(OUTPUT_MODES)}")
+            raise ResultsError(f"{where}: output {e['output']!r} is not one of {', '.join(OUTPUT_MODES)}")
         if not re.fullmatch(r"[A-Za-z0-9_-]+", e["name"]) or e["name"] == "summary":
-            raise PluginError(f"{where}: bad name {e['name']!r} (letters, digits, _ and -; not 'summary')")
+            raise ResultsError(f"{where}: bad name {e['name']!r} (letters, digits, _ and -; not 'summary')")
         if e["name"] in names:
-            raise PluginError(f"{where}: name {e['name']!r} is registered twice")
+            raise ResultsError(f"{where}: name {e['name']!r} is registered twice")
         names.add(e["name"])
         for key in ("args", "full_args"):
             odd = [a for a in e.get(key) or [] if not isinstance(a, (str, int, float))]
             if odd:  # e.g. an unquoted {cifar}, which YAML reads as a mapping
-                raise PluginError(f"{where}: `{key}` holds {odd[0]!r}: quote it (\"{{cifar}}\")")
+                raise ResultsError(f"{where}: `{key}` holds {odd[0]!r}: quote it (\"{{cifar}}\")")
         e["args"] = [str(a) for a in e.get("args") or []]
         e["full_args"] = [str(a) for a in e["full_args"]] if "full_args" in e else e["args"]
         e["timeout"] = float(e.get("timeout", 600))
         try:
             e["drop"] = [re.compile(k) for k in e.get("drop") or []]
         except re.error as err:
-            raise PluginError(f"{where}: bad `drop` pattern: {err}") from None
+            raise ResultsError(f"{where}: bad `drop` pattern: {err}") from None
         entries.append(e)
     return entries
 
@@ -187,7 +190,7 @@ def render_output(e: dict[str, Any], out: Path) -> str:
     if e["output"] == "tables":
         tables = out / TABLES
         if not tables.is_file():
-            raise PluginError(f"example {e['name']!r} has `output: tables` but wrote no {TABLES} into its output "
+            raise ResultsError(f"example {e['name']!r} has `output: tables` but wrote no {TABLES} into its output "
                               f"folder ({out}); a study writes it with vae_ddp.harness.table.write_tables")
         return tables.read_text().rstrip() + "\n"
     stdout = (out / "stdout.txt").read_text()
@@ -242,19 +245,19 @@ def _run_entry(root: Path, e: dict[str, Any]) -> str:
             (out / "stdout.txt").write_text(stdout)
             (out / "stderr.txt").write_text(stderr or "")
             tail = "\n".join((stdout if merged else stderr or "").rstrip().splitlines()[-40:])
-            raise PluginError(f"example {e['name']!r} timed out after {e['timeout']:.0f} s (raise its `timeout` "
+            raise ResultsError(f"example {e['name']!r} timed out after {e['timeout']:.0f} s (raise its `timeout` "
                               f"in {REGISTRY}): {display_command(argv)}\n{tail}") from None
     proc = subprocess.CompletedProcess(argv, child.returncode, stdout, stderr)
     (out / "stdout.txt").write_text(proc.stdout)
     (out / "stderr.txt").write_text(proc.stderr or "")
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout if merged else proc.stderr).rstrip().splitlines()[-40:])
-        raise PluginError(f"example {e['name']!r} failed (exit code {proc.returncode}): "
+        raise ResultsError(f"example {e['name']!r} failed (exit code {proc.returncode}): "
                           f"{display_command(argv)}\n--- stderr (end) ---\n{tail}")
     (out / "output.md").write_text(render_output(e, out))
     (out / "command.md").write_text(f"```bash\n{wrapped_command(argv)}\n```\n")
     stamp.write_text(key)
-    log.info("generate: %s ran in %.0f s", e["name"], time.monotonic() - t0)
+    log.info("results: %s ran in %.0f s", e["name"], time.monotonic() - t0)
     return "ran"
 
 
@@ -287,10 +290,10 @@ def write_summary(root: Path, entries: list[dict[str, Any]]) -> None:
             continue
         path = root / GENERATED / e["name"] / f"{e['name']}.json"
         if not path.is_file():
-            raise PluginError(f"example {e['name']!r} is marked `summary: true` but wrote no {path.relative_to(root)}")
+            raise ResultsError(f"example {e['name']!r} is marked `summary: true` but wrote no {path.relative_to(root)}")
         summary = json.loads(path.read_text()).get("summary")
         if not isinstance(summary, dict):
-            raise PluginError(f"{path.relative_to(root)} has no \"summary\" object (needed by `summary: true`)")
+            raise ResultsError(f"{path.relative_to(root)} has no \"summary\" object (needed by `summary: true`)")
         row = dict(summary)
         if e.get("page"):
             first = next(iter(row)) if row else "factor"
@@ -346,7 +349,7 @@ def jobs() -> int:
     try:
         return max(1, int(os.environ.get("VAE_DDP_DOCS_JOBS", "1")))
     except ValueError:
-        raise PluginError(f"VAE_DDP_DOCS_JOBS must be a number, got {os.environ['VAE_DDP_DOCS_JOBS']!r}") from None
+        raise ResultsError(f"VAE_DDP_DOCS_JOBS must be a number, got {os.environ['VAE_DDP_DOCS_JOBS']!r}") from None
 
 
 def generate(root: Path, only: Optional[list[str]] = None) -> dict[str, str]:
@@ -355,7 +358,7 @@ def generate(root: Path, only: Optional[list[str]] = None) -> dict[str, str]:
     if only:
         unknown = set(only) - {e["name"] for e in entries}
         if unknown:
-            raise PluginError(f"not in {REGISTRY}: {', '.join(sorted(unknown))}")
+            raise ResultsError(f"not in {REGISTRY}: {', '.join(sorted(unknown))}")
         todo = [e for e in entries if e["name"] in only]
     else:
         todo = entries
@@ -366,28 +369,21 @@ def generate(root: Path, only: Optional[list[str]] = None) -> dict[str, str]:
         for name, f in futures.items():
             try:
                 done[name] = f.result()
-            except PluginError as err:
+            except ResultsError as err:
                 errors.append(str(err))
     if errors:
-        raise PluginError("\n\n".join(errors))
+        raise ResultsError("\n\n".join(errors))
     if not only:
         write_summary(root, entries)
     return done
 
 
-# --------------------------------------------------------------------------- MkDocs events
-
-def on_pre_build(config, **kwargs):
-    t0 = time.monotonic()
-    done = generate(Path(config.config_file_path).resolve().parent)
-    log.info("generate: %s (%.0f s%s)", ", ".join(f"{k} {v}" for k, v in done.items()),
-             time.monotonic() - t0, ", VAE_DDP_FULL" if full_mode() else "")
-
-
-if __name__ == "__main__":  # `python docs/hooks/generate.py [NAME ...]`: generate without building
+if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    t0 = time.monotonic()
     try:
-        for name, what in generate(Path(__file__).resolve().parents[2], sys.argv[1:]).items():
-            print(f"{name}: {what}")
-    except PluginError as err:
+        done = generate(Path(__file__).resolve().parents[1], sys.argv[1:])
+    except ResultsError as err:
         sys.exit(f"error: {err}")
+    log.info("results: %s (%.0f s%s)", ", ".join(f"{k} {v}" for k, v in done.items()), time.monotonic() - t0,
+             ", VAE_DDP_FULL" if full_mode() else "")
