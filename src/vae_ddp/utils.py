@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from pathlib import Path
 
 __all__ = ["quiet", "close_process_group", "check_writable"]
 
@@ -34,7 +35,7 @@ def close_process_group() -> None:
         dist.destroy_process_group()
 
 
-def check_writable(out_dir) -> "Path":
+def check_writable(out_dir: "str | Path") -> Path:
     """``out_dir`` as a ``Path`` once it is known to be a folder that can be created and written
     into: checked before any training by creating it and a scratch file, then removing what the
     check created (a mistyped path leaves nothing behind).
@@ -45,7 +46,6 @@ def check_writable(out_dir) -> "Path":
     """
     import os
     import tempfile
-    from pathlib import Path
 
     out = Path(out_dir).expanduser()
     if out.exists() and not out.is_dir():
