@@ -66,14 +66,13 @@ def test_watchdog_dumps_the_stacks_names_the_frame_and_ends_the_tree(tmp_path):
     marker = f"stuck-{unique()}"
     script = tmp_path / "stuck.py"
     script.write_text(STUCK.format(marker=marker))
-    t0 = time.monotonic()
+    # ended by its watchdog (STALLED), not by the timeout (which raises TimeoutExpired)
     proc = guard.run([sys.executable, str(script)], stall=3, capture_output=True, text=True, timeout=120)
     assert proc.returncode == guard.STALLED, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("vae-ddp guard: no process made progress for 3 s"), last
     assert "rank 0 in stuck_here (" in last and "stuck.py:7)" in last, last
     assert 'in stuck_here' in proc.stderr and "--- rank 0 (pid" in proc.stderr  # the dumped stacks
-    assert time.monotonic() - t0 < 60
     assert wait_until(lambda: not alive(marker) and not alive(str(script)), 5), "a process outlived the guard"
 
 

@@ -32,10 +32,21 @@ from typing import Mapping, Sequence
 import numpy as np
 from scipy import stats as sps
 
-__all__ = ["welch", "paired", "tost", "detectable_difference", "compare_metrics", "VERDICTS"]
+__all__ = ["welch", "paired", "tost", "detectable_difference", "compare_metrics", "finals", "QUANTITIES", "VERDICTS"]
 
 #: The three outcomes of a comparison, in the order the pages list them.
 VERDICTS = ("equivalent", "different", "inconclusive")
+#: The final values of a run that the seed studies compare (``finals``).
+QUANTITIES = ("train_kl", "train_recon_loss", "val_kl", "val_recon_loss")
+
+
+def finals(records: Sequence[Mapping], val: Mapping) -> dict[str, float]:
+    """A run's final values (``QUANTITIES``): the train KL and reconstruction loss (global batch)
+    as means over the last 10% of its steps' ``records``, validation's from its last ``val`` record."""
+    n = max(1, len(records) // 10)
+    return {"train_kl": statistics.fmean(r["kl"] for r in records[-n:]),
+            "train_recon_loss": statistics.fmean(r["recon_loss"] for r in records[-n:]),
+            "val_kl": val["kl"], "val_recon_loss": val["recon_loss"]}
 
 
 def _check(a: Sequence[float], b: Sequence[float], pair: bool) -> None:

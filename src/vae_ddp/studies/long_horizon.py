@@ -44,14 +44,13 @@ from torch import Tensor
 from vae_ddp.errors import UserError
 from vae_ddp.model import standard_normal_noise
 from vae_ddp.harness.configs import RunSpec
-from vae_ddp.harness.stats import compare_metrics
+from vae_ddp.harness.stats import QUANTITIES, compare_metrics, finals
 from vae_ddp.harness.table import write_tables
 
 __all__ = ["SharedNoise", "train_run", "long_horizon", "render", "NOISE"]
 
 #: The two noise modes compared: DDP's default (shared across ranks) and one device's.
 NOISE = ("shared", "independent")
-QUANTITIES = ("train_kl", "train_recon_loss", "val_kl", "val_recon_loss")
 
 
 class SharedNoise(Callback):
@@ -143,14 +142,6 @@ def train_run(spec: RunSpec, seed: int, noise: Literal["shared", "independent"],
             "model": model}
 
 
-def _finals(records: list[dict], val: dict) -> dict[str, float]:
-    """Final train values: mean over the last 10% of steps (global batch); validation: last."""
-    n = max(1, len(records) // 10)
-    return {"train_kl": statistics.fmean(r["kl"] for r in records[-n:]),
-            "train_recon_loss": statistics.fmean(r["recon_loss"] for r in records[-n:]),
-            "val_kl": val["kl"], "val_recon_loss": val["recon_loss"]}
-
-
 def _task(spec_json: str, seed: int, noise: str, world_size: int, window: int, threads: int) -> dict:
     """One run in a worker process: train, then reduce the curves to means over ``window`` steps."""
     from vae_ddp.utils import quiet
@@ -166,7 +157,7 @@ def _task(spec_json: str, seed: int, noise: str, world_size: int, window: int, t
     for k in ("kl", "recon_loss"):
         curve[k] = [statistics.fmean(r[k] for r in c) for c in chunks]
     return {"seed": seed, "noise": noise, "seconds": time.perf_counter() - t0, "curve": curve,
-            "final": _finals(recs, run["val_records"][-1])}
+            "final": finals(recs, run["val_records"][-1])}
 
 
 def long_horizon(out_dir: Path, num_seeds: int = 10, steps: int = 2000, global_batch_size: int = 64,

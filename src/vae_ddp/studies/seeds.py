@@ -40,13 +40,12 @@ from matplotlib.figure import Figure
 from vae_ddp.errors import UserError
 from vae_ddp.harness.configs import RunSpec
 from vae_ddp.harness.launch import launch_group
-from vae_ddp.harness.stats import compare_metrics
+from vae_ddp.harness.stats import QUANTITIES, compare_metrics, finals
 
 __all__ = ["seed_study", "analyse", "reanalyse", "render", "plot", "plot_finals", "verdict_lines", "STUDY_CONFIGS",
            "MARGIN_SD"]
 
 STUDY_CONFIGS = ("single", "ddp", "ddp+fixed", "ddp+per_rank", "dp")
-QUANTITIES = ("train_kl", "train_recon_loss", "val_kl", "val_recon_loss")
 #: Default equivalence margin, in standard deviations (over seeds) of ``single``'s final values.
 MARGIN_SD = 1.0
 #: What run i of each configuration shares with run i of ``single`` (see the module docstring).
@@ -60,15 +59,6 @@ def _spec(base: RunSpec, name: str) -> RunSpec:
     if name == "ddp+per_rank":
         return dataclasses.replace(base, config="ddp", noise="per_rank", label=name)
     return dataclasses.replace(base, config=name, label=name)
-
-
-def _finals(run: dict) -> dict[str, float]:
-    recs = run["records"]
-    n = max(1, len(recs) // 10)
-    val = run["val_records"][-1]
-    return {"train_kl": statistics.fmean(r["kl"] for r in recs[-n:]),
-            "train_recon_loss": statistics.fmean(r["recon_loss"] for r in recs[-n:]),
-            "val_kl": val["kl"], "val_recon_loss": val["recon_loss"]}
 
 
 def seed_study(base: RunSpec, configs: list[Literal[STUDY_CONFIGS]], num_seeds: int, out_dir: Path, margin_sd: float = MARGIN_SD,
@@ -123,8 +113,8 @@ def seed_study(base: RunSpec, configs: list[Literal[STUDY_CONFIGS]], num_seeds: 
     summary = {}
     for c, rs in runs.items():
         assert [r["seed"] for r in rs] == seeds  # values are listed in seed order: the pairing
-        finals = [_finals(r) for r in rs]
-        summary[c] = {q: {"values": [f[q] for f in finals]} for q in QUANTITIES}
+        ends = [finals(r["records"], r["val_records"][-1]) for r in rs]
+        summary[c] = {q: {"values": [f[q] for f in ends]} for q in QUANTITIES}
     result = {"settings": dataclasses.asdict(specs[0]) | {"config": None, "label": None}, "configs": list(runs),
               "num_seeds": num_seeds, "summary": summary}
     result = analyse(result, margin_sd)
