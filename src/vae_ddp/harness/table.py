@@ -8,15 +8,30 @@ so a page shows what the command printed without parsing its output.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
-__all__ = ["format_table", "write_tables", "TABLES"]
+__all__ = ["format_table", "write_tables", "number", "TABLES"]
 
 #: The file every study writes into its output folder: its tables, titles and verdicts.
 TABLES = "tables.md"
 
 
+def number(v: Optional[float], digits: int = 3, none: str = "-", sci_below: Optional[float] = None,
+           zeros: bool = False) -> str:
+    """The one way the studies write a number in prose and verdicts: ``digits`` significant
+    digits (Python's ``g`` format: ``0.109``, ``12.5``, ``3e-05``); ``zeros`` keeps trailing zeros
+    (``1.00``, ``0.100``); below ``sci_below`` (absolute, zero excepted) always scientific with
+    ``digits`` digits (``2.50e-04``); ``none`` for None."""
+    if v is None:
+        return none
+    if sci_below is not None and v != 0 and abs(v) < sci_below:
+        return f"{v:.{digits - 1}e}"
+    return f"{v:#.{digits}g}".rstrip(".") if zeros else f"{v:.{digits}g}"
+
+
 def _fmt(v: Any) -> str:
+    """A table cell: a float with 4 decimals, or 4 significant digits in scientific notation
+    outside [1e-3, 1e4); None as ``-``."""
     if v is None:
         return "-"
     if isinstance(v, float):

@@ -33,7 +33,7 @@ import torch
 from vae_ddp.errors import UserError
 from vae_ddp.harness.configs import RunSpec
 from vae_ddp.harness.launch import drop_tensors, launch_by_world_size
-from vae_ddp.harness.table import format_table, write_tables
+from vae_ddp.harness.table import format_table, number, write_tables
 
 __all__ = ["equivalence", "max_abs_diff", "param_diffs", "FLOOR_FACTOR", "verdict"]
 
@@ -71,10 +71,8 @@ def _ratio(d: float, floor: float) -> Optional[float]:
 
 
 def _g(v: Optional[float]) -> str:
-    """3 significant digits, scientific below 1e-3."""
-    if v is None:
-        return "inf"
-    return "0" if v == 0 else (f"{v:.3g}" if abs(v) >= 1e-3 else f"{v:.2e}")
+    """3 significant digits, scientific below 1e-3; None (no floor) is ``inf``."""
+    return number(v, none="inf", sci_below=1e-3)
 
 
 def verdict(ratio: Optional[float], outliers: Optional[list[int]] = None, typical: Optional[float] = None,

@@ -45,7 +45,7 @@ from vae_ddp.errors import UserError
 from vae_ddp.model import standard_normal_noise
 from vae_ddp.harness.configs import RunSpec
 from vae_ddp.harness.stats import QUANTITIES, compare_metrics, finals
-from vae_ddp.harness.table import write_tables
+from vae_ddp.harness.table import number, write_tables
 
 __all__ = ["SharedNoise", "train_run", "long_horizon", "render", "NOISE"]
 
@@ -264,11 +264,7 @@ def overall(comparison: dict[str, dict], world_size: int, steps: int) -> tuple[s
                             f"{', '.join(undecided)}")
 
 
-def _g(v: Optional[float], digits: int = 3) -> str:
-    """A number with ``digits`` significant digits (``-`` for None)."""
-    if v is None:
-        return "-"
-    return f"{v:.{digits}g}"
+_g = number
 
 
 def _p(p: float) -> str:

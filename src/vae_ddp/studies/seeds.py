@@ -41,6 +41,7 @@ from vae_ddp.errors import UserError
 from vae_ddp.harness.configs import RunSpec
 from vae_ddp.harness.launch import launch_group
 from vae_ddp.harness.stats import QUANTITIES, compare_metrics, finals
+from vae_ddp.harness.table import number
 
 __all__ = ["seed_study", "analyse", "reanalyse", "render", "plot", "plot_finals", "verdict_lines", "STUDY_CONFIGS",
            "MARGIN_SD"]
@@ -181,8 +182,7 @@ def _write(result: dict, out_dir: Path) -> None:
     write_tables(out_dir, markdown)
 
 
-def _g(v: float) -> str:
-    return f"{v:.3g}"
+_g = number
 
 
 def render(result: dict) -> str:

@@ -26,6 +26,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from vae_ddp.harness.table import number
+
 __all__ = ["QUANTITIES", "UPSTREAM", "combine", "decide", "dp_lead", "dp_table", "load", "verdict_box", "worst"]
 
 UPSTREAM = "https://github.com/Lightning-AI/pytorch-lightning/issues/6789"
@@ -53,8 +55,8 @@ def load(root: Path) -> dict[str, dict | None]:
 
 
 def _g(v: float) -> str:
-    """3 significant digits (``0.109``, ``1.03``, ``12.5``)."""
-    return f"{v:#.3g}".rstrip(".")
+    """3 significant digits, trailing zeros kept (``0.100``, ``1.03``, ``12.5``)."""
+    return number(v, zeros=True)
 
 
 def _n(v: float) -> str:
