@@ -84,3 +84,26 @@ def test_global_sampler_reshuffles_per_epoch_and_refuses_bad_sizes():
         GlobalBatchDistributedSampler(list(range(64)), 16, num_replicas=3, rank=0)
     with pytest.raises(ValueError, match="exceeds the dataset size"):
         GlobalBatchDistributedSampler(list(range(8)), 16, num_replicas=2, rank=0)
+
+
+def test_a_datamodule_takes_the_global_batch_once():
+    """``global_batch_size`` is divided by the trainer's world size in the loaders; with the
+    global sampler the sampler gets it as it is and the loader batches its per-device share."""
+    from types import SimpleNamespace
+
+    from vae_ddp.data import DigitsDataModule
+
+    dm = DigitsDataModule(global_batch_size=64)
+    dm.setup()
+    assert dm.per_device_batch_size == 64 and dm.train_dataloader().batch_size == 64  # no trainer: one device
+    dm.trainer = SimpleNamespace(world_size=2, global_rank=1)  # what a DDP rank's Trainer says
+    assert dm.per_device_batch_size == 32 and dm.val_dataloader().batch_size == 32
+    dm.sampler = "global"
+    dl = dm.train_dataloader()
+    assert (dl.batch_size, dl.sampler.global_batch_size, dl.sampler.num_replicas, dl.sampler.rank) == (32, 64, 2, 1)
+    dm.trainer = SimpleNamespace(world_size=3, global_rank=0)
+    with pytest.raises(ValueError, match="global_batch_size 64 is not divisible by world size 3"):
+        dm.train_dataloader()
+    with pytest.raises(ValueError, match="give one"):
+        DigitsDataModule(batch_size=32, global_batch_size=64)
+    assert DigitsDataModule().per_device_batch_size == 32 and DigitsDataModule(batch_size=8).per_device_batch_size == 8

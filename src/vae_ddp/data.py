@@ -76,16 +76,28 @@ def _subset(images: Tensor, labels: Tensor, max_samples: Optional[int]) -> tuple
 
 
 class _InMemoryDataModule(LightningDataModule):
-    """Shared train/val split and loaders; subclasses implement ``_load()``."""
+    """Shared train/val split and loaders; subclasses implement ``_load()``.
 
-    def __init__(self, batch_size: int = 32, val_split: float = 0.2, seed: int = 42, num_workers: int = 0,
+    The batch is given once, as one of: ``batch_size``, per device (Lightning's convention: each
+    of N DDP ranks loads that many; default 32), or ``global_batch_size``, the samples of one
+    optimizer step over all devices, which the loaders divide by the trainer's world size
+    (``per_device_batch_size``); with ``sampler="global"`` the sampler gets it as it is.
+
+    Raises:
+        ValueError: both ``batch_size`` and ``global_batch_size``; an unknown ``sampler``.
+    """
+
+    def __init__(self, batch_size: Optional[int] = None, val_split: float = 0.2, seed: int = 42, num_workers: int = 0,
                  normalize: bool = False, shuffle: bool = True, drop_last: bool = False,
                  max_samples: Optional[int] = None, sampler: str = "default", sampler_seed: Optional[int] = None,
-                 return_index: bool = False) -> None:
+                 return_index: bool = False, global_batch_size: Optional[int] = None) -> None:
         super().__init__()
         if sampler not in SAMPLERS:
             raise ValueError(f"unknown sampler {sampler!r}: use one of {', '.join(SAMPLERS)}")
-        self.batch_size, self.val_split, self.seed = batch_size, val_split, seed
+        if batch_size is not None and global_batch_size is not None:
+            raise ValueError(f"batch_size={batch_size} (per device) and global_batch_size={global_batch_size}: give one")
+        self.batch_size = 32 if batch_size is None and global_batch_size is None else batch_size
+        self.global_batch_size, self.val_split, self.seed = global_batch_size, val_split, seed
         self.num_workers, self.normalize, self.shuffle, self.drop_last = num_workers, normalize, shuffle, drop_last
         self.max_samples, self.sampler, self.sampler_seed = max_samples, sampler, sampler_seed
         self.return_index = return_index
@@ -104,22 +116,40 @@ class _InMemoryDataModule(LightningDataModule):
         self.dataset_train, self.dataset_val = random_split(
             full, [len(full) - val_len, val_len], generator=torch.Generator().manual_seed(self.seed))
 
+    def _world(self) -> tuple[int, int]:
+        return (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
+
+    @property
+    def per_device_batch_size(self) -> int:
+        """What each rank's loaders batch: ``batch_size``, or ``global_batch_size`` divided by the
+        trainer's world size (1 without a trainer).
+
+        Raises:
+            ValueError: ``global_batch_size`` not divisible by the world size.
+        """
+        if self.global_batch_size is None:
+            return self.batch_size
+        world = self._world()[0]
+        if self.global_batch_size % world:
+            raise ValueError(f"global_batch_size {self.global_batch_size} is not divisible by world size {world}")
+        return self.global_batch_size // world
+
     def train_dataloader(self) -> DataLoader:
-        """``batch_size`` is the per-device batch size. With ``sampler="global"`` the loader
-        uses [`GlobalBatchDistributedSampler`][vae_ddp.fixes.sampler.GlobalBatchDistributedSampler] over the trainer's world size,
+        """Batches of ``per_device_batch_size``. With ``sampler="global"`` the loader uses
+        [`GlobalBatchDistributedSampler`][vae_ddp.fixes.sampler.GlobalBatchDistributedSampler] over the trainer's world size,
         seeded with ``sampler_seed`` or, if that is None, with ``seed_everything``'s seed
         (``PL_GLOBAL_SEED``), as Lightning's own ``DistributedSampler`` is."""
         if self.sampler == "global":
-            world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
-            sampler = GlobalBatchDistributedSampler(self.dataset_train, self.batch_size * world, num_replicas=world,
+            (world, rank), b = self._world(), self.per_device_batch_size
+            sampler = GlobalBatchDistributedSampler(self.dataset_train, b * world, num_replicas=world,
                                                     rank=rank, shuffle=self.shuffle, seed=self.sampler_seed)
-            return DataLoader(self.dataset_train, batch_size=self.batch_size, sampler=sampler,
+            return DataLoader(self.dataset_train, batch_size=sampler.per_device_batch_size, sampler=sampler,
                               **loader_kwargs(self.num_workers, self.dataset_train))
-        return DataLoader(self.dataset_train, batch_size=self.batch_size, shuffle=self.shuffle,
+        return DataLoader(self.dataset_train, batch_size=self.per_device_batch_size, shuffle=self.shuffle,
                           drop_last=self.drop_last, **loader_kwargs(self.num_workers, self.dataset_train))
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.dataset_val, batch_size=self.batch_size, shuffle=False,
+        return DataLoader(self.dataset_val, batch_size=self.per_device_batch_size, shuffle=False,
                           **loader_kwargs(self.num_workers, self.dataset_val))
 
 

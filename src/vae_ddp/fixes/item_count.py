@@ -112,7 +112,7 @@ def _check(trainer, module, datamodule) -> Optional[str]:
         return None
     if getattr(datamodule, "dataset_train", None) is None and hasattr(datamodule, "setup"):
         datamodule.setup("fit")
-    size, b = len(datamodule.dataset_train), int(datamodule.batch_size)
+    size, b = len(datamodule.dataset_train), int(getattr(datamodule, "per_device_batch_size", None) or datamodule.batch_size)
     if size % n:
         return (f"{size} training samples on {n} ranks: DistributedSampler pads with {n - size % n} repeated "
                 f"sample(s), counted twice in the mean")

@@ -42,8 +42,9 @@ def fix_parts(spec: RunSpec, seed: int) -> FixParts:
 
 
 def build_datamodule(spec: RunSpec, seed: int):
-    """The datamodule of ``spec`` (per-device batch size; the sampler a fix asks for)."""
-    kwargs = dict(batch_size=spec.per_device_batch_size, max_samples=spec.max_samples, sampler_seed=seed,
+    """The datamodule of ``spec`` (its global batch size, which the loaders share over the ranks;
+    the sampler a fix asks for)."""
+    kwargs = dict(global_batch_size=spec.global_batch_size, max_samples=spec.max_samples, sampler_seed=seed,
                   return_index=spec.record_indices)
     return make_datamodule(spec.data, spec.data_dir, **{**kwargs, **fix_parts(spec, seed).datamodule})
 

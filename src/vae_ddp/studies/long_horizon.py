@@ -131,7 +131,7 @@ def train_run(spec: RunSpec, seed: int, noise: Literal["shared", "independent"],
     if noise not in NOISE:
         raise ValueError(f"unknown noise mode {noise!r}: use one of {', '.join(NOISE)}")
     pl.seed_everything(seed, verbose=False)
-    dm = make_datamodule(spec.data, spec.data_dir, batch_size=spec.per_device_batch_size,
+    dm = make_datamodule(spec.data, spec.data_dir, global_batch_size=spec.global_batch_size,
                          max_samples=spec.max_samples, sampler=spec.sampler, sampler_seed=seed)
     model = build_model(spec, seed)
     recorder = GlobalBatchRecorder(spec.steps, spec.val_every, f"{noise} seed {seed}", progress=False)

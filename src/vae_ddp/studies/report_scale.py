@@ -171,7 +171,7 @@ def _worker(specs_json: str, out_dir: str) -> int:
     for spec, job in zip(specs, jobs):
         seed = spec.seeds[0]
         pl.seed_everything(seed, verbose=False)
-        dm = make_datamodule(spec.data, spec.data_dir, batch_size=spec.per_device_batch_size,
+        dm = make_datamodule(spec.data, spec.data_dir, global_batch_size=spec.global_batch_size,
                              max_samples=spec.max_samples, sampler=spec.sampler, sampler_seed=seed)
         model = build_model(spec, seed)
         recorder = GlobalBatchRecorder(spec.steps, 0, spec.label, progress=True)
