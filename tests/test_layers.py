@@ -40,3 +40,40 @@ def test_the_graph_is_read():
     """The reader sees imports of every form (the checks above cannot pass by reading nothing)."""
     assert "vae_ddp.harness.configs.RunSpec" in _imports(SRC / "studies" / "equivalence.py")
     assert "vae_ddp.harness.permutation.WithinBatchPermutation" in _imports(SRC / "harness" / "runner.py")  # lazy
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """``{module: the modules of src/ it imports}``; ``from pkg import mod`` is the module ``pkg.mod``."""
+    mods = {}
+    for path in SRC.rglob("*.py"):
+        rel = path.relative_to(SRC.parent).with_suffix("")
+        mods[".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)] = path
+    graph = {}
+    for name, path in mods.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                found |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in mods else node.module
+                          for a in node.names}
+            elif isinstance(node, ast.Import):
+                found |= {a.name for a in node.names}
+        graph[name] = {m for m in found if m in mods and m != name}
+    return graph
+
+
+def test_no_import_circle():
+    """No module of src/ imports itself back through others (lazy imports inside functions count)."""
+    from graphlib import CycleError, TopologicalSorter
+
+    graph = _module_graph()
+    assert len(graph) > 40 and sum(map(len, graph.values())) > 100  # the graph is read
+    try:
+        list(TopologicalSorter(graph).static_order())
+    except CycleError as err:
+        raise AssertionError(f"an import circle: {' -> '.join(err.args[1])}") from None
+    graph["vae_ddp.fixes.factor"] = graph["vae_ddp.fixes.factor"] | {"vae_ddp.fixes.registry"}  # one made up
+    try:
+        list(TopologicalSorter(graph).static_order())
+    except CycleError:
+        return
+    raise AssertionError("a made-up circle was not found")
