@@ -1,7 +1,6 @@
-"""``vae-ddp``: jsonargparse over the study functions (``vae_ddp.studies.COMMANDS``). Their
-signatures and docstrings make the flags, flat: the fields of [`RunSpec`][vae_ddp.harness.configs.RunSpec]
-(``base``) and the study's parameters (``--global_batch_size 64``, ``--sync_bn true``, ``--configs
-'[single, ddp]'``); ``out_dir`` is ``--out``; ``--config FILE`` and ``--print_config`` everywhere."""
+"""``vae-ddp``: jsonargparse over the study functions (``vae_ddp.studies.COMMANDS``), whose signatures
+and docstrings make the flags, flat: [`RunSpec`][vae_ddp.harness.configs.RunSpec]'s fields (``base``) and the
+study's parameters (``--global_batch_size 64``, ``--sync_bn true``, ``--configs '[single, ddp]'``, ``--out``)."""
 
 from __future__ import annotations
 
@@ -52,8 +51,9 @@ def build_parser(spec_cls: Optional[type] = None):
         p.add_function_arguments(function, nested_key=None, skip={"base", "out_dir"}, as_group=False)
         p.add_argument("--out", type=Path, default=Path("runs", name), help="output folder")
         p.set_defaults(**defaults)
-        for action in p._actions:  # the docstrings' cross-references and ``code`` as plain text
+        for action in p._actions:  # help as plain text (no cross-references); a flag with a default is optional
             action.help = action.help and re.sub(r"\[`([^`]+)`\]\[[^\]]+\]", r"\1", action.help).replace("``", "")
+            action.required = action.required and action.dest not in defaults
         sub.add_subcommand(name, p, help=text)
     return parser
 
