@@ -21,8 +21,10 @@ def _run(capsys, *args):
     (["--data", "mnist"], "unknown --data 'mnist': use one of digits, cifar10, imagefolder"),
     (["--steps", "0"], "--steps must be at least 1"),
     (["--steps", "ten"], "--steps: expected int, got 'ten'"),
-    (["--exact"], "--exact: expected a value"),
-    (["--global-batch-size", "64"], "unrecognized arguments: --global-batch-size 64"),
+    (["--exact"], "--exact: expected a value (true or false for a switch)"),
+    (["--global-batch-size", "64"], "unrecognized arguments: --global-batch-size 64 (flags are the Python names, "
+                                    "with underscores: --global_batch_size"),
+    (["--configs", "single", "ddp"], "--configs: expected list, got 'single' (write a list as '[a, b]'"),
     (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
     (["--config", "/nonexistent/c.yaml"], "--config: File does not exist"),
 ])

@@ -47,7 +47,7 @@ def build_parser(spec_cls: Optional[type] = None):
             if "seed" not in hide:
                 p.add_argument("--seed", type=int, default=0, help="the run's seed (seed_everything)")
             if "exact" not in params and "switches" not in hide:
-                p.add_argument("--exact", type=bool, default=False, help="turn every fix on (RunSpec.exact())")
+                p.add_argument("--exact", type=bool, default=False, help="turn every fix on, over the fix switches (RunSpec.exact())")
         p.add_function_arguments(function, nested_key=None, skip={"base", "out_dir"}, as_group=False)
         p.add_argument("--out", type=Path, default=Path("runs", name), help="output folder")
         p.set_defaults(**defaults)

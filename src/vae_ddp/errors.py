@@ -58,5 +58,9 @@ def one_line(text: str) -> str:
     typed = re.match(r"(--\w+): (?:Does not validate against any of the Union subtypes.*Given value: |.*Got value: )(.*)$", text)
     if typed:  # a value that is not of the flag's type (of none of an Optional's types)
         kinds = re.findall(r"Expected a <class '(\w+)'>", text)
-        return f"{typed[1]}: expected {' or '.join(k.replace('NoneType', 'null') for k in kinds)}, got {typed[2]!r}"
-    return text.replace("expected one argument", "expected a value")
+        text = f"{typed[1]}: expected {' or '.join(k.replace('NoneType', 'null') for k in kinds)}, got {typed[2]!r}"
+    if re.search(r"unrecognized arguments: --\w+-", text):  # the dashed spelling of another command line
+        text += " (flags are the Python names, with underscores: --global_batch_size; see -h)"
+    if re.search(r": expected (\w+ or )*list", text):
+        text += " (write a list as '[a, b]', quoted for the shell)"
+    return text.replace("expected one argument", "expected a value (true or false for a switch)")

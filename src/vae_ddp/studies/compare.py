@@ -112,6 +112,13 @@ def compare(base: RunSpec, configs: list[Literal[CONFIGS]], out_dir: Path, exact
     Every spec is validated before the first run starts. With ``exact`` every fix is on
     (for ``single`` and ``ddp``; ``dp`` stays Lightning 1.x DP).
 
+    Args:
+        base: settings shared by every configuration (steps, data, global batch size, ...).
+        configs: the configurations to train, any of ``single``, ``ddp`` and ``dp``.
+        out_dir: output folder.
+        exact: turn every fix on for ``single`` and ``ddp`` (over the fix switches); ``dp`` stays
+            Lightning 1.x DP.
+
     Returns the content written to ``out_dir/results.json``: ``settings``, ``records``
     (dicts with ``config``, ``label``, ``step`` and the global-batch ``recon_loss``,
     ``kl``, ``loss``, plus ``logged_*`` from rank 0 and ``val_*`` where validated).
