@@ -106,6 +106,31 @@ def test_within_batch_permutation_keeps_each_sample_with_its_noise():
         cb.on_train_batch_start(SimpleNamespace(world_size=2), module, [x, y], 1)
 
 
+def test_within_batch_permutation_permutes_the_global_batch_streams_draws_alike():
+    """Under a running GlobalBatchStream (the audit's fixes) each draw for the batch follows its
+    sample, a draw of another shape is left as it is, and the stream draws as before after the
+    batch; the module's `noise` is then not wrapped a second time."""
+    from vae_ddp.fixes.randomness import GlobalBatchStream, global_batch_draw
+
+    trainer, module = SimpleNamespace(world_size=1), _NoisyModule()
+    stream = GlobalBatchStream(seed=5, rank=0, world_size=1)
+    plain = stream.start(0)
+    masks, other = global_batch_draw(torch.rand, (8, 3)), global_batch_draw(torch.rand, (5, 3))
+    batch = [torch.arange(8.0)[:, None].repeat(1, 3), torch.arange(8)]
+    cb = WithinBatchPermutation(seed=3)
+    cb.on_fit_start(trainer, module)
+    stream.start(0)
+    cb.on_train_batch_start(trainer, module, batch, 0)
+    perm = batch[1]
+    assert perm.tolist() != list(range(8)) and "noise" not in module.__dict__
+    assert torch.equal(global_batch_draw(torch.rand, (8, 3)), masks[perm])
+    assert torch.equal(global_batch_draw(torch.rand, (5, 3)), other)
+    cb.on_train_batch_end(trainer, module, None, batch, 0)
+    plain.start(0)
+    assert torch.equal(global_batch_draw(torch.rand, (8, 3)), masks)
+    stream.stop()
+
+
 def test_ablation_each_factor_breaks_equivalence(generated):
     v = generated("ablation")["variants"]
     assert v["all fixes"]["max_abs_param_diff"] <= 1e-10

@@ -29,55 +29,14 @@ from torch.utils.data import DataLoader
 from vae_ddp.audit.callback import DDPAudit
 from vae_ddp.audit.spec import AuditRun, failed_marker, import_class
 from vae_ddp.fixes import registry
-from vae_ddp.fixes.factor import batch_tensors
-from vae_ddp.fixes.randomness import current_stream
 from vae_ddp.guard import beat
+from vae_ddp.harness.permutation import WithinBatchPermutation
 from vae_ddp.probes import StepProbe
 from vae_ddp.ranks import alive, cluster_plugins, fork, run_ranks
 from vae_ddp.utils import close_process_group, quiet
 from vae_ddp.workers import make_fork_safe
 
 __all__ = ["build", "main"]
-
-
-class PermuteWithinBatch(Callback):
-    """Permute the samples inside each training batch (the same loss, another summation order).
-
-    Every tensor of the batch whose first dimension is the batch size is permuted in place
-    with a permutation drawn from a private generator (seed, step). The random draws of the
-    step made through the running [`GlobalBatchStream`][vae_ddp.fixes.randomness.GlobalBatchStream]
-    (noise, dropout masks of [`GlobalBatchRandomness`][vae_ddp.fixes.randomness.GlobalBatchRandomness],
-    which must come before this callback) are permuted alike, so each sample keeps its random
-    numbers. The global generator is not touched.
-    """
-
-    def __init__(self, seed: int) -> None:
-        self.seed = seed
-
-    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        tensors = batch_tensors(batch)
-        b = tensors[0].shape[0]
-        g = torch.Generator().manual_seed(self.seed * 7919 + trainer.global_step)
-        perm = torch.randperm(b, generator=g)
-        for t in tensors:
-            if t.dim() > 0 and t.shape[0] == b:
-                t.copy_(t[perm.to(t.device)])
-        stream = current_stream()
-        if stream is not None:
-            draw = type(stream).draw.__get__(stream)
-
-            def permuted(fn, shape, dtype=None, device="cpu", batch_dim=0):
-                out = draw(fn, shape, dtype=dtype, device=device, batch_dim=batch_dim)
-                return out.index_select(batch_dim, perm.to(out.device)) if out.shape[batch_dim] == b else out
-
-            stream.draw = permuted
-        self._stream = stream
-
-    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
-        if getattr(self, "_stream", None) is not None:
-            self._stream.__dict__.pop("draw", None)
-            self._stream = None
 
 
 class EvalModeSteps(Callback):
@@ -108,7 +67,7 @@ def build(run: AuditRun,
     callbacks: list[Callback] = [probe] if probe is not None else []  # first: θ_k before any other acts
     callbacks += parts.callbacks
     if run.permute:
-        callbacks.append(PermuteWithinBatch(run.seed * 1009 + run.permute))
+        callbacks.append(WithinBatchPermutation(run.seed * 1009 + run.permute))
     if run.eval_mode:
         callbacks.append(EvalModeSteps())
     callbacks.append(DDPAudit(warn=False))
