@@ -387,3 +387,33 @@ def test_the_help_parser_has_every_option_of_the_parser():
     lightning = inspect.signature(Trainer).parameters
     for name, (_, default, _) in TRAINER_ARGS.items():
         assert default == (None if name == "strategy" else lightning[name].default), name
+
+
+def test_the_audit_deals_global_batches_through_the_strategy_hook(monkeypatch):
+    """The audit's sampler fix reaches the user's training loader through Lightning's
+    `Strategy.process_dataloader` (no method of the user's datamodule replaced): the loader the
+    run trains on has a GlobalBatchDistributedSampler and the per-device batch, workers start
+    with forkserver, and without the fix the user's own sampler stays."""
+    from torch.utils.data import RandomSampler
+
+    from vae_ddp.audit.run import build
+    from vae_ddp.audit.spec import AuditRun
+    from vae_ddp.fixes import GlobalBatchDistributedSampler
+    from pytorch_lightning import Callback
+
+    class Seen(Callback):
+        def on_train_start(self, trainer, pl_module):
+            self.loader = trainer.train_dataloader
+
+    monkeypatch.chdir(ROOT)
+    for fixes, sampler in ((["sampler"], GlobalBatchDistributedSampler), ([], RandomSampler)):
+        run = AuditRun(model={"class_path": f"{M}.Plain"}, data={"class_path": f"{M}.Regression",
+                                                                 "init_args": {"num_workers": 1}},
+                       devices=1, global_batch_size=16, steps=1, dtype="float32", fixes=fixes)
+        model, dm, trainer = build(run)
+        seen = Seen()
+        trainer.callbacks.append(seen)
+        trainer.fit(model, datamodule=dm)
+        assert "train_dataloader" not in vars(dm)
+        assert type(seen.loader.sampler) is sampler and seen.loader.batch_size == 16, seen.loader.sampler
+        assert seen.loader.multiprocessing_context.get_start_method() == "forkserver"

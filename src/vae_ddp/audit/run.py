@@ -24,6 +24,7 @@ from typing import Any, Optional
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning import Callback, LightningModule, Trainer
+from pytorch_lightning.strategies import Strategy
 from torch.utils.data import DataLoader
 
 from vae_ddp.audit.callback import DDPAudit
@@ -73,47 +74,51 @@ def build(run: AuditRun,
     callbacks.append(DDPAudit(warn=False))
     plugins = parts.plugins + cluster_plugins()  # cluster_plugins: a forked rank (the environment vae_ddp.ranks set)
     user = dict(run.trainer)
-    strategy = user.pop("strategy", "ddp")
-    strategy = strategy if run.devices > 1 else "auto"
+    strategy = audit_strategy(run, user.pop("strategy", None) or "ddp", parts.loaders)
     trainer = Trainer(
         accelerator=run.accelerator, devices=run.devices, strategy=strategy, **user,
         max_steps=run.steps, max_epochs=-1, limit_val_batches=0, num_sanity_val_steps=0, logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         precision="64-true" if run.dtype == "float64" else "32-true", callbacks=callbacks,
         **({"plugins": plugins} if plugins else {}), **parts.trainer)
-    for prepare in parts.prepare:
-        prepare(dm, trainer)
-    _fork_safe_workers(dm)
     return model, dm, trainer
+
+
+def audit_strategy(run: AuditRun, name: str, loaders: list) -> Strategy:
+    """The run's Lightning strategy, as Lightning builds it (``StrategyRegistry[name]``, a
+    ``DDPStrategy``, for ``run.devices > 1``; else ``SingleDeviceStrategy``), whose
+    ``process_dataloader`` (Lightning's hook for a strategy to wrap the loaders, called for each
+    loader after Lightning's own sampler injection, ``_process_dataloader`` in Lightning 2.x)
+    hands each training ``DataLoader`` to the fixes' ``loaders`` (``loader(dataloader, strategy)``:
+    the sampler fix deals global batches) and then starts its workers with ``forkserver`` unless
+    the user chose a start method (see [`vae_ddp.workers`][vae_ddp.workers]): a worker forked
+    from a rank that runs threads can hang at start, and the audit must end. The user's
+    datamodule is not changed."""
+    from pytorch_lightning.strategies import SingleDeviceStrategy, StrategyRegistry
+    from pytorch_lightning.trainer.states import RunningStage
+
+    if run.devices > 1:
+        base, kwargs = StrategyRegistry[name]["strategy"], dict(StrategyRegistry[name]["init_params"])
+    else:
+        base = SingleDeviceStrategy
+        kwargs = {"device": torch.device("cuda", 0) if run.accelerator == "gpu" else torch.device("cpu")}
+
+    def process_dataloader(self, dataloader: object) -> object:
+        dataloader = base.process_dataloader(self, dataloader)
+        if self.lightning_module.trainer.state.stage != RunningStage.TRAINING or not isinstance(dataloader, DataLoader):
+            return dataloader
+        for loader in loaders:
+            dataloader = loader(dataloader, self)
+        note = make_fork_safe(dataloader, preload=("vae_ddp.audit.spec",))
+        if note and note not in NOTES:
+            NOTES.append(note)
+        return dataloader
+
+    return type(f"Audit{base.__name__}", (base,), {"process_dataloader": process_dataloader})(**kwargs)
 
 
 #: What the audit's runs noticed about the user's loaders in this process (one line each).
 NOTES: list[str] = []
-
-
-def _fork_safe_workers(dm: pl.LightningDataModule) -> None:
-    """Wrap the datamodule's ``train_dataloader`` so that its loaders start their workers with
-    ``forkserver`` unless the user chose a start method (see [`vae_ddp.workers`][vae_ddp.workers]):
-    a worker forked from a rank that runs threads can hang at start, and the audit must end."""
-    original = dm.train_dataloader
-
-    def train_dataloader():
-        loaders = original()
-        for dl in _loaders(loaders):
-            note = make_fork_safe(dl, preload=("vae_ddp.audit.spec",))
-            if note and note not in NOTES:
-                NOTES.append(note)
-        return loaders
-
-    dm.train_dataloader = train_dataloader
-
-
-def _loaders(loaders: Any) -> list[DataLoader]:
-    if isinstance(loaders, DataLoader):
-        return [loaders]
-    if isinstance(loaders, dict):
-        loaders = list(loaders.values())
-    return [dl for dl in loaders if isinstance(dl, DataLoader)] if isinstance(loaders, (list, tuple)) else []
 
 
 #: Seconds a teacher-forced run waits for the reference's weights (the one-device runs, in the

@@ -38,14 +38,16 @@ class FixParts:
     trainer: dict = field(default_factory=dict)
     module: dict = field(default_factory=dict)
     datamodule: dict = field(default_factory=dict)
-    #: ``prepare(datamodule, trainer)`` calls once the Trainer exists (the audit's sampler fix
-    #: deals the user's loader in global batches; it needs the rank)
-    prepare: list = field(default_factory=list)
+    #: ``loader(dataloader, strategy) -> DataLoader`` for each training ``DataLoader``, applied
+    #: where Lightning lets a strategy wrap the loaders (``Strategy.process_dataloader``, after
+    #: its own sampler injection; the strategy knows the rank): how the audit's sampler fix deals
+    #: the user's loader in global batches without touching the user's datamodule
+    loaders: list = field(default_factory=list)
 
     def merge(self, other: "FixParts") -> "FixParts":
         return FixParts(self.callbacks + other.callbacks, self.plugins + other.plugins,
                         {**self.trainer, **other.trainer}, {**self.module, **other.module},
-                        {**self.datamodule, **other.datamodule}, self.prepare + other.prepare)
+                        {**self.datamodule, **other.datamodule}, self.loaders + other.loaders)
 
 
 #: check(trainer, module, datamodule) -> why this run is exposed, or None when it is not.

@@ -93,37 +93,34 @@ class GlobalBatchDistributedSampler(DistributedSampler):
         return self.num_samples
 
 
-def deal_global_batches(datamodule: Any, global_batch_size: int, rank: int, world_size: int, seed: int = 0) -> None:
-    """Make ``datamodule.train_dataloader()`` deal one device's global batches to the ranks in
-    contiguous chunks: the loader it returns is rebuilt over the same dataset, ``collate_fn``
-    and worker settings with a
+def deal_global_batches(dataloader: Any, global_batch_size: int, rank: int, world_size: int, seed: int = 0) -> Any:
+    """The same loader dealing one device's global batches to the ranks in contiguous chunks: a
+    ``DataLoader`` over the same dataset, ``collate_fn`` and worker settings with a
     [`GlobalBatchDistributedSampler`][vae_ddp.fixes.sampler.GlobalBatchDistributedSampler]
     (shuffled when the original loader shuffles, i.e. has a ``RandomSampler``; else in dataset
     order) and the per-device batch size ``global_batch_size // world_size``. An incomplete last
-    global batch is dropped. What `vae-ddp audit` does to a user's datamodule; pass
-    ``Trainer(use_distributed_sampler=False)`` so that Lightning keeps this sampler.
+    global batch is dropped. What `vae-ddp audit` does to a user's training loader, from
+    Lightning's ``Strategy.process_dataloader`` hook; with ``Trainer(use_distributed_sampler=False)``
+    so that Lightning keeps this sampler.
 
     Args:
-        datamodule: a ``LightningDataModule`` (its ``train_dataloader`` is wrapped in place).
+        dataloader: a ``torch.utils.data.DataLoader`` (anything else is returned as it is).
         global_batch_size: samples per optimizer step over all ranks; divisible by ``world_size``.
         rank: this process's global rank; world_size: the number of ranks.
         seed: the shuffle's seed (the same on every rank).
     """
     from torch.utils.data import DataLoader, RandomSampler
 
-    original = datamodule.train_dataloader
-
-    def train_dataloader() -> DataLoader:
-        dl = original()
-        sampler = GlobalBatchDistributedSampler(dl.dataset, global_batch_size, num_replicas=world_size, rank=rank,
-                                                seed=seed, shuffle=isinstance(dl.sampler, RandomSampler))
-        return DataLoader(dl.dataset, batch_size=global_batch_size // world_size, sampler=sampler,
-                          collate_fn=dl.collate_fn, num_workers=dl.num_workers, pin_memory=dl.pin_memory,
-                          worker_init_fn=dl.worker_init_fn, generator=dl.generator,
-                          multiprocessing_context=dl.multiprocessing_context,
-                          persistent_workers=dl.persistent_workers)
-
-    datamodule.train_dataloader = train_dataloader
+    dl = dataloader
+    if not isinstance(dl, DataLoader):
+        return dl
+    sampler = GlobalBatchDistributedSampler(dl.dataset, global_batch_size, num_replicas=world_size, rank=rank,
+                                            seed=seed, shuffle=isinstance(dl.sampler, RandomSampler))
+    return DataLoader(dl.dataset, batch_size=global_batch_size // world_size, sampler=sampler,
+                      collate_fn=dl.collate_fn, num_workers=dl.num_workers, pin_memory=dl.pin_memory,
+                      worker_init_fn=dl.worker_init_fn, generator=dl.generator,
+                      multiprocessing_context=dl.multiprocessing_context,
+                      persistent_workers=dl.persistent_workers)
 
 
 # --- the factor: its exposure check, what its fix adds, and what DDPAudit watches ----------------
@@ -145,10 +142,10 @@ def _parts(spec, seed: int) -> FixParts:
 
 
 def _audit_parts(run) -> FixParts:
-    def prepare(datamodule, trainer) -> None:
-        deal_global_batches(datamodule, run.global_batch_size, trainer.global_rank, run.devices, run.seed)
+    def loader(dataloader, strategy):
+        return deal_global_batches(dataloader, run.global_batch_size, strategy.global_rank, run.devices, run.seed)
 
-    return FixParts(trainer={"use_distributed_sampler": False}, prepare=[prepare])
+    return FixParts(trainer={"use_distributed_sampler": False}, loaders=[loader])
 
 
 def _watch_loaders(seen: Seen) -> list:
