@@ -258,7 +258,7 @@ def test_what_runs_of_one_seed_share_with_single(tmp_path):
     configs = ("single", "dp", "ddp")
     specs = [RunSpec(config=c, devices=2, steps=2, global_batch_size=16, data="digits", seeds=[5],
                      record_indices=True, dp_mode="emulate").validate() for c in configs]
-    # as the study launches them: single and dp one after the other in one process, ddp in its own
+    # as the study launches them: single and dp one after the other in one process, ddp in forked ranks
     launched = launch_by_world_size(specs, tmp_path, quiet=True)
     first = {c: res["runs"][0]["records"][0]["indices"] for c, (res, _) in zip(configs, launched)}
     for config, spec in zip(configs, specs):
@@ -269,6 +269,31 @@ def test_what_runs_of_one_seed_share_with_single(tmp_path):
         assert all(weights[k].equal(ref[k]) for k in ref)  # DDP broadcasts rank 0's, built the same way
     assert first["dp"] == first["single"] and "data order" in SHARED_WITH_SINGLE["dp"]
     assert sorted(first["ddp"]) != sorted(first["single"]) and "data order" not in SHARED_WITH_SINGLE["ddp"]
+
+
+def test_a_run_sequence_trains_each_world_size_as_its_own_launch_would(tmp_path):
+    """launch_by_world_size trains the world sizes of a CPU study in one launch (each group in a
+    fork of one process that imported Lightning once): the same records and parameters, bit for
+    bit, as a launch of the DDP group alone."""
+    import torch
+
+    from vae_ddp.harness.configs import RunSpec
+    from vae_ddp.harness.launch import launch_by_world_size, launch_group
+
+    specs = [RunSpec(config=c, devices=2, steps=2, global_batch_size=16, data="digits", seeds=[3], model="small",
+                     save_params=True).validate() for c in ("single", "ddp")]
+    (single, in_sequence), alone = launch_by_world_size(specs, tmp_path / "seq", quiet=True), \
+        launch_group([specs[1]], tmp_path / "alone", quiet=True)[0]
+    assert sorted(p.name for p in (tmp_path / "seq").iterdir()) == ["1-process", "2-processes", "run.json", "stderr.log"]
+    assert single[1].name == "1-process" and in_sequence[1].name == "2-processes"
+    seq_run, alone_run = in_sequence[0]["runs"][0], alone["runs"][0]
+    untimed = [[{k: v for k, v in r.items() if k != "time_s"} for r in run["records"]] for run in (seq_run, alone_run)]
+    assert untimed[0] == untimed[1] and len(untimed[0]) == 2
+    a = torch.load(in_sequence[1] / seq_run["params"])
+    b = torch.load(tmp_path / "alone" / alone_run["params"])
+    flat = [{f"{part}.{k}": t for part, d in saved.items() for k, t in d.items()} for saved in (a, b)]
+    assert flat[0].keys() == flat[1].keys() and len(flat[0]) > 10
+    assert all(torch.equal(flat[0][k], flat[1][k]) for k in flat[0])
 
 
 def test_equivalence_verdict_wording():

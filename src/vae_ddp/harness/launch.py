@@ -22,7 +22,7 @@ from typing import Optional
 from vae_ddp import guard
 from vae_ddp.harness.configs import RunSpec
 
-__all__ = ["launch", "launch_group", "launch_by_world_size", "RunGroup", "RunFailed"]
+__all__ = ["launch", "launch_group", "launch_by_world_size", "RunGroup", "RunSequence", "RunFailed"]
 
 _ERROR_LINE = re.compile(r"^(\[rank\d+\]: )?[A-Za-z_][\w.]*(Error|Exception)(:|$)")
 
@@ -57,6 +57,36 @@ class RunGroup:
 
     def to_json(self) -> str:
         return json.dumps([json.loads(s.to_json()) for s in self.specs])
+
+
+class RunSequence:
+    """Run groups of several world sizes, one after the other, in one launch of the study runner
+    (CPU only). The runner's process imports torch and Lightning once and trains each group in
+    a process forked from it (which forks the group's ranks, [`vae_ddp.ranks`][vae_ddp.ranks]):
+    a launch per world size would import them again each time, about as long as the short
+    runs the studies make. Each group gets the intra-op threads a launch of its own would have
+    (``OMP_NUM_THREADS`` = cores // world size, unless set), so its numbers are the same.
+
+    Args:
+        groups: ``{tag: RunGroup}``; group ``tag`` trains in ``OUT_DIR/tag/``, in this order.
+
+    Raises:
+        ValueError: no group, or a group that does not run on CPU.
+    """
+
+    def __init__(self, groups: dict[str, RunGroup]) -> None:
+        if not groups or any(g.accelerator != "cpu" for g in groups.values()):
+            raise ValueError("a run sequence needs at least one group, each on CPU")
+        self.groups = dict(groups)
+        first = next(iter(self.groups.values()))
+        self.world_size, self.accelerator = first.world_size, "cpu"
+        self.label = ", ".join(g.label for g in self.groups.values())
+
+    def to_json(self) -> str:
+        threads = None if "OMP_NUM_THREADS" in os.environ else os.cpu_count() or 1
+        return json.dumps({"sequence": [
+            {"tag": tag, "threads": threads and max(1, threads // g.world_size), "specs": json.loads(g.to_json())}
+            for tag, g in self.groups.items()]})
 
 
 def launch(spec: "RunSpec | RunGroup", out_dir: Path, timeout: Optional[float] = None, quiet: bool = False,
@@ -121,8 +151,10 @@ def launch_group(specs: list[RunSpec], out_dir: Path, timeout: Optional[float] =
 
 def launch_by_world_size(specs: list[RunSpec], out_dir: Path, timeout: Optional[float] = None,
                          quiet: bool = False) -> list[tuple[dict, Path]]:
-    """Train ``specs`` with one launch per world size (a [`RunGroup`][vae_ddp.harness.launch.RunGroup]
-    each, in the order the world sizes first appear) under ``out_dir/<N>-process/``.
+    """Train ``specs`` in groups of one world size (a [`RunGroup`][vae_ddp.harness.launch.RunGroup]
+    each, in the order the world sizes first appear) under ``out_dir/<N>-process/``: on CPU all
+    groups in one launch (a [`RunSequence`][vae_ddp.harness.launch.RunSequence]), else one
+    launch per group.
 
     Returns:
         for each spec, in the order given: its ``{"spec", "runs"}`` and the folder its runs'
@@ -131,10 +163,18 @@ def launch_by_world_size(specs: list[RunSpec], out_dir: Path, timeout: Optional[
     groups: dict[tuple[int, str], list[int]] = {}
     for i, spec in enumerate(specs):
         groups.setdefault((spec.world_size, spec.accelerator), []).append(i)
+    tags = {key: f"{key[0]}-process{'es' if key[0] > 1 else ''}{'' if key[1] == 'cpu' else '-' + key[1]}"
+            for key in groups}
     found: list[Optional[tuple[dict, Path]]] = [None] * len(specs)
-    for (n, accelerator), idx in groups.items():
-        suffix = "" if accelerator == "cpu" else f"-{accelerator}"
-        where = Path(out_dir) / f"{n}-process{'es' if n > 1 else ''}{suffix}"
+    if all(accelerator == "cpu" for _, accelerator in groups):
+        sequence = RunSequence({tags[key]: RunGroup([specs[i] for i in idx]) for key, idx in groups.items()})
+        launched = launch(sequence, Path(out_dir), timeout=timeout, quiet=quiet)
+        for key, idx in groups.items():
+            for i, result in zip(idx, launched[tags[key]]["group"]):
+                found[i] = (result, Path(out_dir) / tags[key])
+        return found  # type: ignore[return-value]
+    for key, idx in groups.items():
+        where = Path(out_dir) / tags[key]
         for i, result in zip(idx, launch_group([specs[i] for i in idx], where, timeout=timeout, quiet=quiet)):
             found[i] = (result, where)
     return found  # type: ignore[return-value]

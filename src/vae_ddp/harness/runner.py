@@ -23,7 +23,7 @@ from vae_ddp.data import make_datamodule
 from vae_ddp.fixes import registry
 from vae_ddp.fixes.registry import FixParts
 from vae_ddp.model import VAE
-from vae_ddp.ranks import cluster_plugins, run_ranks
+from vae_ddp.ranks import cluster_plugins, fork, run_ranks
 from vae_ddp.harness.configs import RunSpec
 from vae_ddp.dp import DataParallelVAE
 from vae_ddp.recording import GlobalBatchRecorder
@@ -124,13 +124,41 @@ def main(argv: Optional[list[str]] = None) -> int:
     """``SPEC_JSON OUT_DIR``: one spec, ``OUT_DIR/run.json`` = ``{"spec", "runs"}``. ``SPEC_JSON``
     may be a JSON list of specs of one world size (a [`RunGroup`][vae_ddp.harness.launch.RunGroup]):
     they train one after the other in these processes, spec ``k`` saving its parameters under
-    ``OUT_DIR/k/``, and ``run.json`` = ``{"group": [{"spec", "runs"}, ...]}``."""
+    ``OUT_DIR/k/``, and ``run.json`` = ``{"group": [{"spec", "runs"}, ...]}``. Or
+    ``{"sequence": [{"tag", "threads", "specs"}, ...]}`` (a [`RunSequence`][vae_ddp.harness.launch.RunSequence],
+    CPU): each group in turn in a process forked from this one, with ``threads`` intra-op
+    threads, into ``OUT_DIR/<tag>/``; then ``run.json`` = ``{tag: that group's run.json}``."""
     argv = sys.argv[1:] if argv is None else argv
     payload, out_dir = json.loads(argv[0]), Path(argv[1])
+    if isinstance(payload, dict) and "sequence" in payload:
+        return _sequence(payload["sequence"], out_dir)
+    return _group(payload, out_dir)
+
+
+def _group(payload: Any, out_dir: Path) -> int:
     specs = [RunSpec(**p) for p in payload] if isinstance(payload, list) else [RunSpec(**payload)]
     # DDP on CPU: the ranks are forks of this process (no second import of Lightning, vae_ddp.ranks)
     forked = specs[0].config == "ddp" and specs[0].accelerator == "cpu"
     return run_ranks(specs[0].world_size if forked else 1, lambda: _train(specs, payload, out_dir))
+
+
+def _sequence(groups: list[dict], out_dir: Path) -> int:
+    """Each group in a fork of this process, which itself trains nothing (so it stays a process
+    that may fork: no thread, no process group; [`vae_ddp.ranks`][vae_ddp.ranks])."""
+    for g in groups:
+        def one(g: dict = g) -> int:
+            if g["threads"]:  # what launch() sets for a launch of this world size alone
+                os.environ["OMP_NUM_THREADS"] = str(g["threads"])
+                torch.set_num_threads(g["threads"])
+            return _group(g["specs"], out_dir / g["tag"])
+
+        code = os.waitstatus_to_exitcode(os.waitpid(fork(one), 0)[1])
+        if code != 0:
+            print(f"the runs of '{g['tag']}' exited with code {code}", file=sys.stderr, flush=True)
+            return code
+    (out_dir / "run.json").write_text(json.dumps({g["tag"]: json.loads((out_dir / g["tag"] / "run.json").read_text())
+                                                  for g in groups}))
+    return 0
 
 
 def _train(specs: list[RunSpec], payload: Any, out_dir: Path) -> int:

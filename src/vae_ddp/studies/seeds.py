@@ -39,7 +39,7 @@ from matplotlib.figure import Figure
 
 from vae_ddp.errors import UserError
 from vae_ddp.harness.configs import RunSpec
-from vae_ddp.harness.launch import launch_group
+from vae_ddp.harness.launch import launch_by_world_size
 from vae_ddp.harness.stats import QUANTITIES, compare_metrics, finals
 from vae_ddp.harness.table import number
 
@@ -97,19 +97,11 @@ def seed_study(base: RunSpec, configs: list[Literal[STUDY_CONFIGS]], num_seeds: 
     val_every = base.val_every if base.val_every else base.steps
     specs = [_spec(dataclasses.replace(base, seeds=seeds, val_every=val_every), c).validate() for c in configs]
     runs, t0 = {}, time.perf_counter()
-    # one launch per world size (single and dp share one process; the ddp variants another)
-    by_size: dict[int, list[RunSpec]] = {}
-    for spec in specs:
-        by_size.setdefault(spec.world_size, []).append(spec)
-    done = 0
-    for n, group in by_size.items():
-        print(f"== {', '.join(s.label for s in group)}: {num_seeds} seeds x {base.steps} steps each", flush=True)
-        for spec, result in zip(group, launch_group(group, out_dir / "runs" / f"{n}-process{'es' if n > 1 else ''}", quiet=True)):
-            runs[spec.label] = result["runs"]
-        done += len(group)
-        elapsed = time.perf_counter() - t0
-        print(f"   done; {elapsed / 60:.1f} min so far, about {elapsed / done * (len(specs) - done) / 60:.1f} "
-              f"min to go", flush=True)
+    # one launch: single and dp one after the other in one process, the ddp variants in forked ranks
+    print(f"== {', '.join(s.label for s in specs)}: {num_seeds} seeds x {base.steps} steps each", flush=True)
+    for spec, (result, _) in zip(specs, launch_by_world_size(specs, out_dir / "runs", quiet=True)):
+        runs[spec.label] = result["runs"]
+    print(f"   done in {(time.perf_counter() - t0) / 60:.1f} min", flush=True)
     runs = {s.label: runs[s.label] for s in specs}  # in the order of --configs
     summary = {}
     for c, rs in runs.items():
