@@ -48,7 +48,7 @@ def ablation(base: RunSpec, out_dir: Path) -> dict:
     ref_spec = dataclasses.replace(exact, config="single", label="single").validate()
     specs = {name: dataclasses.replace(exact, config="ddp", label=name, **kw).validate()
              for name, kw in variants().items()}
-    # one launch per world size: single, then every ddp variant in the same processes
+    # one launch: single, then every ddp variant in the same (forked) processes
     results = launch_by_world_size([ref_spec, *specs.values()], out_dir / "runs")
     (ref_result, ref_dir), variant_results = results[0], results[1:]
     ref_run = ref_result["runs"][0]

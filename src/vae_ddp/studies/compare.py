@@ -139,7 +139,7 @@ def compare(base: RunSpec, configs: list[Literal[CONFIGS]], out_dir: Path, exact
     for spec in specs:
         print(f"== {spec.label}: {spec.world_size} process(es), per-device batch {spec.per_device_batch_size}, "
               f"global batch {spec.global_batch_size}", flush=True)
-    # one launch per world size (single and dp share one process)
+    # one launch (single and dp share one process, ddp's ranks are forks beside it)
     for spec, (result, where) in zip(specs, launch_by_world_size(specs, out_dir / "runs")):
         run = result["runs"][0]
         if run.get("params"):

@@ -191,7 +191,7 @@ def equivalence(base: RunSpec, world_sizes: list[int], out_dir: Path, permutatio
     ddps = [dataclasses.replace(exact, config="ddp", devices=n, label=f"ddp-{n}", teacher_forced=True).validate()
             for n in world_sizes]
     reference.parent.mkdir(parents=True, exist_ok=True)
-    # one launch per world size: single (the reference, first) and the permuted runs share one process
+    # one launch: single (the reference, first) and the permuted runs share one process, then each world size
     launched = launch_by_world_size([single, *permuted, *ddps], out_dir / "runs")
     try:
         result, text = _compare(base, single, permuted, ddps, launched)
