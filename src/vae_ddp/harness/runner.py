@@ -14,7 +14,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import pytorch_lightning as pl
 import torch
@@ -29,7 +29,8 @@ from vae_ddp.dp import DataParallelVAE
 from vae_ddp.recording import GlobalBatchRecorder
 from vae_ddp.utils import close_process_group, quiet
 
-__all__ = ["build_model", "build_trainer", "build_datamodule", "fix_parts", "train_one", "close_process_group"]
+__all__ = ["build_model", "build_trainer", "build_datamodule", "fix_parts", "train_one", "run_sequence",
+           "close_process_group"]
 
 
 def fix_parts(spec: RunSpec, seed: int) -> FixParts:
@@ -143,14 +144,22 @@ def _group(payload: Any, out_dir: Path) -> int:
 
 
 def _sequence(groups: list[dict], out_dir: Path) -> int:
-    """Each group in a fork of this process, which itself trains nothing (so it stays a process
-    that may fork: no thread, no process group; [`vae_ddp.ranks`][vae_ddp.ranks])."""
+    return run_sequence(groups, out_dir, _group)
+
+
+def run_sequence(groups: list[dict], out_dir: Path, run_group: Callable[[Any, Path], int]) -> int:
+    """The child's side of a [`RunSequence`][vae_ddp.harness.launch.RunSequence]: for each
+    ``{"tag", "threads", "specs"}`` in turn, ``run_group(specs, OUT_DIR/tag)`` in a process forked
+    from this one, with ``threads`` intra-op threads; then ``OUT_DIR/run.json`` = ``{tag: that
+    group's run.json}``. This process trains nothing itself, so it stays one that may fork (no
+    thread, no process group; [`vae_ddp.ranks`][vae_ddp.ranks]). Returns the first non-zero exit
+    code of a group (the groups after it do not run), else 0."""
     for g in groups:
         def one(g: dict = g) -> int:
             if g["threads"]:  # what launch() sets for a launch of this world size alone
                 os.environ["OMP_NUM_THREADS"] = str(g["threads"])
                 torch.set_num_threads(g["threads"])
-            return _group(g["specs"], out_dir / g["tag"])
+            return run_group(g["specs"], out_dir / g["tag"])
 
         code = os.waitstatus_to_exitcode(os.waitpid(fork(one), 0)[1])
         if code != 0:

@@ -154,9 +154,23 @@ def _spread(trainer, module, skip: int, batches: int) -> dict:
 
 def _worker(specs_json: str, out_dir: str) -> int:
     """Frozen-weights runs of one world size, one after the other in these processes (a
-    [`RunGroup`][vae_ddp.harness.launch.RunGroup]): ``OUT_DIR/worker.json`` lists, per spec,
-    its ``folder`` and ``spread_batches``; rank 0 writes ``grads.pt`` and ``run.json`` into
-    each folder, and ``OUT_DIR/run.json``."""
+    [`RunGroup`][vae_ddp.harness.launch.RunGroup]; on CPU the ranks are forks of this process,
+    [`vae_ddp.ranks`][vae_ddp.ranks]): ``OUT_DIR/worker.json`` lists, per spec, its ``folder``
+    and ``spread_batches``; rank 0 writes ``grads.pt`` and ``run.json`` into each folder, and
+    ``OUT_DIR/run.json``. Or a [`RunSequence`][vae_ddp.harness.launch.RunSequence] of such
+    groups, one world size after the other, in this one launch."""
+    from vae_ddp.harness.runner import run_sequence
+    from vae_ddp.ranks import run_ranks
+
+    payload = json.loads(specs_json)
+    if isinstance(payload, dict) and "sequence" in payload:
+        return run_sequence(payload["sequence"], Path(out_dir), lambda specs, out: _worker(json.dumps(specs), str(out)))
+    specs = [RunSpec(**d) for d in payload]
+    forked = specs[0].config == "ddp" and specs[0].accelerator == "cpu"
+    return run_ranks(specs[0].world_size if forked else 1, lambda: _frozen_runs(specs, Path(out_dir)))
+
+
+def _frozen_runs(specs: list[RunSpec], out: Path) -> int:
     import pytorch_lightning as pl
 
     from vae_ddp.data import make_datamodule
@@ -164,7 +178,6 @@ def _worker(specs_json: str, out_dir: str) -> int:
     from vae_ddp.harness.runner import build_model, build_trainer, close_process_group
     from vae_ddp.utils import quiet
 
-    specs, out = [RunSpec(**d) for d in json.loads(specs_json)], Path(out_dir)
     jobs = json.loads((out / "worker.json").read_text())
     quiet()
     is_zero = False
@@ -283,7 +296,7 @@ def report_scale(
             ``data_dir`` included.
     """
     from vae_ddp.errors import UserError
-    from vae_ddp.harness.launch import RunGroup, launch
+    from vae_ddp.harness.launch import RunGroup, RunSequence, launch
 
     names = list(VARIANTS) if variants is None else list(variants)
     unknown = [n for n in names if n not in VARIANTS]
@@ -304,20 +317,31 @@ def report_scale(
                         "lower --grad_steps or use more data")
 
     def run_all(jobs: list[tuple[RunSpec, str, int]]) -> dict[str, tuple[list, dict]]:
-        """Train ``(spec, folder, spread_batches)`` jobs, one launch per world size; {folder: (grads, info)}."""
+        """Train ``(spec, folder, spread_batches)`` jobs, a group per world size, all in one launch
+        on CPU (a [`RunSequence`][vae_ddp.harness.launch.RunSequence]); {folder: (grads, info)}."""
         found = {}
         by_size: dict[int, list] = {}
         for job in jobs:
             by_size.setdefault(job[0].world_size, []).append(job)
+        groups = {}
         for n, group in by_size.items():
-            d = out / "runs" / f"{n}-process{'es' if n > 1 else ''}"
+            tag = f"{n}-process{'es' if n > 1 else ''}"
+            d = out / "runs" / tag
             d.mkdir(parents=True, exist_ok=True)
             (d / "worker.json").write_text(json.dumps([{"folder": str(d / folder), "spread_batches": spread}
                                                        for _, folder, spread in group]))
             for spec, _, _ in group:
                 print(f"== {spec.label}: {spec.world_size} process(es) x per-device batch "
                       f"{spec.per_device_batch_size}", flush=True)
-            launch(RunGroup([spec for spec, _, _ in group]), d, entry=[sys.executable, "-m", "vae_ddp.studies.report_scale"])
+            groups[tag] = (RunGroup([spec for spec, _, _ in group]), d)
+        entry = [sys.executable, "-m", "vae_ddp.studies.report_scale"]
+        if base.accelerator == "cpu":
+            launch(RunSequence({tag: g for tag, (g, _) in groups.items()}), out / "runs", entry=entry)
+        else:
+            for g, d in groups.values():
+                launch(g, d, entry=entry)
+        for n, group in by_size.items():
+            d = out / "runs" / f"{n}-process{'es' if n > 1 else ''}"
             for _, folder, _ in group:
                 grads = torch.load(d / folder / "grads.pt")
                 (d / folder / "grads.pt").unlink()  # ~80 MB per step for ResNet-18: keep only the numbers
