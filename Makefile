@@ -11,9 +11,7 @@ CIFAR ?= $(or $(VAE_DDP_CIFAR_SUBSET),../shared/data/cifar10-jpg-subset)
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip >/dev/null
-	# --no-compile: Python compiles (and caches) what a process imports when it first imports it;
-	# compiling all of torch, triton and the CUDA libraries' Python files up front costs about a minute
-	$(PY) -m pip install --no-compile -e ".[dev,docs]"
+	$(PY) -m pip install -e ".[dev,docs]"
 	touch $@
 
 setup: $(VENV)/.installed  ## create .venv and install the project with its test and docs extras
