@@ -138,15 +138,15 @@ def test_results_runs_caches_and_summarises(tmp_path):
     runner = _runner()
     root = _project(tmp_path, {"good.py": GOOD},
                     "examples:\n  - script: examples/good.py\n    summary: true\n    page: factors/noise.md\n")
-    assert runner.generate(root) == {"good": "ran"}
+    assert runner.generate(root, preload=()) == {"good": "ran"}
     out = root / "docs" / "generated" / "good"
     assert "| 1 | 2 |" in (out / "output.md").read_text()
     assert "python examples/good.py --out out/good" in (out / "command.md").read_text()  # not the site's folder
     summary = (root / "docs" / "generated" / "summary" / "output.md").read_text()
     assert "[noise](factors/noise.md)" in summary and "GlobalBatchNoise" in summary
-    assert runner.generate(root) == {"good": "cached"}
+    assert runner.generate(root, preload=()) == {"good": "cached"}
     (root / "examples" / "good.py").write_text(GOOD + "\n# changed\n")
-    assert runner.generate(root) == {"good": "ran"}
+    assert runner.generate(root, preload=()) == {"good": "ran"}
 
 
 def test_results_failing_example_fails_the_build_with_its_stderr(tmp_path):
@@ -154,7 +154,7 @@ def test_results_failing_example_fails_the_build_with_its_stderr(tmp_path):
     root = _project(tmp_path, {"bad.py": "import sys\nprint('boom: the reason', file=sys.stderr)\nsys.exit(3)\n"},
                     "examples:\n  - script: examples/bad.py\n")
     with pytest.raises(runner.ResultsError, match=r"(?s)exit code 3.*boom: the reason"):
-        runner.generate(root)
+        runner.generate(root, preload=())
 
 
 def test_results_timeout_kills_the_whole_process_tree(tmp_path):
@@ -167,7 +167,7 @@ def test_results_timeout_kills_the_whole_process_tree(tmp_path):
             "signal.pause()\n")
     root = _project(tmp_path, {"slow.py": slow}, "examples:\n  - script: examples/slow.py\n    timeout: 5\n")
     with pytest.raises(runner.ResultsError, match="timed out after 5 s"):
-        runner.generate(root)
+        runner.generate(root, preload=())
     grandchild = int((root / "docs" / "generated" / "slow" / "stdout.txt").read_text().split()[0])
     import select
 
@@ -186,10 +186,10 @@ def test_results_registry_errors(tmp_path):
     runner = _runner()
     root = _project(tmp_path, {}, "examples:\n  - script: examples/missing.py\n")
     with pytest.raises(runner.ResultsError, match="does not exist"):
-        runner.generate(root)
+        runner.generate(root, preload=())
     (root / "docs" / "examples.yml").write_text("examples:\n  - name: x\n    command: [true]\n    colour: red\n")
     with pytest.raises(runner.ResultsError, match="unknown key"):
-        runner.generate(root)
+        runner.generate(root, preload=())
 
 
 TABLES = """
@@ -210,7 +210,7 @@ def test_results_output_tables_is_the_file_the_entry_wrote(tmp_path):
     runner = _runner()
     root = _project(tmp_path, {"study.py": TABLES.format(src=str(ROOT / "src"))},
                     "examples:\n  - script: examples/study.py\n    output: tables\n")
-    assert runner.generate(root) == {"study": "ran"}
+    assert runner.generate(root, preload=()) == {"study": "ran"}
     out = root / "docs" / "generated" / "study"
     assert (out / "output.md").read_text() == (
         "after 3 steps\n\n| n | max \\|a - b\\| |\n|---|---------------|\n| 2 | 0.5000        |\n")
@@ -222,7 +222,7 @@ def test_results_output_tables_missing_file_fails(tmp_path):
     root = _project(tmp_path, {"quiet.py": "print('| a |\\n|---|\\n| 1 |')\n"},
                     "examples:\n  - script: examples/quiet.py\n    output: tables\n")
     with pytest.raises(runner.ResultsError, match=r"`output: tables` but wrote no tables.md"):
-        runner.generate(root)
+        runner.generate(root, preload=())
 
 
 # --------------------------------------------------------------------------- code blocks

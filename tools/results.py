@@ -9,6 +9,9 @@ objects of the entries marked ``summary: true``. A failing entry fails with the 
 stderr. ``VAE_DDP_FULL=1`` runs the full settings (``full_args``) instead of the reduced ones
 (``args``); ``VAE_DDP_DOCS_JOBS=2`` runs two entries at once.
 
+Each entry runs in a fork of a worker process that has imported torch and Lightning once
+(``Worker``; one per job), as its command line would run it.
+
 ``python tools/results.py [NAME ...]``: those entries only (no summary). The tests read the same
 folder through this module (``tests/conftest.py``), and ``mkdocs build`` includes it with
 pymdownx.snippets.
@@ -20,6 +23,7 @@ import hashlib
 import json
 import logging
 import os
+import queue
 import re
 import shlex
 import shutil
@@ -199,9 +203,10 @@ def render_output(e: dict[str, Any], out: Path) -> str:
     return stdout.rstrip() + "\n"
 
 
-def run_entry(root: Path, e: dict[str, Any]) -> str:
+def run_entry(root: Path, e: dict[str, Any], worker: Optional["Worker"] = None) -> str:
     """Run one entry unless its stamp matches; return 'cached' or 'ran'.
 
+    ``worker``: the [`Worker`][] that runs it (default: one of its own, for this entry).
     An exclusive lock per entry (``docs/generated/.locks/<name>``) makes a second process
     that asks for the same entry (a test beside the site build, pytest-xdist workers) wait
     and then read the cached run instead of running it again into the same folder."""
@@ -211,10 +216,13 @@ def run_entry(root: Path, e: dict[str, Any]) -> str:
     locks.mkdir(parents=True, exist_ok=True)
     with open(locks / e["name"], "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        return _run_entry(root, e)
+        if worker is not None:
+            return _run_entry(root, e, worker)
+        with Worker(root) as own:
+            return _run_entry(root, e, own)
 
 
-def _run_entry(root: Path, e: dict[str, Any]) -> str:
+def _run_entry(root: Path, e: dict[str, Any], worker: "Worker") -> str:
     out_rel = f"{GENERATED}/{e['name']}"
     out = root / out_rel
     argv = command_of(e, out_rel)
@@ -226,39 +234,156 @@ def _run_entry(root: Path, e: dict[str, Any]) -> str:
         return "cached"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    env = dict(os.environ, PYTHONUNBUFFERED="1", MPLBACKEND="Agg", PYTHONHASHSEED="0")
-    src = str(root / "src")
-    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.pop("LOCAL_RANK", None)
     t0 = time.monotonic()
     merged = e["output"] == "log"  # Lightning logs to stderr or stdout depending on the terminal
-    # A session of its own: on timeout the whole tree (DDP ranks, study runs) is killed, not only argv[0].
-    from vae_ddp.guard import guarded  # a watchdog on the example's ranks (dumps their stacks if they hang)
-
-    with subprocess.Popen(guarded(argv), cwd=root, env=env, stdout=subprocess.PIPE, text=True, start_new_session=True,
-                          stderr=subprocess.STDOUT if merged else subprocess.PIPE) as child:
-        try:
-            stdout, stderr = child.communicate(timeout=e["timeout"])
-        except subprocess.TimeoutExpired:
-            os.killpg(child.pid, signal.SIGKILL)
-            stdout, stderr = child.communicate()
-            (out / "stdout.txt").write_text(stdout)
-            (out / "stderr.txt").write_text(stderr or "")
-            tail = "\n".join((stdout if merged else stderr or "").rstrip().splitlines()[-40:])
-            raise ResultsError(f"example {e['name']!r} timed out after {e['timeout']:.0f} s (raise its `timeout` "
-                              f"in {REGISTRY}): {display_command(argv)}\n{tail}") from None
-    proc = subprocess.CompletedProcess(argv, child.returncode, stdout, stderr)
-    (out / "stdout.txt").write_text(proc.stdout)
-    (out / "stderr.txt").write_text(proc.stderr or "")
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stdout if merged else proc.stderr).rstrip().splitlines()[-40:])
-        raise ResultsError(f"example {e['name']!r} failed (exit code {proc.returncode}): "
-                          f"{display_command(argv)}\n--- stderr (end) ---\n{tail}")
+    (out / "stderr.txt").write_text("")
+    code, timed_out = worker.run(argv, out / "stdout.txt", None if merged else out / "stderr.txt", e["timeout"])
+    stdout, stderr = (out / "stdout.txt").read_text(), (out / "stderr.txt").read_text()
+    if timed_out:
+        tail = "\n".join((stdout if merged else stderr).rstrip().splitlines()[-40:])
+        raise ResultsError(f"example {e['name']!r} timed out after {e['timeout']:.0f} s (raise its `timeout` "
+                           f"in {REGISTRY}): {display_command(argv)}\n{tail}")
+    if code != 0:
+        tail = "\n".join((stdout if merged else stderr).rstrip().splitlines()[-40:])
+        raise ResultsError(f"example {e['name']!r} failed (exit code {code}): "
+                           f"{display_command(argv)}\n--- stderr (end) ---\n{tail}")
     (out / "output.md").write_text(render_output(e, out))
     (out / "command.md").write_text(f"```bash\n{wrapped_command(argv)}\n```\n")
     stamp.write_text(key)
     log.info("results: %s ran in %.0f s", e["name"], time.monotonic() - t0)
     return "ran"
+
+
+#: What a worker imports before it forks an entry: every entry's process would import them.
+PRELOAD = ("torch", "torchvision", "pytorch_lightning")
+
+
+class Worker:
+    """A process that has imported [`PRELOAD`][] once and runs each entry it is given in a fork
+    of itself, as ``python SCRIPT ARGS`` or ``python -m MODULE ARGS`` would run it (``runpy``:
+    the entry's ``__main__``, ``sys.argv`` and ``sys.path[0]`` are those of that command, so
+    Lightning's launcher re-runs the same command for the other DDP ranks). Importing torch and
+    Lightning costs a process 8-10 s of CPU here, most of what a small entry spends.
+
+    The worker runs under the guard (``vae_ddp.guard``: a session of its own, the watchdog, its
+    tree ended when it or its caller ends); each entry's fork leads a process group of its own,
+    which is killed when the entry ends (nothing it started outlives it) or passes its timeout.
+    The worker forks before anything has run in it: its only thread is the main one (a fork of
+    a process that runs threads can hang, ``vae_ddp.workers``). Requests and replies are lines
+    of JSON on its stdin and stdout."""
+
+    def __init__(self, root: Path, preload: tuple[str, ...] = PRELOAD) -> None:
+        from vae_ddp.guard import guarded  # a watchdog on the entries' ranks (dumps their stacks if they hang)
+
+        env = dict(os.environ, PYTHONUNBUFFERED="1", MPLBACKEND="Agg", PYTHONHASHSEED="0")
+        src = str(root / "src")
+        env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env.pop("LOCAL_RANK", None)
+        self.proc = subprocess.Popen(guarded([sys.executable, str(Path(__file__).resolve()), "--worker", *preload]),
+                                     cwd=root, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     start_new_session=True)
+
+    def run(self, argv: list[str], stdout: Path, stderr: Optional[Path], timeout: float) -> tuple[int, bool]:
+        """Run ``argv`` (``[python, SCRIPT, ...]`` or ``[python, -m, MODULE, ...]``), its output into
+        ``stdout`` and ``stderr`` (``None``: into ``stdout`` too); return (exit code, timed out)."""
+        request = {"argv": argv, "stdout": str(stdout), "stderr": str(stderr or stdout), "timeout": timeout}
+        try:
+            self.proc.stdin.write(json.dumps(request) + "\n")
+            self.proc.stdin.flush()
+            reply = self.proc.stdout.readline()
+        except BrokenPipeError:
+            reply = ""
+        if not reply:
+            code = self.proc.wait()
+            raise ResultsError(f"the results worker ended (exit code {code}) while it ran {display_command(argv)}; "
+                               "its guard's message, if any, is above")
+        answer = json.loads(reply)
+        return answer["code"], answer["timed_out"]
+
+    def close(self) -> None:
+        if self.proc.stdin and not self.proc.stdin.closed:
+            self.proc.stdin.close()  # end of requests: the worker exits
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.terminate()  # the guard ends the worker's tree
+            self.proc.wait()
+
+    def __enter__(self) -> "Worker":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _serve(preload: list[str]) -> None:
+    """The worker's side of [`Worker`][]: import ``preload``, then fork one child per request."""
+    import importlib
+    import select
+
+    for name in preload:
+        importlib.import_module(name)
+    replies = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # what the worker itself prints does not reach the replies
+    for line in sys.stdin:
+        request = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            replies.close()
+            os._exit(_child(request))
+        fd = os.pidfd_open(pid)  # readable when the child has ended
+        try:
+            ended = bool(select.select([fd], [], [], request["timeout"])[0])
+        finally:
+            os.close(fd)
+        try:  # the entry's group: what it left behind (its ranks, workers) ends with it
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        replies.write(json.dumps({"code": code, "timed_out": not ended}) + "\n")
+        replies.flush()
+
+
+def _child(request: dict[str, Any]) -> int:
+    """Run one entry in this fork as its command line would; return its exit code."""
+    import runpy
+    import traceback
+
+    code = 1
+    try:
+        os.setpgid(0, 0)
+        out = os.open(request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        err = out if request["stderr"] == request["stdout"] else os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        os.dup2(out, 1)
+        os.dup2(err, 2)
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        argv = request["argv"][1:]
+        try:
+            if argv[0] == "-m":
+                sys.argv = argv[1:]
+                sys.path[0] = os.getcwd()
+                runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+            else:
+                sys.argv = argv
+                sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+                runpy.run_path(argv[0], run_name="__main__")
+            code = 0
+        except SystemExit as stop:
+            if stop.code is None or isinstance(stop.code, int):
+                code = stop.code or 0
+            else:
+                print(stop.code, file=sys.stderr)
+                code = 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+    return code
 
 
 def write_if_changed(path: Path, text: str) -> None:
@@ -352,8 +477,9 @@ def jobs() -> int:
         raise ResultsError(f"VAE_DDP_DOCS_JOBS must be a number, got {os.environ['VAE_DDP_DOCS_JOBS']!r}") from None
 
 
-def generate(root: Path, only: Optional[list[str]] = None) -> dict[str, str]:
-    """Run the registry's entries (``only``: these names) that are not cached; write the summary."""
+def generate(root: Path, only: Optional[list[str]] = None, preload: tuple[str, ...] = PRELOAD) -> dict[str, str]:
+    """Run the registry's entries (``only``: these names) that are not cached; write the summary.
+    ``preload``: what the workers import first (see [`Worker`][])."""
     entries = load_registry(root)
     if only:
         unknown = set(only) - {e["name"] for e in entries}
@@ -364,13 +490,31 @@ def generate(root: Path, only: Optional[list[str]] = None) -> dict[str, str]:
         todo = entries
     done: dict[str, str] = {}
     errors: list[str] = []
-    with ThreadPoolExecutor(max_workers=jobs()) as pool:  # threads: run_entry waits on a subprocess
-        futures = {e["name"]: pool.submit(run_entry, root, e) for e in todo}
-        for name, f in futures.items():
-            try:
-                done[name] = f.result()
-            except ResultsError as err:
-                errors.append(str(err))
+    idle: queue.SimpleQueue = queue.SimpleQueue()  # one worker per job, started when first needed
+    started: list[Worker] = []
+
+    def run(e: dict[str, Any]) -> str:
+        try:
+            worker = idle.get_nowait()
+        except queue.Empty:
+            worker = Worker(root, preload)
+            started.append(worker)
+        try:
+            return run_entry(root, e, worker)
+        finally:
+            idle.put(worker)
+
+    try:
+        with ThreadPoolExecutor(max_workers=jobs()) as pool:  # threads: run_entry waits on a worker
+            futures = {e["name"]: pool.submit(run, e) for e in todo}
+            for name, f in futures.items():
+                try:
+                    done[name] = f.result()
+                except ResultsError as err:
+                    errors.append(str(err))
+    finally:
+        for worker in started:
+            worker.close()
     if errors:
         raise ResultsError("\n\n".join(errors))
     if not only:
@@ -378,7 +522,9 @@ def generate(root: Path, only: Optional[list[str]] = None) -> dict[str, str]:
     return done
 
 
-if __name__ == "__main__":
+if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
+    _serve(sys.argv[2:])
+elif __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     t0 = time.monotonic()
     try:
