@@ -93,3 +93,19 @@ def test_every_documented_command_parses():
             assert err.code == 0, (where, argv)
         except Exception as err:
             pytest.fail(f"{where}: vae-ddp {' '.join(argv)}: {err}")
+
+
+def test_the_help_lists_every_subcommand_without_torch():
+    """`vae-ddp -h` is the full parser's help, built without the studies' flags: no study, torch
+    or Lightning is imported (about ten seconds of imports on 2 cores)."""
+    import subprocess
+    import sys
+
+    from vae_ddp.studies import COMMANDS
+
+    assert build_parser(flags=False).format_help() == build_parser().format_help()
+    code = ("import sys; from vae_ddp.cli import main; rc = main(['-h']); "
+            "print(rc, sorted(m for m in ('torch', 'pytorch_lightning', 'vae_ddp.studies.compare') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.splitlines()[-1] == "0 []", proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert all(f"    {name} " in proc.stdout for name in COMMANDS), proc.stdout

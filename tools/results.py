@@ -206,7 +206,7 @@ def render_output(e: dict[str, Any], out: Path) -> str:
 def run_entry(root: Path, e: dict[str, Any], worker: Optional["Worker"] = None) -> str:
     """Run one entry unless its stamp matches; return 'cached' or 'ran'.
 
-    ``worker``: the [`Worker`][] that runs it (default: one of its own, for this entry).
+    ``worker``: the ``Worker`` that runs it (default: one of its own, for this entry).
     An exclusive lock per entry (``docs/generated/.locks/<name>``) makes a second process
     that asks for the same entry (a test beside the site build, pytest-xdist workers) wait
     and then read the cached run instead of running it again into the same folder."""
@@ -259,7 +259,7 @@ PRELOAD = ("torch", "torchvision", "pytorch_lightning")
 
 
 class Worker:
-    """A process that has imported [`PRELOAD`][] once and runs each entry it is given in a fork
+    """A process that has imported ``PRELOAD`` once and runs each entry it is given in a fork
     of itself, as ``python SCRIPT ARGS`` or ``python -m MODULE ARGS`` would run it (``runpy``:
     the entry's ``__main__``, ``sys.argv`` and ``sys.path[0]`` are those of that command, so
     Lightning's launcher re-runs the same command for the other DDP ranks). Importing torch and
@@ -317,7 +317,7 @@ class Worker:
 
 
 def _serve(preload: list[str]) -> None:
-    """The worker's side of [`Worker`][]: import ``preload``, then fork one child per request."""
+    """The worker's side of ``Worker``: import ``preload``, then fork one child per request."""
     import importlib
     import select
 
@@ -479,7 +479,7 @@ def jobs() -> int:
 
 def generate(root: Path, only: Optional[list[str]] = None, preload: tuple[str, ...] = PRELOAD) -> dict[str, str]:
     """Run the registry's entries (``only``: these names) that are not cached; write the summary.
-    ``preload``: what the workers import first (see [`Worker`][])."""
+    ``preload``: what the workers import first (see ``Worker``)."""
     entries = load_registry(root)
     if only:
         unknown = set(only) - {e["name"] for e in entries}

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
-import importlib
 import inspect
 import io
 import re
@@ -16,63 +14,47 @@ from pathlib import Path
 from typing import Optional
 
 from vae_ddp.errors import UserError, input_error, one_line
-from vae_ddp.studies import COMMANDS, INTERNAL
+from vae_ddp.studies import COMMANDS, INTERNAL, run_study, study_function
 
 __all__ = ["build_parser", "main", "main_captured"]
 
 
-def _function(name: str):  # imported when the parser is built: `vae-ddp audit -h` needs no study
-    module, function = COMMANDS[name][0].split(":")
-    return getattr(importlib.import_module(f"vae_ddp.studies.{module}"), function)
-
-
-def build_parser(spec_cls: Optional[type] = None):
-    """The ``vae-ddp`` parser; ``spec_cls``: RunSpec (default) or a subclass with more fields."""
+def build_parser(spec_cls: Optional[type] = None, flags: bool = True):
+    """The ``vae-ddp`` parser; ``spec_cls``: RunSpec (default) or a subclass with more fields;
+    ``flags=False``: without the subcommands' flags (``vae-ddp -h``: no study or torch imported)."""
     from jsonargparse import ArgumentParser
-
-    from vae_ddp.fixes import registry
-    from vae_ddp.harness.configs import RunSpec
 
     parser = ArgumentParser(prog="vae-ddp", exit_on_error=False, description="Why DDP on N devices with per-device "
                             "batch B/N does not reproduce one device with batch B, measured on the bolts CIFAR-10 VAE",
                             epilog="vae-ddp audit --model MODEL --data DATA ...: audit your own LightningModule")
     sub = parser.add_subcommands(dest="command")
     for name, (_, text, defaults, hide) in COMMANDS.items():
-        function, p = _function(name), ArgumentParser(prog=f"vae-ddp {name}", exit_on_error=False, description=text)
-        p.add_argument("--config", action="config", help="read the options from this YAML file (see --print_config)")
-        params = inspect.signature(function).parameters
-        if "base" in params:
-            skip = INTERNAL | set(hide) | ({f.field for f in registry.switches()} if "switches" in hide else set())
-            p.add_class_arguments(spec_cls or RunSpec, nested_key=None, skip=skip, as_group=False)
-            if "seed" not in hide:
-                p.add_argument("--seed", type=int, default=0, help="the run's seed (seed_everything)")
-            if "exact" not in params and "switches" not in hide:
-                p.add_argument("--exact", type=bool, default=False, help="turn every fix on, over the fix switches (RunSpec.exact())")
-        p.add_function_arguments(function, nested_key=None, skip={"base", "out_dir"}, as_group=False)
-        p.add_argument("--out", type=Path, default=Path("runs", name), help="output folder")
-        p.set_defaults(**defaults)
-        for action in p._actions:  # help as plain text (no cross-references); a flag with a default is optional
-            action.help = action.help and re.sub(r"\[`([^`]+)`\]\[[^\]]+\]", r"\1", action.help).replace("``", "")
-            action.required = action.required and action.dest not in defaults
-        sub.add_subcommand(name, p, help=text)
+        p = ArgumentParser(prog=f"vae-ddp {name}", exit_on_error=False, description=text)
+        sub.add_subcommand(name, _flags(p, name, defaults, hide, spec_cls) if flags else p, help=text)
     return parser
 
 
-def _call(name: str, args: dict) -> None:
-    from vae_ddp.data import check_data
+def _flags(p, name: str, defaults: dict, hide: tuple, spec_cls: Optional[type]):
+    from vae_ddp.fixes import registry
     from vae_ddp.harness.configs import RunSpec
-    from vae_ddp.utils import check_writable
 
-    function = _function(name)
+    function = study_function(name)
+    p.add_argument("--config", action="config", help="read the options from this YAML file (see --print_config)")
     params = inspect.signature(function).parameters
-    kwargs = {k: v for k, v in args.items() if k in params}
     if "base" in params:
-        spec = {f.name: args[f.name] for f in dataclasses.fields(RunSpec) if f.name in args and f.name not in INTERNAL}
-        base = RunSpec(**spec, seeds=[args.get("seed", 0)])
-        kwargs["base"] = base = base.exact() if args.get("exact") and "exact" not in params else base
-        base.validate()
-        check_data(base.data, base.data_dir)
-    function(**kwargs, out_dir=check_writable(args["out"]))
+        skip = INTERNAL | set(hide) | ({f.field for f in registry.switches()} if "switches" in hide else set())
+        p.add_class_arguments(spec_cls or RunSpec, nested_key=None, skip=skip, as_group=False)
+        if "seed" not in hide:
+            p.add_argument("--seed", type=int, default=0, help="the run's seed (seed_everything)")
+        if "exact" not in params and "switches" not in hide:
+            p.add_argument("--exact", type=bool, default=False, help="turn every fix on, over the fix switches (RunSpec.exact())")
+    p.add_function_arguments(function, nested_key=None, skip={"base", "out_dir"}, as_group=False)
+    p.add_argument("--out", type=Path, default=Path("runs", name), help="output folder")
+    p.set_defaults(**defaults)
+    for action in p._actions:  # help as plain text (no cross-references); a flag with a default is optional
+        action.help = action.help and re.sub(r"\[`([^`]+)`\]\[[^\]]+\]", r"\1", action.help).replace("``", "")
+        action.required = action.required and action.dest not in defaults
+    return p
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -83,12 +65,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         from vae_ddp.audit.cli import main as audit_main
 
         return audit_main(argv[1:])
+    if argv in (["-h"], ["--help"]):  # the subcommands only: seconds faster without torch and the studies
+        return build_parser(flags=False).print_help() or 0
     from vae_ddp.harness.configs import in_flags
     from vae_ddp.harness.launch import RunFailed
 
     try:
         cfg = build_parser().parse_args(argv)
-        _call(cfg.command, cfg[cfg.command].as_dict())
+        run_study(cfg.command, cfg[cfg.command].as_dict())
     except (argparse.ArgumentError, UserError, ValueError, OSError) as err:
         bad = err if isinstance(err, argparse.ArgumentError) else input_error(err)
         if bad is None and not isinstance(err, OSError):

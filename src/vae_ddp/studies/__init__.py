@@ -24,3 +24,35 @@ COMMANDS = {
 }
 #: RunSpec fields the studies set themselves
 INTERNAL = {"config", "seeds", "label", "save_params", "record_indices", "permute_seed", "steps_file", "teacher_forced"}
+
+
+def study_function(name: str):
+    """The function of the subcommand ``name`` of ``COMMANDS`` (its module is imported now:
+    ``vae-ddp audit -h`` and ``vae-ddp -h`` import no study)."""
+    import importlib
+
+    module, function = COMMANDS[name][0].split(":")
+    return getattr(importlib.import_module(f"vae_ddp.studies.{module}"), function)
+
+
+def run_study(name: str, options: dict) -> None:
+    """Run the study ``name`` with the parsed options of its subcommand (``vae_ddp.cli``): the
+    RunSpec fields become its ``base`` (``--exact`` turns every fix on), checked with its data
+    folder and the output folder before any work (``UserError``, ``ValueError``, ``OSError``)."""
+    import dataclasses
+    import inspect
+
+    from vae_ddp.data import check_data
+    from vae_ddp.harness.configs import RunSpec
+    from vae_ddp.utils import check_writable
+
+    function = study_function(name)
+    params = inspect.signature(function).parameters
+    kwargs = {k: v for k, v in options.items() if k in params}
+    if "base" in params:
+        spec = {f.name: options[f.name] for f in dataclasses.fields(RunSpec) if f.name in options and f.name not in INTERNAL}
+        base = RunSpec(**spec, seeds=[options.get("seed", 0)])
+        kwargs["base"] = base = base.exact() if options.get("exact") and "exact" not in params else base
+        base.validate()
+        check_data(base.data, base.data_dir)
+    function(**kwargs, out_dir=check_writable(options["out"]))
