@@ -359,14 +359,16 @@ def _child(request: dict[str, Any]) -> int:
         os.dup2(err, 2)
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
         argv = request["argv"][1:]
+        module = argv[1] if argv[0] == "-m" else None
+        sys.argv = argv[1:] if module else argv
+        sys.path[0] = os.getcwd() if module else os.path.dirname(os.path.abspath(argv[0]))
+        from vae_ddp.guard import beat
+
+        beat()  # the entry's start is progress: the watchdog's stall limit counts from here, as for a guard of its own
         try:
-            if argv[0] == "-m":
-                sys.argv = argv[1:]
-                sys.path[0] = os.getcwd()
-                runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+            if module:
+                runpy.run_module(module, run_name="__main__", alter_sys=True)
             else:
-                sys.argv = argv
-                sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
                 runpy.run_path(argv[0], run_name="__main__")
             code = 0
         except SystemExit as stop:
