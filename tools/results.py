@@ -279,14 +279,16 @@ class Worker:
         src = str(root / "src")
         env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         env.pop("LOCAL_RANK", None)
-        self.proc = subprocess.Popen(guarded([sys.executable, str(Path(__file__).resolve()), "--worker", *preload]),
-                                     cwd=root, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                     start_new_session=True)
+        self.argv, self.root, self.env = guarded([sys.executable, str(Path(__file__).resolve()), "--worker", *preload]), root, env
+        self.proc: Optional[subprocess.Popen] = None  # started by the first run (a cached entry needs none)
 
     def run(self, argv: list[str], stdout: Path, stderr: Optional[Path], timeout: float) -> tuple[int, bool]:
         """Run ``argv`` (``[python, SCRIPT, ...]`` or ``[python, -m, MODULE, ...]``), its output into
         ``stdout`` and ``stderr`` (``None``: into ``stdout`` too); return (exit code, timed out)."""
         request = {"argv": argv, "stdout": str(stdout), "stderr": str(stderr or stdout), "timeout": timeout}
+        if self.proc is None:
+            self.proc = subprocess.Popen(self.argv, cwd=self.root, env=self.env, stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, text=True, start_new_session=True)
         try:
             self.proc.stdin.write(json.dumps(request) + "\n")
             self.proc.stdin.flush()
@@ -301,6 +303,8 @@ class Worker:
         return answer["code"], answer["timed_out"]
 
     def close(self) -> None:
+        if self.proc is None:
+            return
         if self.proc.stdin and not self.proc.stdin.closed:
             self.proc.stdin.close()  # end of requests: the worker exits
         try:
