@@ -217,6 +217,14 @@ def test_results_output_tables_is_the_file_the_entry_wrote(tmp_path):
     assert "progress line" in (out / "stdout.txt").read_text()
 
 
+def test_results_runs_a_command_that_is_not_python(tmp_path):
+    """An entry's ``command`` need not be Python: the worker's fork runs it as it is."""
+    runner = _runner()
+    root = _project(tmp_path, {}, "examples:\n  - name: echo\n    command: [echo, '| plain |']\n    output: markdown\n")
+    assert runner.generate(root, preload=()) == {"echo": "ran"}
+    assert (root / "docs" / "generated" / "echo" / "output.md").read_text() == "| plain | --out docs/generated/echo\n"
+
+
 def test_results_output_tables_missing_file_fails(tmp_path):
     runner = _runner()
     root = _project(tmp_path, {"quiet.py": "print('| a |\\n|---|\\n| 1 |')\n"},

@@ -362,6 +362,8 @@ def _child(request: dict[str, Any]) -> int:
         os.dup2(out, 1)
         os.dup2(err, 2)
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        if request["argv"][0] != sys.executable:  # a registry command that is not Python: run it as it is
+            os.execvp(request["argv"][0], request["argv"])
         argv = request["argv"][1:]
         module = argv[1] if argv[0] == "-m" else None
         sys.argv = argv[1:] if module else argv
