@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -42,13 +44,48 @@ def unique() -> str:
     return uuid.uuid4().hex[:12]
 
 
-def wait_until(predicate, timeout: float, every: float = 0.2) -> bool:
+def wait_gone(pids: list[int], timeout: float) -> list[int]:
+    """Wait until every process of ``pids`` has ended (a zombie counts as ended); return those
+    still running after ``timeout`` seconds. A pidfd turns readable when its process ends: an
+    event, not a poll (the processes are not children of this one: ``waitpid`` cannot)."""
+    fds = {}
+    for pid in pids:
+        try:
+            fds[pid] = os.pidfd_open(pid)
+        except ProcessLookupError:
+            pass
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(every)
-    return predicate()
+    try:
+        while fds and (left := deadline - time.monotonic()) > 0:
+            ready = select.select(list(fds.values()), [], [], left)[0]
+            for pid in [pid for pid, fd in fds.items() if fd in ready]:
+                os.close(fds.pop(pid))
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+    return list(fds)
+
+
+def beats_in(directory: Path) -> int:
+    """A descriptor that turns readable whenever a file in ``directory`` is created or touched
+    (Linux inotify): the heartbeat files of a guard, so a test wakes at each rank's progress."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+    if fd < 0 or libc.inotify_add_watch(fd, os.fsencode(directory), 0x100 | 0x004 | 0x002) < 0:  # CREATE, ATTRIB, MODIFY
+        raise OSError(ctypes.get_errno(), "inotify")
+    return fd
+
+
+def wait_for(predicate, events: int, timeout: float) -> bool:
+    """``predicate()`` checked now and after each event on the descriptor ``events``, until it
+    holds or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([events], [], [], left)[0]:
+            return predicate()
+        os.read(events, 1 << 16)
+    return True
 
 
 STUCK = textwrap.dedent("""
@@ -73,7 +110,7 @@ def test_watchdog_dumps_the_stacks_names_the_frame_and_ends_the_tree(tmp_path):
     assert last.startswith("vae-ddp guard: no process made progress for 3 s"), last
     assert "rank 0 in stuck_here (" in last and "stuck.py:7)" in last, last
     assert 'in stuck_here' in proc.stderr and "--- rank 0 (pid" in proc.stderr  # the dumped stacks
-    assert wait_until(lambda: not alive(marker) and not alive(str(script)), 5), "a process outlived the guard"
+    assert not wait_gone(alive(marker) + alive(str(script)), 5), "a process outlived the guard"
 
 
 def test_nothing_outlives_a_command_that_exits(tmp_path):
@@ -88,17 +125,24 @@ def test_nothing_outlives_a_command_that_exits(tmp_path):
 def test_guard_ends_the_tree_when_its_parent_is_killed(tmp_path):
     """SIGKILL of the caller, which no handler sees: the guard notices and ends the tree."""
     marker = f"orphan-{unique()}"
+    started = tmp_path / "started"
+    os.mkfifo(started)  # the guarded command writes to it once it runs
+    ready = os.open(started, os.O_RDONLY | os.O_NONBLOCK)
+    command = "import signal, sys; open(sys.argv[1], 'w').write('x'); signal.pause()"
     parent = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys
         from vae_ddp import guard
-        guard.run([sys.executable, '-c', 'import signal; signal.pause()', {marker!r}])
+        guard.run([sys.executable, '-c', {command!r}, {str(started)!r}, {marker!r}])
     """)])
     try:
-        assert wait_until(lambda: alive(marker), 30), "the guarded command did not start"
+        assert select.select([ready], [], [], 60)[0] and os.read(ready, 1) == b"x", "the guarded command did not start"
+        pids = alive(marker)
+        assert pids
         parent.kill()
         parent.wait()
-        assert wait_until(lambda: not alive(marker), 15), "the guarded command outlived its caller"
+        assert not wait_gone(pids, 15) and not alive(marker), "the guarded command outlived its caller"
     finally:
+        os.close(ready)
         parent.kill()
 
 
@@ -169,21 +213,27 @@ def test_a_hung_ddp_rank_is_named_with_its_frame(tmp_path):
 def test_no_process_of_an_audit_outlives_its_top_process(tmp_path, sig):
     """A 2-rank audit, its top ``vae-ddp`` process ended mid-run by TERM, INT or KILL (what
     ``subprocess.run(timeout=...)`` sends): 15 s later no process of the launch is alive."""
-    out = tmp_path / "audit"
+    out, beats = tmp_path / "audit", tmp_path / "beats"
+    beats.mkdir()
+    events = beats_in(beats)
+    # this test as the outer guard (its heartbeat folder): the audit's guard passes its runs' beats on to it
+    env = dict(os.environ, VAE_DDP_HEARTBEAT_DIR=str(beats))
     top = subprocess.Popen([sys.executable, "-m", "vae_ddp.cli", "audit", "--model", "examples.audit_models.Plain",
                             "--data", "examples.audit_models.Regression", "--steps", "30", "--out", str(out)],
-                           cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                           cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     try:
         def ranks() -> list[int]:  # the launch's processes (not its guard): 2 ranks and the one-device runs
             return [p for p in alive(str(out / "runs"))
                     if b"vae_ddp.guard" not in Path(f"/proc/{p}/cmdline").read_bytes()]
 
-        assert wait_until(lambda: len(ranks()) >= 3, 300), "the audit's DDP ranks did not start"
+        assert wait_for(lambda: len(ranks()) >= 3, events, 300), "the audit's DDP ranks did not start"
         assert alive(str(out))
         os.kill(top.pid, sig)
         top.wait(timeout=60)
-        assert wait_until(lambda: not alive(str(out)), 15), f"left running after {sig.name}: {alive(str(out))}"
+        left = wait_gone(alive(str(out)), 15)
+        assert not left and not alive(str(out)), f"left running after {sig.name}: {alive(str(out))}"
     finally:
+        os.close(events)
         top.kill()
         for pid in alive(str(out)):
             os.kill(pid, signal.SIGKILL)
