@@ -218,6 +218,16 @@ def test_augmentation_with_workers(tmp_path):
     (["--model", f"{M}.Plain", "--trainer.strategy=deepspeed"], "is not a DDP strategy"),
     (["--model", f"{M}.Plain", "--trainer.accumulate_grad_batches", "0"], "--trainer.accumulate_grad_batches"),
     (["--model", f"{M}.Plain", "--trainer.gradient_clip_algorithm=sideways"], "--trainer.gradient_clip_algorithm"),
+    # jsonargparse's errors, one line each with the flag as it was given (dotted names kept)
+    (["--model", f"{M}.Plain", "--steps", "ten"], "--steps: expected int, got 'ten'"),
+    (["--model", f"{M}.Plain", "--dtype", "float16"], "unknown --dtype 'float16': use one of float64, float32"),
+    (["--model", f"{M}.Plain", "--trainer.gradient_clip_val", "abc"],
+     "--trainer.gradient_clip_val: expected float or null, got 'abc'"),
+    (["--model", f"{M}.Plain", "--model.init_args.hidden", "4"], "--model.init_args.hidden: Plain has no init argument 'hidden'"),
+    (["--model", f"{M}.Plain", "--data.init_args.batch_size", "x"], "--data.init_args.batch_size: expected int, got 'x'"),
+    (["--model", "examples/audit_models.py:Plain", "--model.init_args.hidden=4"],
+     "--model.init_args.hidden: Plain has no init argument 'hidden'"),
+    (["--model", f"{M}.Plain", "--trainer.precision", "16"], "it sets the devices, the precision (--dtype)"),
 ])
 def test_bad_input(tmp_path, args, message, capsys, monkeypatch):
     """In this process (each is found before anything is launched): exit code 2, one line."""

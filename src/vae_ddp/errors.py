@@ -50,12 +50,25 @@ def input_error(err: BaseException) -> Optional[BaseException]:
 def one_line(text: str) -> str:
     """An error message as one line; jsonargparse's (``Parser key "steps":`` and its reasons, over
     several lines) names the flag and what it expected (``--steps: expected int, got 'ten'``), and
-    a value outside a ``Literal``'s choices says them (``unknown --model 'x': use one of resnet18, small``)."""
-    text = re.sub(r'Parser key "(?:--)?(?:[\w-]+\.)?(\w+)":', r"--\1:", " ".join(text.split()))
-    lit = re.search(r"(--\w+):.*?Expected a typing\.Literal\[(.*?)\]\. Got value: (.*?)(?: - |$)", text)
+    a value outside a ``Literal``'s choices says them (``unknown --model 'x': use one of resnet18, small``).
+
+    Dotted flags keep their names (``--trainer.gradient_clip_val``). A bad init argument of a class given by its path (``--model.init_args.hidden``) is named as such:
+    ``--model.init_args.hidden: Net has no init argument 'hidden'``, or the argument's own error.
+    """
+    flat = " ".join(text.split())
+    nested = re.match(r'Parser key "([\w.]+)": .*?Problem with given class_path \'([\w.]+)\': (.*?)'
+                      r" - Expected a <class 'NoneType'>.*Given value: NestedArg\(key='([\w.]+)', val=(.*)\)$", flat)
+    if nested:  # --model.init_args.X of a subclass argument (jsonargparse's add_subclass_arguments)
+        key, cls, inner, arg, _ = nested.groups()
+        flag = f"{key}.init_args.{arg}"
+        if inner.endswith("is not accepted"):
+            return f"--{flag}: {cls.rsplit('.', 1)[-1]} has no init argument {arg!r}"
+        return one_line(re.sub(r'^Parser key "[\w.]+":', f'Parser key "{flag}":', inner))
+    text = re.sub(r'Parser key "(?:--)?([\w.-]+)":', r"--\1:", flat)
+    lit = re.search(r"(--[\w.]+):.*?Expected a typing\.Literal\[(.*?)\]\. Got value: (.*?)(?: - |$)", text)
     if lit:
         return f"unknown {lit[1]} {lit[3]!r}: use one of {', '.join(ast.literal_eval(f'({lit[2]},)'))}"
-    typed = re.match(r"(--\w+): (?:Does not validate against any of the Union subtypes.*Given value: |.*Got value: )(.*)$", text)
+    typed = re.match(r"(--[\w.]+): (?:Does not validate against any of the Union subtypes.*Given value: |.*Got value: )(.*)$", text)
     if typed:  # a value that is not of the flag's type (of none of an Optional's types)
         kinds = re.findall(r"Expected a <class '(\w+)'>", text)
         text = f"{typed[1]}: expected {' or '.join(k.replace('NoneType', 'null') for k in kinds)}, got {typed[2]!r}"

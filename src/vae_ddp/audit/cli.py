@@ -21,12 +21,13 @@ import inspect
 import itertools
 import logging
 import os
+import re
 import sys
 import warnings
 from pathlib import Path
 from typing import Literal, Optional
 
-from vae_ddp.errors import UserError
+from vae_ddp.errors import UserError, one_line
 
 #: global batches of the user's training loader that the one-process checks look at
 STATIC_BATCHES = 4
@@ -166,16 +167,6 @@ def _trainer_args(given: dict) -> dict:
     return args
 
 
-def _one_line(message: str) -> str:
-    """jsonargparse's multi-line error as one line: its first line and its innermost reason."""
-    lines = [ln.strip(" -") for ln in message.splitlines() if ln.strip(" -")]
-    if not lines:
-        return "invalid arguments: see vae-ddp audit --help"
-    detail = [ln for ln in lines[1:] if not ln.startswith(("Subtypes", "Errors", "Given value", "Expected a <class 'NoneType'>",
-                                                           "Does not validate against any"))]
-    return lines[0].rstrip(":") + (f": {detail[-1]}" if detail else "")
-
-
 #: What Lightning says when a module calls a Trainer-attached method (``self.all_gather``,
 #: ``self.trainer``, ...) without one (``LightningModule.trainer``, Lightning 2.x).
 _NO_TRAINER = "is not attached to a `Trainer`"
@@ -312,7 +303,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         try:
             cfg = parser.parse_args(argv)
         except Exception as err:  # jsonargparse's ArgumentError: one line of it
-            raise UserError(_one_line(str(err))) from None
+            line = one_line(str(err))
+            if re.match(r"unrecognized arguments: .*--trainer\.", line):  # a Trainer argument the audit sets itself
+                from vae_ddp.audit.spec import TRAINER_ARGS
+
+                line += (f" (the audit passes on --trainer.{', --trainer.'.join(TRAINER_ARGS)}; it sets the devices,"
+                         " the precision (--dtype) and the steps (--steps) itself)")
+            raise UserError(line) from None
         from vae_ddp.audit.spec import AuditRun, import_class
         from vae_ddp.audit.study import audit
 
