@@ -146,6 +146,67 @@ def test_guard_ends_the_tree_when_its_parent_is_killed(tmp_path):
         parent.kill()
 
 
+IN_FORK = textwrap.dedent("""
+    import os, signal, subprocess, sys
+    from vae_ddp import guard
+    how, started, marker = sys.argv[1:4]  # the marker is in the command line of every fork of this process
+
+    def main():
+        subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()", marker])  # a process of its own
+        with open(started, "w") as f:
+            f.write(" ".join(sys.argv) + " " + os.environ["SEEN"])
+        if how == "raise":
+            raise ValueError("main failed on purpose")
+        if how == "exit":
+            return 7
+        signal.pause()  # "timeout", "killed": never ends by itself
+
+    env = dict(os.environ, SEEN="env-given")
+    try:
+        code = guard.run_in_fork(main, ["given", "argv"], env, timeout=4 if how == "timeout" else None, grace=2)
+    except subprocess.TimeoutExpired:
+        code = "timed out"
+    print(code, flush=True)
+""")
+
+
+@pytest.mark.parametrize("how, printed", [("exit", "7"), ("raise", "1"), ("timeout", "timed out")])
+def test_a_command_forked_under_a_guard_ends_with_its_tree(tmp_path, how, printed):
+    """``guard.run_in_fork``: the command is a fork of the caller that sees the ``argv`` and the
+    environment it was given; its exit code (1 when it raised, with the traceback) comes back,
+    and on exit or timeout nothing it started outlives it."""
+    marker = f"in-fork-{unique()}"
+    script = tmp_path / "in_fork.py"
+    script.write_text(IN_FORK)
+    proc = subprocess.run([sys.executable, str(script), how, str(tmp_path / "started"), marker],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == printed, proc.stderr[-3000:]
+    assert (tmp_path / "started").read_text() == "given argv env-given"
+    assert ("ValueError: main failed on purpose" in proc.stderr) == (how == "raise"), proc.stderr[-3000:]
+    assert not wait_gone(alive(marker), 15) and not alive(marker), "a process outlived the forked command"
+
+
+def test_a_command_forked_under_a_guard_ends_when_its_caller_is_killed(tmp_path):
+    """SIGKILL of the caller of ``guard.run_in_fork``: the guard (its fork) ends the tree."""
+    marker = f"in-fork-orphan-{unique()}"
+    script = tmp_path / "in_fork.py"
+    script.write_text(IN_FORK)
+    started = tmp_path / "started"
+    os.mkfifo(started)
+    ready = os.open(started, os.O_RDONLY | os.O_NONBLOCK)
+    caller = subprocess.Popen([sys.executable, str(script), "killed", str(started), marker])
+    try:
+        assert select.select([ready], [], [], 60)[0] and os.read(ready, 64).startswith(b"given"), "the command did not start"
+        pids = alive(marker)
+        assert len(pids) >= 3  # the guard, the command and the process it started
+        caller.kill()
+        caller.wait()
+        assert not wait_gone(pids, 15) and not alive(marker), "the forked command outlived its caller"
+    finally:
+        os.close(ready)
+        caller.kill()
+
+
 def test_a_guard_whose_caller_died_while_it_started_runs_nothing(tmp_path):
     """The caller passes its pid (``--parent``): a guard whose caller died before the guard read
     its own parent (Python's start-up under load is a second or more) ends at once instead of

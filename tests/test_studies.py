@@ -3,6 +3,7 @@
 (``make test-full``)."""
 
 import json
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -294,6 +295,55 @@ def test_a_run_sequence_trains_each_world_size_as_its_own_launch_would(tmp_path)
     flat = [{f"{part}.{k}": t for part, d in saved.items() for k, t in d.items()} for saved in (a, b)]
     assert flat[0].keys() == flat[1].keys() and len(flat[0]) > 10
     assert all(torch.equal(flat[0][k], flat[1][k]) for k in flat[0])
+
+
+FORKED_AND_EXECED = """
+import os, sys
+import pytorch_lightning  # noqa: F401  what a fork saves: the runner's import of torch and Lightning
+from vae_ddp import guard
+from vae_ddp.harness.configs import RunSpec
+from vae_ddp.harness.launch import _forkable, launch_by_world_size
+
+out = sys.argv[1]
+specs = [RunSpec(config=c, devices=2, steps=2, global_batch_size=16, data="digits", seeds=[3], model="small",
+                 save_params=True).validate() for c in ("single", "ddp")]
+assert not guard.can_fork()  # an interpreter that imported torch runs threads: its launches start one
+pid = os.fork()
+if pid == 0:  # one thread, as the results runner's entries are: the launch is a fork of this process
+    code = 1
+    try:
+        assert guard.can_fork() and _forkable([sys.executable, "-m", "vae_ddp.harness.runner"], specs[0])
+        launch_by_world_size(specs, os.path.join(out, "forked"), quiet=True)
+        code = 0
+    finally:
+        os._exit(code)
+assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+launch_by_world_size(specs, os.path.join(out, "execed"), quiet=True)
+"""
+
+
+def test_a_launch_forked_from_a_one_thread_process_trains_as_a_new_interpreter_would(tmp_path):
+    """``launch`` from a process that runs one thread (the results runner's entries) forks the
+    runner instead of starting an interpreter that imports torch and Lightning again
+    (``vae_ddp.guard.run_in_fork``): the same records and parameters, bit for bit, at world
+    sizes 1 and 2."""
+    import torch
+
+    from vae_ddp.guard import run
+
+    script = tmp_path / "forked_and_execed.py"
+    script.write_text(FORKED_AND_EXECED)
+    proc = run([sys.executable, str(script), str(tmp_path)], timeout=600, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for tag in ("1-process", "2-processes"):
+        runs = [json.loads((tmp_path / how / tag / "run.json").read_text())["group"][0]["runs"][0]
+                for how in ("forked", "execed")]
+        untimed = [[{k: v for k, v in r.items() if k != "time_s"} for r in run["records"]] for run in runs]
+        assert untimed[0] == untimed[1] and len(untimed[0]) == 2
+        a, b = (torch.load(tmp_path / how / tag / run["params"]) for how, run in zip(("forked", "execed"), runs))
+        flat = [{f"{part}.{k}": t for part, d in saved.items() for k, t in d.items()} for saved in (a, b)]
+        assert flat[0].keys() == flat[1].keys() and len(flat[0]) > 10
+        assert all(torch.equal(flat[0][k], flat[1][k]) for k in flat[0]), tag
 
 
 def test_equivalence_verdict_wording():

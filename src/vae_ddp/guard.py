@@ -34,6 +34,8 @@ signal N (or its parent died: 128 + SIGTERM).
 [`run`][vae_ddp.guard.run] and [`run_all`][vae_ddp.guard.run_all] are ``subprocess.run`` for such trees:
 on their own timeout, on an exception or on KeyboardInterrupt they ask the guard to end the
 tree and wait for it.
+[`run_in_fork`][vae_ddp.guard.run_in_fork] is the same for a command that is a function of the caller:
+the guard is a fork of the caller and the command a fork of the guard (no interpreter starts).
 
 This module imports only the standard library (the guard starts in tens of milliseconds).
 """
@@ -50,9 +52,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
-__all__ = ["run", "run_all", "guarded", "beat", "under_guard", "STALLED", "TIMED_OUT", "DEFAULT_STALL_S"]
+__all__ = ["run", "run_all", "run_in_fork", "can_fork", "guarded", "beat", "under_guard", "STALLED", "TIMED_OUT", "DEFAULT_STALL_S"]
 
 #: Exit code of the guard when ``--timeout`` passed.
 TIMED_OUT = 124
@@ -168,6 +170,113 @@ def run(cmd: Sequence[str], timeout: Optional[float] = None, stall: Optional[flo
     return run_all([cmd], timeout=timeout, stall=stall, grace=grace, startup=startup, **popen)[0]
 
 
+def can_fork() -> bool:
+    """Whether this process may fork a child that goes on computing: Linux, and this process
+    runs one thread, the main one (no OpenMP pool, no helper thread). A process forked from one
+    that has computed with several intra-op threads hangs in its first parallel region (GNU
+    OpenMP's pool does not survive ``fork``; measured here with torch 2.14: a matmul after the
+    fork never returned), and a thread that held a lock at the fork leaves it held forever."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        return len(os.listdir("/proc/self/task")) == 1
+    except OSError:
+        return False
+
+
+def run_in_fork(main: Callable[[], int], argv: Sequence[str], env: dict, timeout: Optional[float] = None,
+                stall: Optional[float] = None, grace: float = 10.0, startup: Optional[float] = None,
+                stdout: Optional[int] = None, stderr: Optional[int] = None) -> int:
+    """[`run`][vae_ddp.guard.run] for a command that is a function of this process: the guard is
+    a fork of this process, and the command a fork of the guard that calls ``main()`` with
+    ``sys.argv = argv`` and ``os.environ = env`` (plus the guard's heartbeat folder), its
+    standard output and error on the descriptors ``stdout`` and ``stderr`` (None: this
+    process's). Nothing is imported again: a launch whose command would import torch and
+    Lightning (seconds of CPU) starts in milliseconds. Everything else is as with ``run``: own
+    session and process group, watchdog, subreaper, the tree ended on ``timeout``, on an
+    exception or KeyboardInterrupt here, and when this process dies. Returns the guard's exit
+    code (``main()``'s return value, 1 if it raised).
+
+    Only where [`can_fork`][vae_ddp.guard.can_fork] holds (callers check it and otherwise
+    ``run`` the command line).
+
+    Raises:
+        subprocess.TimeoutExpired: ``timeout`` passed (the tree has been ended).
+    """
+    import select
+
+    stall = default_stall() if stall is None else stall
+    parent = os.getpid()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()  # what this process buffered is not written again by its forks
+    pid = os.fork()
+    if pid == 0:  # the guard
+        code = 1
+        try:
+            for fd, target in ((1, stdout), (2, stderr)):
+                if target is not None:
+                    os.dup2(target, fd)
+            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+            for sig in (signal.SIGINT, signal.SIGALRM, signal.SIGUSR1):
+                signal.signal(sig, signal.SIG_DFL)
+
+            def start(guard_env: dict) -> int:
+                child = os.fork()
+                if child:
+                    return child
+                status = 1
+                try:  # the command: as a fresh interpreter would have it (the guard's handlers undone)
+                    for sig in (signal.SIGTERM, signal.SIGHUP):
+                        signal.signal(sig, signal.SIG_DFL)
+                    signal.signal(signal.SIGINT, signal.default_int_handler)
+                    os.environ.clear()
+                    os.environ.update(guard_env)
+                    sys.argv = list(argv)
+                    if hasattr(sys.stdout, "reconfigure"):
+                        sys.stdout.reconfigure(write_through=True)  # PYTHONUNBUFFERED, as the ranks have it
+                    status = main()
+                except SystemExit as stop:
+                    status = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+                except BaseException:
+                    import traceback
+
+                    traceback.print_exc()
+                finally:
+                    for stream in (sys.stdout, sys.stderr):
+                        try:
+                            stream.flush()
+                        except Exception:  # noqa: BLE001 - a closed stream: nothing more to say
+                            pass
+                    os._exit(status if isinstance(status, int) else 1)
+
+            os.environ.clear()
+            os.environ.update(env)
+            code = _Guard(list(argv), timeout, stall, grace, startup, parent, start=start).main()
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    fd = os.pidfd_open(pid)
+    try:
+        try:
+            if not select.select([fd], [], [], timeout)[0]:
+                raise subprocess.TimeoutExpired(list(argv), timeout)
+        except BaseException:  # timeout, an exception or KeyboardInterrupt: the guard ends its tree
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            if not select.select([fd], [], [], grace + 5)[0]:
+                os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise
+        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    finally:
+        os.close(fd)
+
+
 # --------------------------------------------------------------------------- the ranks' side
 _STATE: dict[str, Any] = {}
 
@@ -234,8 +343,9 @@ def _where_stuck(dump: str, main_thread: Optional[int]) -> Optional[str]:
 
 class _Guard:
     def __init__(self, cmd: list[str], timeout: Optional[float], stall: float, grace: float,
-                 startup: Optional[float] = None, parent: Optional[int] = None) -> None:
-        self.cmd, self.timeout, self.stall, self.grace = cmd, timeout, stall, grace
+                 startup: Optional[float] = None, parent: Optional[int] = None,
+                 start: Optional[Callable[[dict], int]] = None) -> None:
+        self.cmd, self.timeout, self.stall, self.grace, self.start = cmd, timeout, stall, grace, start
         self.startup = stall if startup is None else startup
         self.signal: Optional[int] = None
         self.code: Optional[int] = None
@@ -374,13 +484,16 @@ class _Guard:
             os.setsid()  # a session of its own: the command and all it starts share the guard's group
         env = dict(os.environ, **{_ENV_DIR: str(self.dir)})
         self.t0, self.wall0 = time.monotonic(), time.time()
-        try:
-            child = subprocess.Popen(self.cmd, env=env)
-        except OSError as err:
-            sys.stderr.write(f"vae-ddp guard: cannot start {self.cmd[0]}: {err}\n")
-            return 127
-        self.pid = child.pid
-        child.returncode = 0  # the guard reaps it (os.waitpid); Popen must not
+        if self.start is not None:  # run_in_fork: the command is a fork of this process
+            self.pid = self.start(env)
+        else:
+            try:
+                child = subprocess.Popen(self.cmd, env=env)
+            except OSError as err:
+                sys.stderr.write(f"vae-ddp guard: cannot start {self.cmd[0]}: {err}\n")
+                return 127
+            self.pid = child.pid
+            child.returncode = 0  # the guard reaps it (os.waitpid); Popen must not
         try:
             return self._watch()
         finally:

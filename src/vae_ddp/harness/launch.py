@@ -2,7 +2,12 @@
 [guard][vae_ddp.guard]: own process group, watchdog, no orphans) and collect what rank 0 wrote.
 
 Each run is ``python -m vae_ddp.harness.runner SPEC_JSON OUT_DIR``; Lightning's DDP launcher then
-starts the other ranks by re-running that command. If any rank fails, Lightning ends the
+starts the other ranks by re-running that command (on CPU the runner forks them,
+[`vae_ddp.ranks`][vae_ddp.ranks]). From a process that runs one thread and has imported Lightning
+(the entries of ``make results``), a CPU launch is that command run in a fork of the caller
+under a guard ([`guard.run_in_fork`][vae_ddp.guard.run_in_fork]) instead of a new interpreter that
+imports torch and Lightning again (seconds of CPU per launch): the same runs, bit for bit
+(``tests/test_studies.py``). ``VAE_DDP_LAUNCH=exec`` always starts the interpreter. If any rank fails, Lightning ends the
 whole group (rank 0 kills its children on an exception; ``_ChildProcessObserver``
 SIGKILLs everyone when a child exits non-zero), so the run returns a non-zero code
 instead of hanging; [`launch`][vae_ddp.harness.launch.launch] then raises [`RunFailed`][vae_ddp.harness.launch.RunFailed] with the end of the
@@ -119,9 +124,14 @@ def launch(spec: "RunSpec | RunGroup", out_dir: Path, timeout: Optional[float] =
     with open(log, "w") as err:
         try:
             # under a guard: its own process group, a watchdog, nothing left behind (vae_ddp.guard)
-            proc = guard.run(cmd, stdout=subprocess.DEVNULL if quiet else None, stderr=err, env=env,
-                             timeout=timeout, stall=stall)
-            code = proc.returncode
+            if _forkable(cmd, spec):
+                with open(os.devnull, "w") as null:
+                    code = guard.run_in_fork(lambda: _run_module(cmd[2]), ["-m", *cmd[3:]], env, timeout=timeout,
+                                             stall=stall, stdout=null.fileno() if quiet else None, stderr=err.fileno())
+            else:
+                proc = guard.run(cmd, stdout=subprocess.DEVNULL if quiet else None, stderr=err, env=env,
+                                 timeout=timeout, stall=stall)
+                code = proc.returncode
         except subprocess.TimeoutExpired:
             code = None
     if code != 0 or not (out_dir / "run.json").exists():
@@ -135,6 +145,37 @@ def launch(spec: "RunSpec | RunGroup", out_dir: Path, timeout: Optional[float] =
         head = f"run '{spec.label}' {what}" + (f"; first error: {first}" if first else "")
         raise RunFailed(f"{head}\n(full stderr of all ranks: {log}; it ends with:)\n" + "\n".join(lines[-8:]))
     return json.loads((out_dir / "run.json").read_text())
+
+
+#: ``VAE_DDP_LAUNCH=exec``: every launch starts a new interpreter (``_forkable`` never holds).
+_LAUNCH_ENV = "VAE_DDP_LAUNCH"
+#: The runners a launch may fork: this project's, whose callers' state the runs do not read. The
+#: audit's runs (``vae_ddp.audit.run``) train the user's classes, whose modules a fork would carry
+#: over as the audit's own checks left them: they start an interpreter.
+_FORKED_MODULES = ("vae_ddp.harness.runner", "vae_ddp.studies.report_scale")
+
+
+def _forkable(cmd: list[str], spec) -> bool:
+    """Whether the launch of ``cmd`` may be a fork of this process instead of a new interpreter
+    ([`guard.run_in_fork`][vae_ddp.guard.run_in_fork]): ``cmd`` is ``python -m MODULE ...`` with a
+    module of ``_FORKED_MODULES``, the run is
+    on CPU (on GPUs Lightning's launcher re-runs the command line for the other ranks), Lightning
+    is already imported here (what the fork saves), ``$VAE_DDP_LAUNCH`` is not ``exec``, and this
+    process runs one thread ([`guard.can_fork`][vae_ddp.guard.can_fork]: true in the results
+    runner's entries until they compute with several threads; false in an interpreter that
+    imported torch, which starts threads of its own, so a study started from a shell or a
+    notebook launches as before)."""
+    return (cmd[:2] == [sys.executable, "-m"] and cmd[2] in _FORKED_MODULES and spec.accelerator == "cpu"
+            and "pytorch_lightning" in sys.modules and os.environ.get(_LAUNCH_ENV) != "exec" and guard.can_fork())
+
+
+def _run_module(module: str) -> int:
+    """``python -m MODULE`` in this process (a fork): ``__main__`` is the module, as it would be."""
+    import runpy
+
+    sys.path[0:1] = [os.getcwd()] if sys.path else [os.getcwd()]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    return 0
 
 
 def launch_group(specs: list[RunSpec], out_dir: Path, timeout: Optional[float] = None, quiet: bool = False) -> list[dict]:
