@@ -148,9 +148,10 @@ def main(argv=None) -> dict:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--seeds", type=int, default=4, help="seeds per variant (0, 1, ...)")
     args = p.parse_args(argv)
-    result = {"steps": args.steps, "seeds": list(range(args.seeds)), "gradient_variance": gradient_variance()}
+    seeds = list(range(args.seeds))
     with tempfile.TemporaryDirectory() as tmp:
-        result["runs"] = adam_state(args.steps, result["seeds"], Path(tmp))
+        runs = adam_state(args.steps, seeds, Path(tmp))
+    result = {"steps": args.steps, "seeds": seeds, "gradient_variance": gradient_variance(), "runs": runs}
     result["kl_gaps"] = kl_gaps(result["runs"])
     gv, runs = result["gradient_variance"], result["runs"]
     head = "fc_mu/fc_var"

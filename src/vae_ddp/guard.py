@@ -208,7 +208,8 @@ def run_in_fork(main: Callable[[], int], argv: Sequence[str], env: dict, timeout
     stall = default_stall() if stall is None else stall
     parent = os.getpid()
     for stream in (sys.stdout, sys.stderr):
-        stream.flush()  # what this process buffered is not written again by its forks
+        if stream is not None:
+            stream.flush()  # what this process buffered is not written again by its forks
     pid = os.fork()
     if pid == 0:  # the guard
         code = 1
