@@ -352,10 +352,10 @@ def _serve(preload: list[str]) -> None:
 def _child(request: dict[str, Any]) -> int:
     """Run one entry in this fork as its command line would; return its exit code."""
     import runpy
-    import traceback
 
-    code = 1
-    try:
+    from vae_ddp.guard import beat, call_as_main
+
+    def entry() -> None:
         os.setpgid(0, 0)
         out = os.open(request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         err = out if request["stderr"] == request["stdout"] else os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
@@ -368,30 +368,13 @@ def _child(request: dict[str, Any]) -> int:
         module = argv[1] if argv[0] == "-m" else None
         sys.argv = argv[1:] if module else argv
         sys.path[0] = os.getcwd() if module else os.path.dirname(os.path.abspath(argv[0]))
-        from vae_ddp.guard import beat
-
         beat()  # the entry's start is progress: the watchdog's stall limit counts from here, as for a guard of its own
-        try:
-            if module:
-                runpy.run_module(module, run_name="__main__", alter_sys=True)
-            else:
-                runpy.run_path(argv[0], run_name="__main__")
-            code = 0
-        except SystemExit as stop:
-            if stop.code is None or isinstance(stop.code, int):
-                code = stop.code or 0
-            else:
-                print(stop.code, file=sys.stderr)
-                code = 1
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                pass
-    return code
+        if module:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(argv[0], run_name="__main__")
+
+    return call_as_main(entry)
 
 
 def write_if_changed(path: Path, text: str) -> None:

@@ -54,7 +54,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-__all__ = ["run", "run_all", "run_in_fork", "can_fork", "guarded", "beat", "under_guard", "STALLED", "TIMED_OUT", "DEFAULT_STALL_S"]
+__all__ = ["run", "run_all", "run_in_fork", "can_fork", "call_as_main", "guarded", "beat", "under_guard", "STALLED", "TIMED_OUT", "DEFAULT_STALL_S"]
 
 #: Exit code of the guard when ``--timeout`` passed.
 TIMED_OUT = 124
@@ -184,6 +184,34 @@ def can_fork() -> bool:
         return False
 
 
+def call_as_main(main: Callable[[], Optional[int]]) -> int:
+    """Run ``main()`` as the main of a forked process that then leaves with ``os._exit``: returns
+    its exit code as the interpreter would give it (``main``'s return value, None being 0;
+    ``SystemExit``'s code, a message printed to stderr and 1; 1 with the traceback printed for
+    any other exception), with standard output and error flushed."""
+    code = 1
+    try:
+        returned = main()
+        code = returned if isinstance(returned, int) else 0
+    except SystemExit as stop:
+        if stop.code is None or isinstance(stop.code, int):
+            code = stop.code or 0
+        else:
+            print(stop.code, file=sys.stderr)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                if stream is not None:
+                    stream.flush()
+            except Exception:  # noqa: BLE001 - a closed stream: nothing more to say
+                pass
+    return code
+
+
 def run_in_fork(main: Callable[[], int], argv: Sequence[str], env: dict, timeout: Optional[float] = None,
                 stall: Optional[float] = None, grace: float = 10.0, startup: Optional[float] = None,
                 stdout: Optional[int] = None, stderr: Optional[int] = None) -> int:
@@ -225,8 +253,8 @@ def run_in_fork(main: Callable[[], int], argv: Sequence[str], env: dict, timeout
                 child = os.fork()
                 if child:
                     return child
-                status = 1
-                try:  # the command: as a fresh interpreter would have it (the guard's handlers undone)
+
+                def command() -> Optional[int]:  # as a fresh interpreter would have it (the guard's handlers undone)
                     for sig in (signal.SIGTERM, signal.SIGHUP):
                         signal.signal(sig, signal.SIG_DFL)
                     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -235,20 +263,9 @@ def run_in_fork(main: Callable[[], int], argv: Sequence[str], env: dict, timeout
                     sys.argv = list(argv)
                     if hasattr(sys.stdout, "reconfigure"):
                         sys.stdout.reconfigure(write_through=True)  # PYTHONUNBUFFERED, as the ranks have it
-                    status = main()
-                except SystemExit as stop:
-                    status = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
-                except BaseException:
-                    import traceback
+                    return main()
 
-                    traceback.print_exc()
-                finally:
-                    for stream in (sys.stdout, sys.stderr):
-                        try:
-                            stream.flush()
-                        except Exception:  # noqa: BLE001 - a closed stream: nothing more to say
-                            pass
-                    os._exit(status if isinstance(status, int) else 1)
+                os._exit(call_as_main(command))
 
             os.environ.clear()
             os.environ.update(env)
