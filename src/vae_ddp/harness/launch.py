@@ -170,10 +170,17 @@ def _forkable(cmd: list[str], spec) -> bool:
 
 
 def _run_module(module: str) -> int:
-    """``python -m MODULE`` in this process (a fork): ``__main__`` is the module, as it would be."""
+    """``python -m MODULE`` in this process (a fork): ``__main__`` is the module, and torch's
+    intra-op threads are ``$OMP_NUM_THREADS`` (which a new interpreter's torch reads at import),
+    as they would be."""
     import runpy
 
-    sys.path[0:1] = [os.getcwd()] if sys.path else [os.getcwd()]
+    import torch
+
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))
+    sys.path[0:1] = [os.getcwd()]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
     return 0
 
