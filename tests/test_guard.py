@@ -327,11 +327,33 @@ def test_loaders_with_workers_start_them_from_a_forkserver():
 
 def test_a_guard_inside_a_guard_passes_the_heartbeat_on(tmp_path):
     """A study launched by a docs example runs under two guards: the outer one sees the runs'
-    progress through the inner one, so a run longer than the stall limit is not ended."""
+    progress through the inner one, so a run longer than the stall limit is not ended. The
+    command beats once per line the test writes; the test writes the next line when the beat
+    has reached the outermost guard's folder (inotify), until twice the stall limit has passed."""
+    stall = 2.0
+    go = tmp_path / "go"
+    os.mkfifo(go)
     beats = tmp_path / "beats.py"
-    beats.write_text("import time\nfrom vae_ddp.guard import beat\nfor _ in range(8):\n    beat()\n    time.sleep(1)\n")
+    beats.write_text("import sys\nfrom vae_ddp.guard import beat\nfor _ in open(sys.argv[1]):\n    beat()\n")
     outer = tmp_path / "outer.py"
     outer.write_text("import sys\nfrom vae_ddp import guard\n"
-                     f"sys.exit(guard.run([sys.executable, {str(beats)!r}], stall=4).returncode)\n")
-    proc = guard.run([sys.executable, str(outer)], stall=4, startup=30, timeout=120, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+                     f"sys.exit(guard.run([sys.executable, {str(beats)!r}, {str(go)!r}], stall={stall}, startup=60).returncode)\n")
+    seen = tmp_path / "seen"  # the outermost guard passes its beats on here, as to a guard above it
+    seen.mkdir()
+    events = beats_in(seen)
+    newest = lambda: max((f.stat().st_mtime_ns for f in seen.iterdir()), default=0)  # noqa: E731
+    writer = os.open(go, os.O_RDWR)  # never blocks; the command reads until it is closed
+    proc = subprocess.Popen(guard.guarded([sys.executable, str(outer)], stall=stall, startup=60, timeout=120),
+                            env=dict(os.environ, VAE_DDP_HEARTBEAT_DIR=str(seen)), stderr=subprocess.PIPE, text=True)
+    try:
+        t0, rounds = time.monotonic(), 0
+        while time.monotonic() - t0 < 2 * stall or rounds < 3:
+            before = newest()
+            os.write(writer, b"beat\n")
+            assert wait_for(lambda: newest() > before, events, 60), "a beat did not reach the outermost guard"
+            rounds += 1
+    finally:
+        os.close(writer)  # end of the lines: the command ends
+        os.close(events)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-2000:]
