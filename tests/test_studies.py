@@ -4,6 +4,7 @@
 
 import json
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -272,78 +273,65 @@ def test_what_runs_of_one_seed_share_with_single(tmp_path):
     assert sorted(first["ddp"]) != sorted(first["single"]) and "data order" not in SHARED_WITH_SINGLE["ddp"]
 
 
-def test_a_run_sequence_trains_each_world_size_as_its_own_launch_would(tmp_path):
-    """launch_by_world_size trains the world sizes of a CPU study in one launch (each group in a
-    fork of one process that imported Lightning once): the same records and parameters, bit for
-    bit, as a launch of the DDP group alone."""
-    import torch
-
-    from vae_ddp.harness.configs import RunSpec
-    from vae_ddp.harness.launch import launch_by_world_size, launch_group
-
-    specs = [RunSpec(config=c, devices=2, steps=2, global_batch_size=16, data="digits", seeds=[3], model="small",
-                     save_params=True).validate() for c in ("single", "ddp")]
-    (single, in_sequence), alone = launch_by_world_size(specs, tmp_path / "seq", quiet=True), \
-        launch_group([specs[1]], tmp_path / "alone", quiet=True)[0]
-    assert sorted(p.name for p in (tmp_path / "seq").iterdir()) == ["1-process", "2-processes", "run.json", "stderr.log"]
-    assert single[1].name == "1-process" and in_sequence[1].name == "2-processes"
-    seq_run, alone_run = in_sequence[0]["runs"][0], alone["runs"][0]
-    untimed = [[{k: v for k, v in r.items() if k != "time_s"} for r in run["records"]] for run in (seq_run, alone_run)]
-    assert untimed[0] == untimed[1] and len(untimed[0]) == 2
-    a = torch.load(in_sequence[1] / seq_run["params"])
-    b = torch.load(tmp_path / "alone" / alone_run["params"])
-    flat = [{f"{part}.{k}": t for part, d in saved.items() for k, t in d.items()} for saved in (a, b)]
-    assert flat[0].keys() == flat[1].keys() and len(flat[0]) > 10
-    assert all(torch.equal(flat[0][k], flat[1][k]) for k in flat[0])
-
-
 FORKED_AND_EXECED = """
 import os, sys
 import pytorch_lightning  # noqa: F401  what a fork saves: the runner's import of torch and Lightning
 from vae_ddp import guard
 from vae_ddp.harness.configs import RunSpec
-from vae_ddp.harness.launch import _forkable, launch_by_world_size
+from vae_ddp.harness.launch import _forkable, launch_by_world_size, launch_group
 
 out = sys.argv[1]
 specs = [RunSpec(config=c, devices=2, steps=2, global_batch_size=16, data="digits", seeds=[3], model="small",
                  save_params=True).validate() for c in ("single", "ddp")]
+runner = [sys.executable, "-m", "vae_ddp.harness.runner"]
 assert not guard.can_fork()  # an interpreter that imported torch runs threads: its launches start one
 pid = os.fork()
 if pid == 0:  # one thread, as the results runner's entries are: the launch is a fork of this process
     code = 1
     try:
-        assert guard.can_fork() and _forkable([sys.executable, "-m", "vae_ddp.harness.runner"], specs[0])
+        assert guard.can_fork() and _forkable(runner, specs[0])
+        os.environ["VAE_DDP_LAUNCH"] = "exec"
+        assert not _forkable(runner, specs[0])
+        del os.environ["VAE_DDP_LAUNCH"]
         launch_by_world_size(specs, os.path.join(out, "forked"), quiet=True)
         code = 0
     finally:
         os._exit(code)
 assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
 launch_by_world_size(specs, os.path.join(out, "execed"), quiet=True)
+launch_group([specs[1]], os.path.join(out, "alone"), quiet=True)
 """
 
 
-def test_a_launch_forked_from_a_one_thread_process_trains_as_a_new_interpreter_would(tmp_path):
-    """``launch`` from a process that runs one thread (the results runner's entries) forks the
-    runner instead of starting an interpreter that imports torch and Lightning again
-    (``vae_ddp.guard.run_in_fork``): the same records and parameters, bit for bit, at world
-    sizes 1 and 2."""
+def test_launches_train_the_same_runs_in_a_sequence_forked_or_alone(tmp_path):
+    """The same records and parameters, bit for bit, however a CPU study's runs are launched:
+    launch_by_world_size trains its world sizes in one launch (each group in a fork of one
+    process that imported Lightning once), as a launch of the DDP group alone does; and from a
+    process that runs one thread (the results runner's entries) that launch is a fork of the
+    caller (``vae_ddp.guard.run_in_fork``) rather than an interpreter that imports torch and
+    Lightning again, at world sizes 1 and 2."""
     import torch
 
     from vae_ddp.guard import run
 
-    script = tmp_path / "forked_and_execed.py"
+    script = tmp_path / "launches.py"
     script.write_text(FORKED_AND_EXECED)
-    proc = run([sys.executable, str(script), str(tmp_path)], timeout=600, capture_output=True, text=True)
+    proc = run([sys.executable, str(script), str(tmp_path)], timeout=900, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    for tag in ("1-process", "2-processes"):
-        runs = [json.loads((tmp_path / how / tag / "run.json").read_text())["group"][0]["runs"][0]
-                for how in ("forked", "execed")]
-        untimed = [[{k: v for k, v in r.items() if k != "time_s"} for r in run["records"]] for run in runs]
+    assert sorted(p.name for p in (tmp_path / "execed").iterdir()) == ["1-process", "2-processes", "run.json", "stderr.log"]
+
+    def run_of(folder: Path, tag: str = "") -> tuple[dict, dict]:
+        found = json.loads((folder / tag / "run.json").read_text())["group"][0]["runs"][0]
+        saved = torch.load(folder / tag / found["params"])
+        return found, {f"{part}.{k}": t for part, d in saved.items() for k, t in d.items()}
+
+    pairs = [(run_of(tmp_path / "forked", tag), run_of(tmp_path / "execed", tag)) for tag in ("1-process", "2-processes")]
+    pairs.append((run_of(tmp_path / "execed", "2-processes"), run_of(tmp_path / "alone")))
+    for (run_a, flat_a), (run_b, flat_b) in pairs:
+        untimed = [[{k: v for k, v in r.items() if k != "time_s"} for r in run["records"]] for run in (run_a, run_b)]
         assert untimed[0] == untimed[1] and len(untimed[0]) == 2
-        a, b = (torch.load(tmp_path / how / tag / run["params"]) for how, run in zip(("forked", "execed"), runs))
-        flat = [{f"{part}.{k}": t for part, d in saved.items() for k, t in d.items()} for saved in (a, b)]
-        assert flat[0].keys() == flat[1].keys() and len(flat[0]) > 10
-        assert all(torch.equal(flat[0][k], flat[1][k]) for k in flat[0]), tag
+        assert flat_a.keys() == flat_b.keys() and len(flat_a) > 10
+        assert all(torch.equal(flat_a[k], flat_b[k]) for k in flat_a)
 
 
 def test_equivalence_verdict_wording():

@@ -52,7 +52,8 @@ def one_line(text: str) -> str:
     several lines) names the flag and what it expected (``--steps: expected int, got 'ten'``), and
     a value outside a ``Literal``'s choices says them (``unknown --model 'x': use one of resnet18, small``).
 
-    Dotted flags keep their names (``--trainer.gradient_clip_val``). A bad init argument of a class given by its path (``--model.init_args.hidden``) is named as such:
+    Dotted flags keep their names (``--trainer.gradient_clip_val``). A bad init argument of a
+    class given by its path (``--model.init_args.hidden``) is named as such:
     ``--model.init_args.hidden: Net has no init argument 'hidden'``, or the argument's own error.
     """
     flat = " ".join(text.split())
