@@ -37,7 +37,7 @@ def _recipe():
 @pytest.mark.parametrize("variant", ["plain", "helpers"])
 def test_recipe_on_a_foreign_module_reaches_the_one_device_floor(generated, dtype, variant):
     r = generated("recipe")
-    assert r["method"] == "teacher-forced" and {2, 3} <= set(r["world_sizes"])  # 2, 3, 4 in the full run
+    assert r["method"] == "teacher-forced" and set(r["world_sizes"]) == {2, 3, 4}  # the world sizes the site judges
     e = r["dtypes"][dtype]
     assert r["permutations"] >= 4 and len(e["floor_runs"]) == r["permutations"]
     assert all(len(f) == r["steps"] for f in e["floor_steps"])
