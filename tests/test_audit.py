@@ -57,6 +57,11 @@ def test_no_exposure(tmp_path):
     assert len(result["floor_draws"]) == FLOOR_DRAWS and all(len(d) == 3 for d in result["floor_draws"])
     assert result["deterministic"] and 0 < result["floor"] < 1e-14  # rounding, float64
     assert result["ratio_to_floor"] == max(result["grad_steps"]) / max(result["floor"], 2.0 ** -52)
+    # another batch at the same weights: the batch-to-batch noise, far above rounding (a run
+    # whose batches did not lag its weights would measure the floor), one value per step but the first
+    assert len(result["batch_noise_steps"]) == 2 and result["batch_noise"] > 1e6 * result["floor"]
+    runs = json.loads((tmp_path / "audit" / "runs" / "one-device" / "run.json").read_text())
+    assert runs["other-batch"]["weights_of_batch"] == [0, 0, 1] and runs["floor-1"]["weights_of_batch"] == [0, 1, 2]
     assert not result["unexplained"] and not any(f["bites"] for f in result["findings"])
     assert "- passed: " in log and "none of the exposed factors changes the gradient here" in log
     left = sorted(p.name for p in (tmp_path / "audit").rglob("*") if p.suffix in {".pt", ".partial"})
@@ -71,6 +76,10 @@ def test_gradient_clipping_and_accumulation_pass_through(tmp_path):
                               "--trainer.accumulate_grad_batches=2", in_process=False)
     assert code == 0 and result["within_floor"], log[-3000:]
     assert result["trainer"] == {"gradient_clip_val": 0.05, "accumulate_grad_batches": 2}
+    # another batch: one optimizer step (two batches) later, at the same weights
+    assert len(result["batch_noise_steps"]) == 2 and result["batch_noise"] > 1e6 * result["floor"]
+    runs = json.loads((tmp_path / "audit" / "runs" / "one-device" / "run.json").read_text())
+    assert runs["other-batch"]["weights_of_batch"] == [0, 1, 0, 1, 2, 3]
     assert "gradient_clip_val=0.05" in log and "accumulate_grad_batches=2" in log  # the table's title
     assert "Tip:" not in log and "GPU available" not in log  # Lightning's chatter from checking the values
 
@@ -108,6 +117,8 @@ def test_batchnorm(generated):
     f = by_factor(result)
     assert f["batchnorm"]["exposed"] and f["batchnorm"]["bites"], result
     assert result["findings"][0]["factor"] == "batchnorm"  # ranked first: the largest contribution
+    b = f["batchnorm"]  # the same effect over the difference another batch makes at the same weights
+    assert b["vs_batch_noise"] == pytest.approx(b["contribution"] / result["batch_noise"]) and result["batch_noise"] > 0
     assert result["divergence_default"] > 1e3 * result["trajectory_floor"]
     assert result["within_floor"] and not result["unexplained"]  # exit 0: every difference explained and fixed
 
@@ -155,12 +166,32 @@ def test_per_rank_padding_is_named_not_the_reduction(tmp_path):
     assert f["sampler"]["exposed"] and not f["sampler"]["automatic_fix"], f["sampler"]
     assert "differ in shape" in f["sampler"]["evidence"] and "max_length=L" in f["sampler"]["fix"]
     assert "needs your code" in log
+    # measured too: what is left with every automatic fix on, ranked by it among what bites
+    assert f["sampler"]["left_after_fixes"] == max(result["grad_steps"]) and result["findings"][0]["factor"] == "sampler"
     # without dropout the shapes make no difference: seen, said in a note, and the audit passes
     code, result, log = audit(tmp_path / "p0", f"{M}.PaddedTokensDropout", "--model.init_args.p", "0",
                               data=f"{M}.PaddedTokens")
     assert code == 0 and result["within_floor"], log[-3000:]
     assert not any(f["exposed"] and not f["automatic_fix"] for f in result["findings"]), result["findings"]
     assert any("differ in shape" in n and "makes no difference here" in n for n in result["notes"]), result["notes"]
+
+
+def test_the_table_ranks_by_measured_effect():
+    """The order of the audit's rows, from made-up findings: what bites and what needs the
+    user's code by their measured effect; a factor that needs a code change never below one
+    that does not bite or cannot be separated; the unexposed last."""
+    from vae_ddp.audit.study import _rank
+
+    def f(name, exposed=True, automatic=True, contribution=None, bites=None, left=None):
+        return dict(factor=name, exposed=exposed, automatic_fix=automatic, contribution=contribution, bites=bites,
+                    left_after_fixes=left)
+
+    rows = [f("quiet", contribution=1e-16, bites=False), f("unseen", exposed=False),
+            f("mixed", contribution=0.5, bites=None), f("small", contribution=1e-3, bites=True),
+            f("yours", automatic=False, left=1e-2), f("yours, not measured", automatic=False),
+            f("large", contribution=0.2, bites=True)]
+    assert [r["factor"] for r in sorted(rows, key=_rank)] == [
+        "large", "yours", "small", "yours, not measured", "mixed", "quiet", "unseen"]
 
 
 def test_all_gather_with_gradients(tmp_path):
@@ -192,6 +223,7 @@ def test_two_optimizers(tmp_path):
     assert code == 0, log[-3000:]
     assert result["within_floor"] and result["ratio_to_floor"] <= FLOOR_RATIO
     assert len(result["grad_steps"]) == 2 * 2  # 3 steps = 2 batches of two optimizer steps each (Lightning counts both)
+    assert len(result["batch_noise_steps"]) == 2 and result["batch_noise"] > 1e6 * result["floor"]  # one batch later
 
 
 def test_augmentation_with_workers(tmp_path):

@@ -86,7 +86,9 @@ class StepProbe(Callback):
     from the reference run's weights and its gradient differs from the reference's only by
     what this run computes differently (grouping over ranks, order of the samples), never by
     differences carried over from earlier steps. The optimizer still steps, but its result is
-    replaced at the next step.
+    replaced at the next step. With ``lag`` L, batch ``k >= L`` starts from θ_(k-L) instead
+    (batches ``k < L`` from θ_k): another batch at the same weights, the batch-to-batch
+    gradient noise one device has at the reference's weights.
 
     ``k`` counts training batches; the gradients are kept at every optimizer step: one per
     batch under automatic optimization, one per ``accumulate_grad_batches`` batches with
@@ -96,24 +98,36 @@ class StepProbe(Callback):
     Args:
         states: the reference's ``{name: Tensor}`` per step, or None to record them.
         record_states: keep θ_k of each step (the reference run).
+        lag: forced runs only: batches later than the weights they start from (0: the same batch).
 
     Attributes:
         grads: per step, the gradient as one float64 vector ``(P,)`` (parameters in
             ``named_parameters`` order, those without a gradient left out).
         buffers: per step, the floating-point buffers as one float64 vector (empty without BatchNorm).
         states: the θ_k loaded or recorded, per step.
+        loaded: forced runs: per batch, the index k of the θ_k it started from.
+        grad_batches: per kept gradient, the training batch (0, 1, ...) it was computed on.
 
     Raises:
         RuntimeError: a forced run that has more steps than the reference recorded.
     """
 
-    def __init__(self, states: Optional[list[dict[str, Tensor]]] = None, record_states: bool = False) -> None:
+    def __init__(self, states: Optional[list[dict[str, Tensor]]] = None, record_states: bool = False,
+                 lag: int = 0) -> None:
         self.forced = states is not None
+        self.lag = lag
         self.states: list[dict[str, Tensor]] = list(states) if states is not None else []
         self.record_states = record_states and not self.forced
         self.grads: list[Tensor] = []
         self.buffers: list[Tensor] = []
+        self.loaded: list[int] = []
+        self.grad_batches: list[int] = []
         self._batch = 0
+
+    @property
+    def batches(self) -> int:
+        """Training batches seen so far in this fit."""
+        return self._batch
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._batch = 0
@@ -127,8 +141,9 @@ class StepProbe(Callback):
             if k >= len(self.states):
                 raise RuntimeError(f"StepProbe: batch {k} is past the {len(self.states)} batches of the reference")
             own = pl_module.state_dict()
+            self.loaded.append(k - self.lag if k >= self.lag else k)
             with torch.no_grad():
-                for name, value in self.states[k].items():
+                for name, value in self.states[self.loaded[-1]].items():
                     if name in own:
                         own[name].copy_(value.to(own[name].device, own[name].dtype))
         elif self.record_states:
@@ -137,6 +152,7 @@ class StepProbe(Callback):
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer) -> None:
         grads = [p.grad.detach().reshape(-1).double().cpu() for _, p in pl_module.named_parameters() if p.grad is not None]
         self.grads.append(torch.cat(grads) if grads else torch.zeros(0, dtype=torch.float64))
+        self.grad_batches.append(self._batch - 1)
         bufs = [b.detach().reshape(-1).double().cpu() for _, b in pl_module.named_buffers() if b.is_floating_point()]
         self.buffers.append(torch.cat(bufs) if bufs else torch.zeros(0, dtype=torch.float64))
 

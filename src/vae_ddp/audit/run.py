@@ -201,7 +201,7 @@ def _train(runs: list[AuditRun], out: Path) -> int:
         probe = None
         if run.steps_file:
             probe = StepProbe(wait_for_steps(Path(run.steps_file)) if run.teacher_forced else None,
-                              record_states=not run.teacher_forced)
+                              record_states=not run.teacher_forced, lag=run.lag)
         model, dm, trainer = build(run, probe)
         trainer.fit(model, datamodule=dm)
         if trainer.is_global_zero:
@@ -209,8 +209,10 @@ def _train(runs: list[AuditRun], out: Path) -> int:
             torch.save({n: t.detach().cpu() for n, t in model.state_dict().items() if t.is_floating_point()},
                        out / f"{run.label}.pt")
             info[run.label] = {"findings": audit.state(), "steps": trainer.global_step, "notes": list(NOTES)}
+            if probe is not None and probe.forced:  # which of the reference's θ_k each batch started from
+                info[run.label]["weights_of_batch"] = probe.loaded
             if probe is not None:
-                record = {"grads": probe.grads, "buffers": probe.buffers}
+                record = {"grads": probe.grads, "buffers": probe.buffers, "grad_batches": probe.grad_batches}
                 torch.save(record, out / f"{run.label}.steps.pt")
                 if not run.teacher_forced:  # the reference: its weights, for the forced runs (written whole)
                     tmp = Path(run.steps_file).with_suffix(".partial")

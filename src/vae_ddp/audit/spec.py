@@ -134,6 +134,9 @@ class AuditRun:
             the θ_k recorded there (``teacher_forced`` True), see
             [`StepProbe`][vae_ddp.probes.StepProbe].
         teacher_forced: start every batch from the weights of ``steps_file``.
+        lag: with ``teacher_forced``: start batch k from the weights of batch k - ``lag``
+            (another batch at the same weights: the batch-to-batch gradient noise; 0: the same
+            batch).
         eval_mode: run each training step with the module in eval mode (``module.eval()``: no
             dropout, BatchNorm with its running statistics), as the one-process reduction check
             does: a forced pair of these (one device, DDP) tells whether the loss reduces over
@@ -158,6 +161,7 @@ class AuditRun:
     permute: int = 0
     steps_file: Optional[str] = None
     teacher_forced: bool = False
+    lag: int = 0
     eval_mode: bool = False
     trainer: dict = field(default_factory=dict)
     label: str = ""

@@ -11,6 +11,9 @@ ranks, all forks of one process on CPU):
 2. ``floor-1`` … ``floor-4``: one device started at every step from the reference's θ_k, the
    samples inside each batch permuted (the same loss, another summation order; each draw its
    own permutation): ``||g_floor - g_single|| / ||g_single||`` per step is what rounding alone does;
+   ``other-batch``: one device started at every step from the reference's weights of the step
+   before, so that it takes another batch at the same weights: the batch-to-batch gradient
+   noise each factor's contribution is set against (as the site's factor table does);
 3. ``ddp+fixed-forced``: N ranks, every fix on, started at every step from the same θ_k: its
    all-reduced gradient against one device's, per step — the verdict. Every step starts from
    the same weights, so no difference is carried over and amplified by later steps;
@@ -145,9 +148,12 @@ def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress
         stale.unlink(missing_ok=True)
 
     forced = dict(fixes=fixes, steps_file=str(steps_file), teacher_forced=True)
+    # another batch at the same weights: batch k from θ of one optimizer step earlier
+    lag = int(base.trainer.get("accumulate_grad_batches") or 1)
     one_device = [base.replace(label="single", devices=1, fixes=fixes, steps_file=str(steps_file)),
                   *(base.replace(label=f"floor-{k}", devices=1, permute=k, **forced)
                     for k in range(1, FLOOR_DRAWS + 1)),
+                  base.replace(label="other-batch", devices=1, lag=lag, **forced),
                   base.replace(label="permuted", devices=1, fixes=fixes, permute=FLOOR_DRAWS + 1)]
     # The ablation (every fix but one, every step from one device's weights) runs in the same
     # launch for every fixable factor; only the factors found exposed below are reported (a
@@ -170,6 +176,7 @@ def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress
         for spec in one_device + ddp:
             print(f"[audit] {spec.label}: {spec.devices} process(es), fixes: {', '.join(spec.fixes) or 'none'}"
                   f"{', samples permuted in each batch' if spec.permute else ''}"
+                  f"{', each batch from the weights of the step before' if spec.lag else ''}"
                   f"{', every step from the one-device weights' if spec.teacher_forced else ''}", flush=True)
     # One launch: the one-device runs in a process forked beside the DDP ranks, all forks of one
     # process that imported torch and Lightning once (most of a launch is those imports).
@@ -189,6 +196,9 @@ def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress
             raise RunFailed(f"run '{label}' cannot be compared with one device's step by step: {err}") from None
 
     floor_draws = [per_step(one[f"floor-{k}"], f"floor-{k}") for k in range(1, FLOOR_DRAWS + 1)]
+    noise_steps = _batch_noise(one["other-batch"][2] / "other-batch.steps.pt", one["single"][2] / "single.steps.pt",
+                               lag)
+    batch_noise = sum(noise_steps) / len(noise_steps) if noise_steps else None
     grad_steps = per_step(first["ddp+fixed-forced"], "ddp+fixed-forced")
     eps = torch.finfo(torch.float64 if base.dtype == "float64" else torch.float32).eps
     floor = max((max(d, default=0.0) for d in floor_draws), default=0.0)
@@ -259,10 +269,14 @@ def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress
         other = registry.get(factor).ablated_with if factor in {g.key for g in registry.factors()} else None
         if other in contributions and factor not in manual:
             contribution = contributions[other] if f else None  # that factor's fix removes this one too
-        if factor in manual:  # what bites is in the user's code, which no automatic fix removes
+        # what bites is in the user's code, which no automatic fix removes: measured by what is
+        # left with every automatic fix on (shared by every such factor)
+        left = max(grad_steps, default=0.0) if factor in manual else None
+        if factor in manual:
             contribution = None
         if not deterministic:  # against a floor that is not rounding, no contribution means anything
-            contribution = None
+            contribution = left = None
+        effect = contribution if left is None else left
         # a contribution over 2x what is left with every fix bites; under that, while what is left is
         # itself over 2x the floor, the two cannot be told apart (None: not separable)
         bites = None if contribution is None else contribution > FLOOR_RATIO * max(yardstick, *grad_steps)
@@ -270,12 +284,14 @@ def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress
             bites = None
         findings.append({"factor": factor, "exposed": f is not None,
                          "evidence": f["evidence"] if f else _clean(factor),
-                         "contribution": contribution, "bites": bites,
+                         "contribution": contribution, "bites": bites, "left_after_fixes": left,
+                         "vs_batch_noise": None if batch_noise is None or effect is None else effect / batch_noise,
                          "automatic_fix": f is not None and factor not in manual,
                          "fix": f["fix"] if f else "", "page": _page(factor)})
     findings.sort(key=_rank)
     result = {"devices": n, "steps": base.steps, "dtype": base.dtype, "method": "teacher-forced",
               "floor": floor, "floor_draws": floor_draws, "grad_steps": grad_steps, "ratio_to_floor": ratio,
+              "batch_noise": batch_noise, "batch_noise_steps": noise_steps,
               "deterministic": deterministic, "within_floor": within, "unexplained": unexplained,
               "trajectory_floor": trajectory_floor, "divergence_default": div_default, "divergence_fixed": div_fixed,
               "reduction_under_ddp": reduction_ddp,
@@ -294,12 +310,15 @@ def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress
 
 
 def _rank(f: dict) -> tuple:
-    """Table order: exposed first; among them what bites (by contribution), then what only the
-    user's code can fix (no automatic fix, so no contribution: never below a factor that does
-    not bite), then what cannot be separated, then what does not bite."""
+    """Table order: exposed first; among them what bites and what only the user's code can fix,
+    by their measured effect (a contribution; for the latter, what is left with every automatic
+    fix on), then such a factor not measured (the floor is not rounding), then what cannot be
+    separated, then what does not bite: a factor that needs a code change never ranks below one
+    that does not bite."""
     if not f["exposed"]:
         return (1, 0, 0.0)
-    if f["bites"]:
+    left = f.get("left_after_fixes")
+    if f["bites"] or (not f["automatic_fix"] and left is not None):
         order = 0
     elif not f["automatic_fix"]:
         order = 1
@@ -307,7 +326,28 @@ def _rank(f: dict) -> tuple:
         order = 2
     else:
         order = 3
-    return (0, order, -(f["contribution"] or 0.0))
+    return (0, order, -((f["contribution"] if left is None else left) or 0.0))
+
+
+def _batch_noise(other: Path, single: Path, lag: int) -> list[float]:
+    """Per optimizer step, how far another batch moves one device's gradient at the same weights:
+    ``||g(θ_k, batch of step k+1) - g(θ_k, batch of step k)|| / ||g(θ_k, batch of step k)||``,
+    from the ``other-batch`` run (batch b from the weights of batch b - ``lag``) and the
+    reference's gradient of batch b - ``lag``, optimizer by optimizer (a GAN steps two per
+    batch); none for a single step."""
+    from vae_ddp.probes import relative_difference
+
+    ref, rec = torch.load(single), torch.load(other)
+    by_batch: dict[int, list] = {}
+    for b, g in zip(ref.get("grad_batches", []), ref["grads"]):
+        by_batch.setdefault(b, []).append(g)
+    out, seen = [], {}
+    for b, g in zip(rec.get("grad_batches", []), rec["grads"]):
+        i = seen[b] = seen.get(b, -1) + 1  # the i-th optimizer step of batch b
+        base = by_batch.get(b - lag, [])
+        if b >= lag and i < len(base) and base[i].shape == g.shape and base[i].numel():
+            out.append(relative_difference(g, base[i]))
+    return out
 
 
 class _Groups:
@@ -343,22 +383,37 @@ def render(result: dict) -> str:
     yardstick = max(result["floor"], torch.finfo(torch.float64 if dtype == "float64" else torch.float32).eps)
 
     def contribution(f: dict) -> str:
-        c = f["contribution"]
+        c, left = f["contribution"], f.get("left_after_fixes")
+        if left is not None:
+            return f"needs your code: {left:.3g} left ({left / yardstick:.3g}x the floor)"
         if c is None:
             return "needs your code" if f["exposed"] and not f["automatic_fix"] else ""
         verdict = {True: "", False: ": does not bite", None: ": not separable"}[f["bites"]]
         return f"{c:.3g} ({c / yardstick:.3g}x the floor){verdict}"
 
+    def vs_noise(f: dict) -> str:
+        v = f.get("vs_batch_noise")
+        return "" if v is None else f"{v:.2g}x"
+
     name = _name
     eps = torch.finfo(torch.float64 if dtype == "float64" else torch.float32).eps
-    rows = [[name(f["factor"]), "yes" if f["exposed"] else "no", contribution(f)] for f in result["findings"]]
+    rows = [[name(f["factor"]), "yes" if f["exposed"] else "no", contribution(f), vs_noise(f)]
+            for f in result["findings"]]
+    batch_noise = result.get("batch_noise")
     steps = result["steps"]
     title = (f"Audit of {result.get('model_name') or result['model']['class_path']} on {result['devices']} devices vs one, "
              f"global batch {result['global_batch_size']}, {steps} steps, {dtype}"
              + "".join(f", {k}={v}" for k, v in (result.get("trainer") or {}).items()))
-    lines = [format_table(["factor", "exposed", "contribution"], rows, title=title), "",
+    lines = [format_table(["factor", "exposed", "contribution", "vs another batch"], rows, title=title), "",
              "contribution: with every fix on but this factor's, every step started from one device's weights, "
-             "the largest relative difference of DDP's gradient from one device's. Evidence and fix, per factor:", ""]
+             "the largest relative difference of DDP's gradient from one device's (for a factor that needs your "
+             "code: what is left with every automatic fix on). vs another batch: that difference over the one "
+             "another batch makes to one device's gradient at the same weights ("
+             + (f"{batch_noise:.3g} relative, the mean over {len(result['batch_noise_steps'])} steps)"
+                if batch_noise is not None
+                else "not measured: it needs two optimizer steps)")
+             + ": below 1, the factor moves the gradient less than the batch-to-batch noise of training. "
+             "Evidence and fix, per factor:", ""]
     lines += [f"- {name(f['factor'])}: {f['evidence']}" + (f". Fix: {f['fix']}" if f["fix"] else "")
               + f" ([{f['page']}]({f['page']}))" for f in result["findings"]]
     lines.append("")
