@@ -124,11 +124,6 @@ class StepProbe(Callback):
         self.grad_batches: list[int] = []
         self._batch = 0
 
-    @property
-    def batches(self) -> int:
-        """Training batches seen so far in this fit."""
-        return self._batch
-
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._batch = 0
 
