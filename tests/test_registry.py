@@ -222,3 +222,18 @@ def test_batchnorm_check_sees_the_layers_and_the_plugin():
     assert check(plain, bn, None).startswith("1 BatchNorm layers")
     assert check(synced, bn, None) is None
     assert check(plain, nn.Sequential(nn.Conv2d(3, 4, 3)), None) is None
+
+
+def test_the_audit_links_each_page_where_a_reader_finds_it(monkeypatch):
+    """Without a published site the link is the page's file in a checkout; with the package's
+    ``Documentation`` URL it is the page's MkDocs directory URL under it."""
+    from vae_ddp.fixes import factor
+
+    monkeypatch.setattr(factor, "docs_url", lambda: "")
+    for f in registry.factors():
+        assert (ROOT / factor.page_url(f.page)).is_file(), f.page
+    monkeypatch.setattr(factor, "docs_url", lambda: "https://example.org/vae-ddp/")
+    assert factor.page_url("factors/noise.md") == "https://example.org/vae-ddp/factors/noise/"
+    assert factor.page_url("index.md") == "https://example.org/vae-ddp/"
+    assert factor.page_url("questions/index.md") == "https://example.org/vae-ddp/questions/"
+    assert factor.Finding("noise", "seen", "the fix").message().endswith("(see https://example.org/vae-ddp/factors/noise/)")

@@ -49,6 +49,7 @@ import torch
 
 from vae_ddp.audit.spec import AuditRun, failed_marker
 from vae_ddp.fixes import noise, registry
+from vae_ddp.fixes.factor import page_url
 from vae_ddp.probes import per_step_differences
 from vae_ddp.studies.equivalence import FLOOR_FACTOR
 from vae_ddp.harness.launch import RunFailed, drop_tensors, launch
@@ -415,7 +416,7 @@ def render(result: dict) -> str:
              + ": below 1, the factor moves the gradient less than the batch-to-batch noise of training. "
              "Evidence and fix, per factor:", ""]
     lines += [f"- {name(f['factor'])}: {f['evidence']}" + (f". Fix: {f['fix']}" if f["fix"] else "")
-              + f" ([{f['page']}]({f['page']}))" for f in result["findings"]]
+              + f" (see {page_url(f['page'])})" for f in result["findings"]]
     lines.append("")
     draws = len(result["floor_draws"])
     lines.append(f"- every step from one device's weights: DDP with every fix differs from one device's gradient by "
@@ -433,7 +434,8 @@ def render(result: dict) -> str:
                "on the order of the samples")
         lines.append(f"- not judged: permuting the samples inside each batch changes one device's gradient by "
                      f"{result['floor']:.3g} relative, more than rounding ({ROUNDING_EPS:g} eps of {dtype}): {why}. "
-                     "No comparison with one device can tell DDP's difference from that (see the noise factor's page)")
+                     "No comparison with one device can tell DDP's difference from that (see "
+                     f"{page_url(noise.FACTOR.page)})")
     elif result["unexplained"]:
         names = ", ".join(f"{d['name']} ({d['max_abs_diff']:.3g})" for d in result["largest_differences"])
         lines.append(f"- unexplained: not one of the known factors (more than {FLOOR_RATIO:g}x the floor after "

@@ -17,7 +17,9 @@ ranks).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
+import importlib.metadata
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
@@ -25,7 +27,8 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["Factor", "FixParts", "Finding", "Seen", "HOOKS", "register", "unregister", "factors", "get",
-           "batch_tensors", "cast_batch", "chunk_batch", "loader_list", "samplers", "rng_states", "gather_ints", "gather_objects", "gather_digest"]
+           "batch_tensors", "cast_batch", "chunk_batch", "loader_list", "samplers", "rng_states", "gather_ints", "gather_objects", "gather_digest",
+           "docs_url", "page_url"]
 
 
 @dataclass
@@ -216,10 +219,41 @@ class Finding:
             self.page = _REGISTRY[self.factor].page if self.factor in _REGISTRY else "recipe.md"
 
     def message(self) -> str:
-        """``DDPAudit [Random streams per rank]: ... Fix: ... (see factors/noise.md)``: the
+        """``DDPAudit [Random streams per rank]: ... Fix: ... (see <site>/factors/noise/)``: the
         factor under its registry name (one name everywhere)."""
         name = _REGISTRY[self.factor].name if self.factor in _REGISTRY else self.factor
-        return f"DDPAudit [{name}]: {self.evidence}. Fix: {self.fix} (see {self.page})"
+        return f"DDPAudit [{name}]: {self.evidence}. Fix: {self.fix} (see {page_url(self.page)})"
+
+
+@functools.cache
+def docs_url() -> str:
+    """The published site's address, from the installed package's ``Documentation`` project
+    URL (``[project.urls]`` in ``pyproject.toml``, as ``importlib.metadata`` reads it), with a
+    trailing ``/``; ``""`` when the package names none (an unpublished checkout)."""
+    try:
+        urls = importlib.metadata.metadata("vae-ddp").get_all("Project-URL") or []
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+    for entry in urls:
+        label, _, url = entry.partition(",")
+        if label.strip().lower() == "documentation" and url.strip():
+            return url.strip().rstrip("/") + "/"
+    return ""
+
+
+def page_url(page: str) -> str:
+    """Where a reader of the audit's output finds ``page`` (a docs page, relative to ``docs/``).
+
+    ``factors/noise.md`` becomes ``<site>/factors/noise/`` (MkDocs' directory URLs;
+    ``index.md`` is the site's root) under [`docs_url`][vae_ddp.fixes.factor.docs_url], or the
+    file in a checkout, ``docs/factors/noise.md``, when the package names no published site.
+    """
+    base = docs_url()
+    if not base:
+        return f"docs/{page}"
+    stem = page.removesuffix(".md")
+    stem = "" if stem == "index" else stem.removesuffix("/index") + "/"
+    return base + stem
 
 
 # --- what the watch checks read from a running fit -------------------------------------------------
