@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from vae_ddp import guard
 from vae_ddp.audit.study import FLOOR_DRAWS, FLOOR_RATIO
@@ -119,6 +120,11 @@ def test_batchnorm(generated):
     assert result["findings"][0]["factor"] == "batchnorm"  # ranked first: the largest contribution
     b = f["batchnorm"]  # the same effect over the difference another batch makes at the same weights
     assert b["vs_batch_noise"] == pytest.approx(b["contribution"] / result["batch_noise"]) and result["batch_noise"] > 0
+    # from the other end: BatchNorm's fix alone leaves the floor of the difference with no fix; the
+    # sampler's alone (contiguous chunks, still per-rank statistics) leaves all of it (the page says so)
+    yardstick = max(result["floor"], torch.finfo(torch.float64).eps)
+    assert result["none_fixed"] > 1e6 * yardstick and b["fixed_alone"] <= FLOOR_RATIO * yardstick, result
+    assert f["sampler"]["fixed_alone"] > 0.5 * result["none_fixed"], f["sampler"]
     assert result["divergence_default"] > 1e3 * result["trajectory_floor"]
     assert result["within_floor"] and not result["unexplained"]  # exit 0: every difference explained and fixed
 

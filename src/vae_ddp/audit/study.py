@@ -112,9 +112,10 @@ def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, pr
 
     Returns:
         ``{"devices", "steps", "dtype", "method": "teacher-forced", "floor", "floor_draws",
-        "grad_steps", "ratio_to_floor", "deterministic", "within_floor", "trajectory_floor",
-        "divergence_default", "divergence_fixed", "findings": [{"factor", "exposed", "evidence",
-        "contribution", "bites", "automatic_fix", "fix", "page"}], "unexplained": bool,
+        "grad_steps", "ratio_to_floor", "none_fixed", "deterministic", "within_floor",
+        "trajectory_floor", "divergence_default", "divergence_fixed", "batch_noise",
+        "batch_noise_steps", "findings": [{"factor", "exposed", "evidence", "contribution", "bites",
+        "left_after_fixes", "fixed_alone", "vs_batch_noise", "automatic_fix", "fix", "page"}], "unexplained": bool,
         "largest_differences": [...], "notes": [str]}``. The verdict: ``grad_steps`` (per
         optimizer step, ``||g_ddp - g_single|| / ||g_single||`` from the same weights),
         ``floor`` (the largest of ``floor_draws``, the same for one device with the samples
@@ -124,7 +125,9 @@ def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, pr
         same comparison) with every fix on but this factor's (None where there is no automatic
         fix or the factor changes no gradient, e.g. logging); ``bites``: above 2x the larger of
         the floor and DDP's own with every fix (None, "not separable", when it is not and DDP
-        with every fix is itself more than 2x the floor). Context, not the verdict: ``divergence_*`` and
+        with every fix is itself more than 2x the floor). ``fixed_alone``: the same with only
+        this factor's fix on, beside ``none_fixed``, with no fix (None where the floor is not
+        rounding or no automatic fix applies). Context, not the verdict: ``divergence_*`` and
         ``trajectory_floor``, the largest parameter or buffer difference after ``steps`` steps.
         ``notes``: ``notes`` given (what the one-process checks could not do), flags the DDP runs
         cleared, and what the runs noticed beside the factors, e.g. DataLoader workers forked
@@ -163,7 +166,10 @@ def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress
     ddp = [base.replace(label="ddp", devices=n, fixes=[]), base.replace(label="ddp+fixed", devices=n, fixes=fixes),
            base.replace(label="ddp+fixed-forced", devices=n, **forced),
            *(base.replace(label=f"ddp-{f}", devices=n, **dict(forced, fixes=[g for g in fixes if g != f]))
-             for f in fixes)]
+             for f in fixes),
+           # and from the other end: no fix, then each fix alone (Lightning's defaults for the rest)
+           base.replace(label="ddp-forced", devices=n, **dict(forced, fixes=[])),
+           *(base.replace(label=f"ddp+{f}", devices=n, **dict(forced, fixes=[f])) for f in fixes)]
     # The one-process reduction check ran without a process group: a loss that reduces over the
     # global batch through collectives (an all-reduced item count, gathered embeddings) looks
     # per-rank there. Asked again where the collectives run: one device and DDP with every fix,
@@ -261,6 +267,9 @@ def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress
     ablated = [f for f in fixes if f in found and f not in manual]
     contributions: dict[str, Optional[float]] = {
         f: max(per_step(first[f"ddp-{f}"], f"ddp-{f}"), default=0.0) for f in ablated}
+    # the same comparison with no fix, and with each fix alone: what that fix leaves of it
+    none_fixed = max(per_step(first["ddp-forced"], "ddp-forced"), default=0.0) if deterministic else None
+    alone = {f: max(per_step(first[f"ddp+{f}"], f"ddp+{f}"), default=0.0) for f in ablated}
     div_default, div_fixed = _diff(default, single), _diff(fixed, single)
     unexplained = deterministic and not within and not manual
     findings = []
@@ -268,13 +277,17 @@ def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress
         f = found.get(factor)
         contribution = contributions.get(factor)
         other = registry.get(factor).ablated_with if factor in {g.key for g in registry.factors()} else None
+        fixed_alone = alone.get(factor) if f else None
         if other in contributions and factor not in manual:
             contribution = contributions[other] if f else None  # that factor's fix removes this one too
+            fixed_alone = alone[other] if f else None
         # what bites is in the user's code, which no automatic fix removes: measured by what is
         # left with every automatic fix on (shared by every such factor)
         left = max(grad_steps, default=0.0) if factor in manual else None
         if factor in manual:
             contribution = None
+        if factor in manual or not deterministic:
+            fixed_alone = None
         if not deterministic:  # against a floor that is not rounding, no contribution means anything
             contribution = left = None
         effect = contribution if left is None else left
@@ -286,13 +299,14 @@ def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress
         findings.append({"factor": factor, "exposed": f is not None,
                          "evidence": f["evidence"] if f else _clean(factor),
                          "contribution": contribution, "bites": bites, "left_after_fixes": left,
+                         "fixed_alone": fixed_alone,
                          "vs_batch_noise": None if batch_noise is None or effect is None else effect / batch_noise,
                          "automatic_fix": f is not None and factor not in manual,
                          "fix": f["fix"] if f else "", "page": _page(factor)})
     findings.sort(key=_rank)
     result = {"devices": n, "steps": base.steps, "dtype": base.dtype, "method": "teacher-forced",
               "floor": floor, "floor_draws": floor_draws, "grad_steps": grad_steps, "ratio_to_floor": ratio,
-              "batch_noise": batch_noise, "batch_noise_steps": noise_steps,
+              "none_fixed": none_fixed, "batch_noise": batch_noise, "batch_noise_steps": noise_steps,
               "deterministic": deterministic, "within_floor": within, "unexplained": unexplained,
               "trajectory_floor": trajectory_floor, "divergence_default": div_default, "divergence_fixed": div_fixed,
               "reduction_under_ddp": reduction_ddp,
@@ -415,7 +429,13 @@ def render(result: dict) -> str:
                 else "not measured: it needs two optimizer steps)")
              + ": below 1, the factor moves the gradient less than the batch-to-batch noise of training. "
              "Evidence and fix, per factor:", ""]
-    lines += [f"- {name(f['factor'])}: {f['evidence']}" + (f". Fix: {f['fix']}" if f["fix"] else "")
+    def alone(f: dict) -> str:
+        a, none = f.get("fixed_alone"), result.get("none_fixed")
+        if a is None or none is None:
+            return ""
+        return f". With only this fix on: {a:.3g} ({a / yardstick:.3g}x the floor; with no fix: {none:.3g})"
+
+    lines += [f"- {name(f['factor'])}: {f['evidence']}" + (f". Fix: {f['fix']}" if f["fix"] else "") + alone(f)
               + f" (see {page_url(f['page'])})" for f in result["findings"]]
     lines.append("")
     draws = len(result["floor_draws"])
