@@ -214,10 +214,13 @@ def test_a_guard_whose_caller_died_while_it_started_runs_nothing(tmp_path):
     parent-killed test's guard outlived it with ``ppid`` 1)."""
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
-    flag = tmp_path / "ran"
+    flag, tmp = tmp_path / "ran", tmp_path / "tmp"
+    tmp.mkdir()
     proc = subprocess.run([sys.executable, "-m", "vae_ddp.guard", "--parent", str(gone.pid), "--",
-                           sys.executable, "-c", f"open({str(flag)!r}, 'w')"], timeout=60)
+                           sys.executable, "-c", f"open({str(flag)!r}, 'w')"], timeout=60,
+                          env=dict(os.environ, TMPDIR=str(tmp)))
     assert proc.returncode == 128 + signal.SIGTERM and not flag.exists()
+    assert not list(tmp.iterdir())  # nor does it leave its folder behind
     assert f"--parent {os.getpid()} " in " ".join(guard.guarded(["true"]))
 
 

@@ -370,7 +370,7 @@ class _Guard:
         self.parent = os.getppid() if parent is None else parent
         self.outer = os.environ.get(_ENV_DIR)  # a guard around this one (a study run by the docs build)
         self.forwarded = 0.0
-        self.dir = Path(tempfile.mkdtemp(prefix="vae-ddp-guard-"))
+        self.dir = Path()  # made in main(), once the guard runs: removed by main() however it ends
 
     def _on_signal(self, signum, frame) -> None:
         self.signal = signum
@@ -500,19 +500,20 @@ class _Guard:
             return 128 + signal.SIGTERM
         if os.getpgrp() != os.getpid():
             os.setsid()  # a session of its own: the command and all it starts share the guard's group
-        env = dict(os.environ, **{_ENV_DIR: str(self.dir)})
-        self.t0, self.wall0 = time.monotonic(), time.time()
-        if self.start is not None:  # run_in_fork: the command is a fork of this process
-            self.pid = self.start(env)
-        else:
-            try:
-                child = subprocess.Popen(self.cmd, env=env)
-            except OSError as err:
-                sys.stderr.write(f"vae-ddp guard: cannot start {self.cmd[0]}: {err}\n")
-                return 127
-            self.pid = child.pid
-            child.returncode = 0  # the guard reaps it (os.waitpid); Popen must not
+        self.dir = Path(tempfile.mkdtemp(prefix="vae-ddp-guard-"))
         try:
+            env = dict(os.environ, **{_ENV_DIR: str(self.dir)})
+            self.t0, self.wall0 = time.monotonic(), time.time()
+            if self.start is not None:  # run_in_fork: the command is a fork of this process
+                self.pid = self.start(env)
+            else:
+                try:
+                    child = subprocess.Popen(self.cmd, env=env)
+                except OSError as err:
+                    sys.stderr.write(f"vae-ddp guard: cannot start {self.cmd[0]}: {err}\n")
+                    return 127
+                self.pid = child.pid
+                child.returncode = 0  # the guard reaps it (os.waitpid); Popen must not
             return self._watch()
         finally:
             import shutil
