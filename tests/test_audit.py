@@ -110,6 +110,9 @@ def test_random_draws_in_the_step_are_not_judged(tmp_path):
     assert code == 1 and not result["deterministic"] and not result["within_floor"], log[-3000:]
     assert result["floor"] > 1e-6 and not result["unexplained"]
     assert "not judged: permuting the samples" in log
+    # a plain mean loss: the reduction check says it cannot tell, and flags nothing
+    assert not by_factor(result)["reduction"]["exposed"], by_factor(result)["reduction"]
+    assert any("check of the loss reduction was skipped" in n for n in result["notes"]), result["notes"]
 
 
 def test_batchnorm(generated):
@@ -368,6 +371,21 @@ def test_the_reduction_check_names_the_fix_of_its_kind(model, kind, evidence, fi
     findings, _ = check(run, models.Regression, getattr(models, model))
     f = {x["factor"]: x for x in findings}["reduction"]
     assert f["kind"] == kind and evidence in f["evidence"] and fix in f["fix"], f
+
+
+def test_the_reduction_check_is_not_fooled_by_draws_in_the_step(monkeypatch):
+    """`torch.randn_like` in training_step, a plain mean loss: the batch and its chunks draw
+    different noise, so their gradients differ whatever the reduction (it was flagged as an
+    in-batch loss, "coupled"). Two seeds tell: a note that the check was skipped, no finding."""
+    from examples.audit_models import NoisyStep, Regression
+    from vae_ddp.audit.cli import check
+    from vae_ddp.audit.spec import AuditRun
+
+    monkeypatch.chdir(ROOT)
+    run = AuditRun(model={"class_path": f"{M}.NoisyStep"}, data={"class_path": f"{M}.Regression"}, devices=2,
+                   global_batch_size=16)
+    findings, notes = check(run, Regression, NoisyStep)
+    assert findings == [] and len(notes) == 1 and "changes with torch's seed" in notes[0], (findings, notes)
 
 
 def test_random_draws_in_the_collate_fn_are_named(monkeypatch):

@@ -30,7 +30,8 @@ __all__ = ["static_findings"]
 
 def static_findings(model: Any, dm: Any, batches: list, n: int) -> list[dict]:
     """The findings of every factor's one-process check, as ``{"factor", "evidence", "fix", "page",
-    "fixable": False}`` (the reduction's also ``kind``).
+    "fixable": False}`` (the reduction's also ``kind``), and what a check could not tell as
+    ``{"factor", "note"}`` (the loss reduction of a step that draws from torch's seed).
 
     Args:
         model: the user's ``LightningModule``; dm: its ``LightningDataModule`` (set up).

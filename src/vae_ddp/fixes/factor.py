@@ -114,7 +114,8 @@ class Factor:
             ``vae_ddp.fixes.factor.HOOKS``.
         before: ``before(model, datamodule, batches, world_size) -> [finding dicts]``: what
             `vae-ddp audit` checks in one process before any training, on a few global batches
-            (each dict: ``factor``, ``evidence``, ``fix``, ``page``, ``fixable: False``).
+            (each dict: ``factor``, ``evidence``, ``fix``, ``page``, ``fixable: False``; or
+            ``factor`` and ``note``: what the check could not tell, and why).
         ablated_with: key of the factor whose fix the audit's ablation undoes to measure this one
             (its fix removes this factor too), when this one has no fix of its own in the audit.
         clean: what `vae-ddp audit`'s table says when nothing of this factor is seen.
