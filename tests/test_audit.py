@@ -185,6 +185,24 @@ def test_per_rank_padding_is_named_not_the_reduction(tmp_path):
     assert any("differ in shape" in n and "makes no difference here" in n for n in result["notes"]), result["notes"]
 
 
+def test_the_table_fits_100_columns(generated):
+    """The widest cells the audit writes (the longest factor name, a value and its ratio to the
+    floor both with exponents, each verdict) keep every row of the table within 100 columns;
+    the rest (evidence, fixes) is a list below it."""
+    from vae_ddp.audit.study import render
+
+    result = json.loads(json.dumps(generated("audit_batchnorm", "audit.json")))
+    result["floor"] = 1.23456e-300
+    cells = [dict(contribution=1.23456e-5, bites=False), dict(contribution=1.23456e-5, bites=None),
+             dict(contribution=1.23456e-5, bites=True), dict(contribution=None, left_after_fixes=1.23456e-5,
+                                                             automatic_fix=False)]
+    for f, cell in zip(result["findings"], cells * 2):
+        f.update(exposed=True, vs_batch_noise=1.23456e-5, **cell)
+    rows = [line for line in render(result).splitlines() if line.startswith("|")]
+    assert len(rows) == len(result["findings"]) + 2 and "your code: 1.23e-05 left (5.6e+10x floor)" in "".join(rows)
+    assert max(len(r) for r in rows) <= 100, "\n".join(r for r in rows if len(r) > 100)
+
+
 def test_the_table_ranks_by_measured_effect():
     """The order of the audit's rows, from made-up findings: what bites and what needs the
     user's code by their measured effect; a factor that needs a code change never below one

@@ -400,11 +400,11 @@ def render(result: dict) -> str:
     def contribution(f: dict) -> str:
         c, left = f["contribution"], f.get("left_after_fixes")
         if left is not None:
-            return f"needs your code: {left:.3g} left ({left / yardstick:.3g}x the floor)"
+            return f"your code: {left:.3g} left ({left / yardstick:.2g}x floor)"
         if c is None:
             return "needs your code" if f["exposed"] and not f["automatic_fix"] else ""
         verdict = {True: "", False: ": does not bite", None: ": not separable"}[f["bites"]]
-        return f"{c:.3g} ({c / yardstick:.3g}x the floor){verdict}"
+        return f"{c:.3g} ({c / yardstick:.2g}x floor){verdict}"  # the table fits 100 columns
 
     def vs_noise(f: dict) -> str:
         v = f.get("vs_batch_noise")
