@@ -121,6 +121,9 @@ def test_batchnorm(generated):
     f = by_factor(result)
     assert f["batchnorm"]["exposed"] and f["batchnorm"]["bites"], result
     assert result["findings"][0]["factor"] == "batchnorm"  # ranked first: the largest contribution
+    # the classes as the page's command names them, not the module the audit made of the file
+    assert result["model"]["class_path"] == result["model_name"] == "examples/audit_models.py:WithBatchNorm"
+    assert result["data"]["class_path"] == "examples/audit_models.py:Regression"
     b = f["batchnorm"]  # the same effect over the difference another batch makes at the same weights
     assert b["vs_batch_noise"] == pytest.approx(b["contribution"] / result["batch_noise"]) and result["batch_noise"] > 0
     # from the other end: BatchNorm's fix alone leaves the floor of the difference with no fix; the
@@ -287,6 +290,13 @@ def test_augmentation_with_workers(tmp_path):
     (["--model", "examples/audit_models.py:Plain", "--model.init_args.hidden=4"],
      "--model.init_args.hidden: Plain has no init argument 'hidden'"),
     (["--model", f"{M}.Plain", "--trainer.precision", "16"], "it sets the devices, the precision (--dtype)"),
+    # a class the file does not define, named as given in both spellings (not the module made of the file)
+    (["--model", "examples/audit_models.py:Nope"],
+     "--model examples/audit_models.py:Nope does not import (examples/audit_models.py defines no Nope)"),
+    (["--model=examples/audit_models.py:Nope"],
+     "--model examples/audit_models.py:Nope does not import (examples/audit_models.py defines no Nope)"),
+    (["--model=no.such.Module"], "--model no.such.Module does not import"),
+    (["--data", f"{M}.Regression"], "the following arguments are required: --model"),
 ])
 def test_bad_input(tmp_path, args, message, capsys, monkeypatch):
     """In this process (each is found before anything is launched): exit code 2, one line."""
@@ -304,6 +314,21 @@ def test_bad_input(tmp_path, args, message, capsys, monkeypatch):
     assert len(lines) == 1 and message in lines[0], err
     assert "Traceback" not in err
     assert not (tmp_path / "a" / "runs").exists()  # nothing trained
+
+
+@pytest.mark.parametrize("spelling", [["--model.help", "examples/audit_models.py:WithDropout"],
+                                      ["--model.help=examples/audit_models.py:WithDropout"]], ids=["space", "equals"])
+def test_the_init_arguments_of_a_class_in_a_file(spelling, capsys, monkeypatch):
+    """``--model.help path/to/file.py:Class`` lists its init arguments under this command's name
+    and the class as given."""
+    from vae_ddp.cli import main
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    code = main(["audit", *spelling])
+    out = capsys.readouterr().out
+    assert code == 0 and out.startswith("usage: vae-ddp audit ") and "--model.p P" in out, out
+    assert "examples/audit_models.py:WithDropout" in out and "_vae_ddp_user" not in out, out
 
 
 def test_a_failed_run_is_exit_code_3_not_a_verdict(tmp_path, capsys, monkeypatch):

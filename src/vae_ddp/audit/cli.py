@@ -51,7 +51,7 @@ def _parser(light: bool = False):
         "within 2x the one-device floor; 1 it does not (unexplained, a factor that needs a change in your code, "
         "or random draws that do not follow their sample); 2 bad input; 3 a training run failed"))
     helps = {"model": "your LightningModule: package.module.Class or path/to/file.py:Class; its __init__ arguments "
-                      "as --model.init_args.NAME VALUE (listed by --model.help CLASS)",
+                      "as --model.init_args.NAME VALUE or --model.NAME VALUE (listed by --model.help CLASS)",
              "data": "your LightningDataModule, given the same way; its batch_size (--data.init_args.batch_size) is "
                      "the global batch size: each of the --devices ranks gets batch_size / devices"}
     if light:
@@ -74,57 +74,94 @@ def _parser(light: bool = False):
     return p
 
 
-def _resolve_files(argv: list[str]) -> tuple[list[str], dict[str, Optional[str]]]:
-    """Turn ``--model path/file.py:Class`` into an importable class path; remember the files."""
+def _resolve_files(argv: list[str]) -> tuple[list[str], dict[str, Optional[str]], dict[str, str]]:
+    """Turn ``--model path/file.py:Class`` (and ``--model.help path/file.py:Class``) into an
+    importable class path; remember the files, and each resolved path's spelling as given."""
     from vae_ddp.audit.spec import resolve_class_arg
 
-    out, files = [], {"model": None, "data": None}
+    out, files, given = [], {"model": None, "data": None}, {}
     i = 0
     while i < len(argv):
         a = argv[i]
-        for key in ("model", "data"):
+        for key in ("model", "data", "model.help", "data.help"):
             spaced = a == f"--{key}" and i + 1 < len(argv) and ".py:" in argv[i + 1]
             joined = a.startswith(f"--{key}=") and ".py:" in a
             if not (spaced or joined):
                 continue
             value = argv[i + 1] if spaced else a.split("=", 1)[1]
             try:  # the same one line in both spellings
-                path, files[key] = resolve_class_arg(value)
+                path, file = resolve_class_arg(value)
             except ValueError as err:
                 raise UserError(f"--{key}: {err}") from None
             except Exception as err:  # noqa: BLE001 - the user's file fails to import
                 first = str(err).splitlines()[0] if str(err) else ""
                 raise UserError(f"--{key}: {value} does not import: {type(err).__name__}: {first}") from None
+            if key in files:
+                files[key] = file
+            given[path] = value
             out += [a, path] if spaced else [f"--{key}={path}"]
             i += 2 if spaced else 1
             break
         else:
             out.append(a)
             i += 1
-    return out, files
+    return out, files, given
 
 
-def _check_class_paths(argv: list[str]) -> None:
+def _check_class_paths(argv: list[str], given: Optional[dict[str, str]] = None) -> None:
     """``--model X`` / ``--data X`` must name an importable LightningModule / LightningDataModule."""
     from importlib import import_module
 
     from pytorch_lightning import LightningDataModule, LightningModule
 
     base = {"model": LightningModule, "data": LightningDataModule}
-    for i, a in enumerate(argv[:-1]):
-        key = a[2:] if a in ("--model", "--data") else None
-        if key is None or argv[i + 1].startswith(("{", "-")) or argv[i + 1].endswith((".yaml", ".yml", ".json")):
+    pairs = [(a[2:], argv[i + 1]) for i, a in enumerate(argv[:-1]) if a in ("--model", "--data")]
+    pairs += [tuple(a[2:].split("=", 1)) for a in argv if a.startswith(("--model=", "--data="))]
+    for key, path in pairs:
+        if path.startswith(("{", "-")) or path.endswith((".yaml", ".yml", ".json")):
             continue
-        path = argv[i + 1]
+        shown = (given or {}).get(path, path)  # the user's file.py:Class, not the module made of it
         module, _, name = path.rpartition(".")
         try:
-            cls = getattr(import_module(module), name) if module else None
+            mod = import_module(module) if module else None
         except Exception as err:  # noqa: BLE001 - the user's module fails to import
-            raise UserError(f"--{key} {path} does not import ({type(err).__name__}: {err}): give "
+            raise UserError(f"--{key} {shown} does not import ({type(err).__name__}: {err}): give "
                             "package.module.Class or path/to/file.py:Class") from None
-        if not (isinstance(cls, type) and issubclass(cls, base[key])):
-            raise UserError(f"--{key} {path} is not a {base[key].__name__} subclass: give "
+        if mod is not None and not hasattr(mod, name):
+            where = shown.rpartition(":")[0] if shown != path else module
+            raise UserError(f"--{key} {shown} does not import ({where} defines no {name}): give "
                             "package.module.Class or path/to/file.py:Class")
+        cls = getattr(mod, name, None)
+        if not (isinstance(cls, type) and issubclass(cls, base[key])):
+            raise UserError(f"--{key} {shown} is not a {base[key].__name__} subclass: give "
+                            "package.module.Class or path/to/file.py:Class")
+
+
+def _class_help(parser, argv: list[str], given: dict[str, str]) -> int:
+    """``--model.help CLASS``: jsonargparse's help for the class's init arguments, with the
+    class as the user named it (``path/to/file.py:Class``) and this command's name."""
+    import contextlib
+    import io
+
+    text, code = io.StringIO(), 0
+    with contextlib.redirect_stdout(text):
+        try:
+            parser.parse_args(argv)
+        except SystemExit as stop:
+            code = stop.code if isinstance(stop.code, int) else 0
+        except Exception as err:  # noqa: BLE001 - jsonargparse's ArgumentError: one line of it
+            raise UserError(_as_given(one_line(str(err)), given)) from None
+    # jsonargparse names the program after sys.argv[0] there
+    sys.stdout.write(_as_given(re.sub(r"^usage: \S+ ", "usage: vae-ddp audit ", text.getvalue(), count=1), given))
+    return code
+
+
+def _as_given(text: str, given: dict[str, str]) -> str:
+    """``text`` with each class made of a file (``_vae_ddp_user_….Class``) and its module named
+    as the user did (``path/to/file.py:Class``, ``path/to/file.py``)."""
+    for path, value in given.items():
+        text = text.replace(path, value).replace(path.rpartition(".")[0], value.rpartition(":")[0])
+    return text
 
 
 def _trainer_args(given: dict) -> dict:
@@ -298,13 +335,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     if os.getcwd() not in sys.path:  # class paths relative to the working directory, as `python -m` allows
         sys.path.insert(0, os.getcwd())
     try:
-        argv, files = _resolve_files(argv)
-        _check_class_paths(argv)
+        argv, files, given = _resolve_files(argv)
+        _check_class_paths(argv, given)
         parser = _parser()
+        if any(a.startswith(("--model.help", "--data.help")) for a in argv):
+            return _class_help(parser, argv, given)
         try:
             cfg = parser.parse_args(argv)
         except Exception as err:  # jsonargparse's ArgumentError: one line of it
             line = one_line(str(err))
+            # argparse names a missing flag by its key ("required: model"): name it as it is typed
+            line = re.sub(r"(arguments are required: )(.*)", lambda m: m.group(1) + ", ".join(
+                k if k.startswith("-") else f"--{k}" for k in m.group(2).split(", ")), line)
             if re.match(r"unrecognized arguments: .*--trainer\.", line):  # a Trainer argument the audit sets itself
                 from vae_ddp.audit.spec import TRAINER_ARGS
 

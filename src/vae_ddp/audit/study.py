@@ -311,7 +311,9 @@ def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress
               "trajectory_floor": trajectory_floor, "divergence_default": div_default, "divergence_fixed": div_fixed,
               "reduction_under_ddp": reduction_ddp,
               "findings": findings, "largest_differences": _largest(fixed, single) if unexplained else [],
-              "model": base.model, "data": base.data, "global_batch_size": base.global_batch_size,
+              # as the user named them (path/to/file.py:Class, not the module the audit made of the file)
+              "model": dict(base.model, class_path=shown_name(base.model, base.model_file)),
+              "data": dict(base.data, class_path=shown_name(base.data, base.data_file)), "global_batch_size": base.global_batch_size,
               "trainer": base.trainer,
               "model_name": shown_name(base.model, base.model_file), "data_name": shown_name(base.data, base.data_file)}
     seen = [n for runs in (one, first) for _, i, _ in runs.values() for n in i.get("notes", [])]
@@ -388,6 +390,8 @@ def shown_name(cls: dict, file: Optional[str]) -> str:
         where = os.path.relpath(file)
     except ValueError:  # another drive (Windows)
         where = file
+    if where.startswith(".."):  # outside the working directory: where it is
+        where = file
     return f"{where}:{cls['class_path'].rpartition('.')[2]}"
 
 
@@ -416,8 +420,9 @@ def render(result: dict) -> str:
             for f in result["findings"]]
     batch_noise = result.get("batch_noise")
     steps = result["steps"]
+    steps_text = f"{steps} step" + ("" if steps == 1 else "s")
     title = (f"Audit of {result.get('model_name') or result['model']['class_path']} on {result['devices']} devices vs one, "
-             f"global batch {result['global_batch_size']}, {steps} steps, {dtype}"
+             f"global batch {result['global_batch_size']}, {steps_text}, {dtype}"
              + "".join(f", {k}={v}" for k, v in (result.get("trainer") or {}).items()))
     lines = [format_table(["factor", "exposed", "contribution", "vs another batch"], rows, title=title), "",
              "contribution: with every fix on but this factor's, every step started from one device's weights, "
@@ -459,7 +464,7 @@ def render(result: dict) -> str:
     elif result["unexplained"]:
         names = ", ".join(f"{d['name']} ({d['max_abs_diff']:.3g})" for d in result["largest_differences"])
         lines.append(f"- unexplained: not one of the known factors (more than {FLOOR_RATIO:g}x the floor after "
-                     f"every fix); the parameters and buffers that differ most after {steps} steps: {names}")
+                     f"every fix); the parameters and buffers that differ most after {steps_text}: {names}")
     elif not result["within_floor"]:
         manual = [name(f["factor"]) for f in result["findings"] if f["exposed"] and not f["automatic_fix"]]
         lines.append(f"- not within {FLOOR_RATIO:g}x the floor after the automatic fixes; exposed, and only a change "
@@ -471,7 +476,7 @@ def render(result: dict) -> str:
                      f"{FLOOR_RATIO:g}x the floor's largest draw)"
                      + (f"; the factors whose fix makes that difference: {', '.join(bite)}" if bite
                         else "; none of the exposed factors changes the gradient here"))
-    lines.append(f"- after {steps} steps (context, not the verdict: a last-bit difference grows with every step), "
+    lines.append(f"- after {steps_text} (context, not the verdict: a last-bit difference grows with every step), "
                  f"the largest parameter or buffer difference to one device: DDP with Lightning's defaults "
                  f"{result['divergence_default']:.3g}, with every fix {result['divergence_fixed']:.3g}, one device "
                  f"with the samples permuted {traj:.3g}")
