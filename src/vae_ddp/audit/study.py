@@ -72,6 +72,7 @@ ROUNDING_EPS = 1e4
 #: The audit's own check beside the registered factors: parameters that differ across ranks.
 EXTRA_PAGES = {"parameters": "recipe.md"}
 _EXTRA_CLEAN = {"parameters": "the same parameters on every rank"}
+_EXTRA_NAMES = {"parameters": "Parameters across ranks"}
 
 
 def _factors() -> tuple[str, ...]:
@@ -86,7 +87,7 @@ def _clean(key: str) -> str:
 
 def _name(key: str) -> str:
     """The registry's name of a factor (one name everywhere); the audit's own checks by key."""
-    return registry.get(key).name if key in {f.key for f in registry.factors()} else key
+    return registry.get(key).name if key in {f.key for f in registry.factors()} else _EXTRA_NAMES.get(key, key)
 
 
 def _page(key: str) -> str:

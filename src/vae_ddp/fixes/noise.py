@@ -158,7 +158,7 @@ def _watch_draws(seen: Seen) -> list:
             "or swap the layer for one that does", manual=True)]
     return [Finding(
         "noise", f"the training step draws random numbers and all {n} ranks draw the same "
-        "ones (same torch seed): dropout masks and reparameterization noise repeat across ranks",
+        "ones (same torch seed): its dropout masks or noise repeat across ranks",
         "draw the randomness of the global batch and keep this rank's rows (a torch.Generator seeded "
         "alike on every rank), or seed each rank differently (torch.manual_seed(seed + rank) in "
         "setup); vae_ddp.fixes.GlobalBatchRandomness (dropout and noise) / PerRankSeed"), Finding(
