@@ -31,6 +31,10 @@ diffs = [(y - y_ref[rank * b:(rank + 1) * b]).abs().max(), (xs.grad - xr.grad[ra
          (gw - ref.weight.grad).abs().max(), (g.running_mean - ref.running_mean).abs().max(),
          (g.running_var - ref.running_var).abs().max()]
 print(" ".join(f"{float(d):.3e}" for d in diffs))
+# without it gloo's threads die in interpreter finalization, now and then with SIGABRT
+# ("terminate called without an active exception", seen in CI on this script)
+from vae_ddp.utils import close_process_group
+close_process_group()
 """
 
 
