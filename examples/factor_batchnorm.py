@@ -27,7 +27,7 @@ from vae_ddp.data import make_datamodule
 from vae_ddp.fixes import GlobalBatchDistributedSampler, GlobalBatchNoise, GlobalSyncBatchNorm, registry
 from vae_ddp.model import VAE
 from vae_ddp.probes import GradientProbe
-from vae_ddp.utils import quiet
+from vae_ddp.utils import close_process_group, quiet
 
 SEED = 0
 MODES = (("default", "per rank (default)"), ("sync_bn", "GlobalSyncBatchNorm"))
@@ -173,6 +173,7 @@ def main(argv=None) -> dict:
         (args.out / "factor_batchnorm.json").write_text(json.dumps(result, indent=1))
         plot(result, args.out / "factor_batchnorm.png")
         print(render(result))
+    close_process_group()  # Lightning leaves the group open after fit; gloo can abort at exit
     return result
 
 

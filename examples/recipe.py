@@ -28,6 +28,7 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from vae_ddp.fixes import GlobalSyncBatchNorm
+from vae_ddp.utils import close_process_group
 
 #: The global batch size: the same at every world size (2, 3 and 4 divide it; each rank trains on its share).
 GLOBAL_BATCH_SIZE = 96
@@ -127,6 +128,7 @@ def main(argv=None) -> dict:
         (args.out / "metrics.json").write_text(json.dumps(metrics, indent=1))
         torch.save(model.state_dict(), args.out / "model.pt")
         print(json.dumps(metrics, indent=1))
+    close_process_group()  # Lightning leaves the group open after fit; gloo can abort at exit
     return metrics
 
 

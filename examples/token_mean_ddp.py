@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from vae_ddp.fixes import GlobalBatchDistributedSampler, global_token_cross_entropy
 from vae_ddp.probes import GradientProbe
-from vae_ddp.utils import quiet
+from vae_ddp.utils import close_process_group, quiet
 
 VOCAB, LENGTH, WIDTH, SAMPLES, GLOBAL_BATCH = 12, 10, 16, 64, 16
 
@@ -137,6 +137,7 @@ def main(argv=None) -> dict:
         for loss, label in LOSSES.items():
             r = result[loss]
             print(f"| {label} | {sci(r['grad_rel_diff'])} | {sci(r['logged_loss_abs_diff'])} |")
+    close_process_group()  # Lightning leaves the group open after fit; gloo can abort at exit
     return result
 
 

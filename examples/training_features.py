@@ -35,6 +35,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
 
 from vae_ddp.fixes import GlobalBatchDistributedSampler, GlobalSyncBatchNorm
+from vae_ddp.utils import close_process_group
 from vae_ddp.workers import worker_context
 
 FEATURES = {
@@ -143,6 +144,7 @@ def child(devices: int, steps: int, out: Path) -> None:
     result = {feature: train(feature, devices, steps) for feature in FEATURES}
     if int(__import__("os").environ.get("LOCAL_RANK", "0")) == 0:
         torch.save(result, out)
+    close_process_group()  # Lightning leaves the group open after fit; gloo can abort at exit
 
 
 def main(argv=None) -> dict:

@@ -63,3 +63,16 @@ def test_every_process_group_opened_by_hand_is_destroyed():
                 if p.read_text().count("init_process_group(")
                 > p.read_text().count("destroy_process_group(") + p.read_text().count("close_process_group(")]
     assert not unclosed, unclosed
+
+
+def test_every_script_that_fits_under_ddp_closes_its_group():
+    """The examples and test scripts that run ``Trainer(strategy="ddp").fit`` themselves (not
+    through the harness, whose runner closes the group) call ``close_process_group`` once their
+    ranks are done: Lightning 2.6 leaves the group open after ``fit``."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    scripts = [p for d in ("examples", "tests/scripts") for p in (root / d).glob("*.py")
+               if 'strategy="ddp"' in p.read_text() and ".fit(" in p.read_text()]
+    assert len(scripts) >= 10, scripts
+    assert not [str(p.relative_to(root)) for p in scripts if "close_process_group()" not in p.read_text()]

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from vae_ddp.audit import DDPAudit
 from vae_ddp.fixes import GlobalBatchDistributedSampler, PerRankSeed
 from vae_ddp.fixes.evaluation import unrepeated_sampler
-from vae_ddp.utils import quiet
+from vae_ddp.utils import close_process_group, quiet
 
 
 class Net(pl.LightningModule):
@@ -70,6 +70,7 @@ def main(out: str, mode: str) -> None:
     if trainer.is_global_zero:
         with open(out, "w") as f:
             json.dump(audit.state(), f)
+    close_process_group()  # Lightning leaves the group open after fit; gloo can abort at exit
 
 
 if __name__ == "__main__":
