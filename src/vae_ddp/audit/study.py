@@ -400,23 +400,26 @@ def render(result: dict) -> str:
     """The Markdown the audit prints and writes: the ranked table, the verdict, the context."""
     traj = result["trajectory_floor"]
     dtype = result["dtype"]
-    yardstick = max(result["floor"], torch.finfo(torch.float64 if dtype == "float64" else torch.float32).eps)
+    eps = torch.finfo(torch.float64 if dtype == "float64" else torch.float32).eps
+    yardstick = max(result["floor"], eps)
+
+    def vs_floor(v: float) -> str:  # short: the table fits 100 columns
+        return f"{v:.3g} ({v / yardstick:.2g}x floor)"
 
     def contribution(f: dict) -> str:
         c, left = f["contribution"], f.get("left_after_fixes")
         if left is not None:
-            return f"your code: {left:.3g} left ({left / yardstick:.2g}x floor)"
+            return f"your code: {vs_floor(left).replace(' (', ' left (', 1)}"
         if c is None:
             return "needs your code" if f["exposed"] and not f["automatic_fix"] else ""
         verdict = {True: "", False: ": does not bite", None: ": not separable"}[f["bites"]]
-        return f"{c:.3g} ({c / yardstick:.2g}x floor){verdict}"  # the table fits 100 columns
+        return vs_floor(c) + verdict
 
     def vs_noise(f: dict) -> str:
         v = f.get("vs_batch_noise")
         return "" if v is None else f"{v:.2g}x"
 
     name = _name
-    eps = torch.finfo(torch.float64 if dtype == "float64" else torch.float32).eps
     rows = [[name(f["factor"]), "yes" if f["exposed"] else "no", contribution(f), vs_noise(f)]
             for f in result["findings"]]
     batch_noise = result.get("batch_noise")
@@ -439,7 +442,7 @@ def render(result: dict) -> str:
         a, none = f.get("fixed_alone"), result.get("none_fixed")
         if a is None or none is None:
             return ""
-        return f". With only this fix on: {a:.3g} ({a / yardstick:.3g}x the floor; with no fix: {none:.3g})"
+        return f". With only this fix on: {vs_floor(a)}; with no fix: {none:.3g}"
 
     lines += [f"- {name(f['factor'])}: {f['evidence']}" + (f". Fix: {f['fix']}" if f["fix"] else "") + alone(f)
               + f" (see {page_url(f['page'])})" for f in result["findings"]]
