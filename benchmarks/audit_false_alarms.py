@@ -6,8 +6,9 @@
 Each audit (2 gloo ranks, 3 steps, the default global batch) of a module of
 ``examples/audit_models.py`` whose every exposure the audit fixes by itself — no factor,
 gradient clipping, BatchNorm, dropout, two optimizers — must end with exit code 0: any other
-code is a false alarm of the audit's verdict rule (one step's gradient from the same weights
-within 2x the largest one-device floor draw). The table gives, per audit, the exit code and the
+code is a false alarm of the audit's verdict rules (one step's gradient, update, buffers and the
+ranks' parameters from the same weights, each within 2x its one-device floor; the parameters
+after the 3 steps within 1000x the 3-step floor). The table gives, per audit, the exit code and the
 largest per-step ratio to the floor (the floors are in the JSON); the summary counts the false alarms.
 Many minutes on 2 CPU cores (about 30 s an audit): run it on an idle machine and commit its output.
 """
@@ -37,8 +38,11 @@ def audit_one(model: str, seed: int, dtype: str, out: Path) -> dict:
            "--dtype", dtype, "--out", str(out)]
     proc = guard.run(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=900)
     r = json.loads((out / "audit.json").read_text()) if (out / "audit.json").exists() else {}
+    step = r.get("whole_step") or {}
     return {"model": model, "seed": seed, "dtype": dtype, "exit_code": proc.returncode,
-            "ratio_to_floor": r.get("ratio_to_floor"), "floor": r.get("floor")}
+            "ratio_to_floor": r.get("ratio_to_floor"), "floor": r.get("floor"),
+            "update_ratio": step.get("update_ratio"), "buffer_ratio": step.get("buffer_ratio"),
+            "ranks_ratio": step.get("ranks_ratio"), "trajectory_ratio": r.get("trajectory_ratio")}
 
 
 def main(argv=None) -> dict:
@@ -83,6 +87,13 @@ def render(result: dict) -> str:
     lines += ["", f"- exit code (in parentheses: DDP's largest per-step gradient difference over the floor); "
                   f"false alarms: {result['false_alarms']} of {len(audits)} audits"
                   + (f"; the largest ratio {max(ratios):.2f}" if ratios else "")]
+    rest = {k: [a[k] for a in audits if a.get(k) is not None]
+            for k in ("update_ratio", "buffer_ratio", "ranks_ratio", "trajectory_ratio")}
+    if all(rest.values()):
+        lines.append(f"- the rest of the step, every step from one device's weights, each over its own floor (largest): "
+                     f"update {max(rest['update_ratio']):.2f}, buffers {max(rest['buffer_ratio']):.2f}, ranks apart "
+                     f"{max(rest['ranks_ratio']):.2f}; after the 3 steps, each run on its own, "
+                     f"{max(rest['trajectory_ratio']):.3g}x the 3-step floor")
     return "\n".join(lines)
 
 

@@ -282,6 +282,81 @@ class LocalNegatives(GatheredNegatives):
         return F.cross_entropy(z @ z.T / 0.5, torch.arange(len(z), device=z.device))
 
 
+class ScaledLearningRate(Base):
+    """The learning rate multiplied by the world size (the "linear scaling rule") at the same
+    global batch size: DDP's gradient is one device's, its update is N times one device's."""
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=1e-2 * self.trainer.world_size)
+
+
+class ScheduleFromLoader(Base):
+    """A OneCycleLR whose length is counted from the loader and the epochs
+    (`len(train_dataloader()) * trainer.max_epochs`): under DDP the loader is per-device, N times
+    as many batches of B/N, so the schedule is N times as long. Needs `max_epochs` set."""
+
+    def configure_optimizers(self):
+        opt = torch.optim.Adam(self.parameters(), lr=1e-2)
+        total = len(self.trainer.datamodule.train_dataloader()) * self.trainer.max_epochs
+        sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-2, total_steps=total)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+class MovingAverage(Base):
+    """Moving averages of the batch's hidden features kept in a buffer that `forward` writes in
+    training mode (as a VQ-VAE codebook's exponential moving averages): the step uses the
+    buffer as it was, and then writes the mean of this rank's share of the batch into it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("feature_mean", torch.zeros(16))
+
+    def forward(self, x):
+        h = self.net[1](self.net[0](x))  # (b, 16)
+        out = self.net[2](h - self.feature_mean.clone()).squeeze(-1)
+        if self.training:
+            with torch.no_grad():
+                self.feature_mean.mul_(0.9).add_(0.1 * h.mean(0))
+        return out
+
+
+class RenormalisedEmbedding(LightningModule):
+    """`nn.Embedding(max_norm=1.0)`: `forward` renormalises, in place, the rows it looks up (on
+    each rank, the rows of that rank's share of the batch)."""
+
+    def __init__(self, vocab: int = 40) -> None:
+        super().__init__()
+        self.vocab = vocab
+        self.emb = nn.Embedding(vocab, 16, max_norm=1.0)
+        self.out = nn.Linear(16, 1)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch  # x: (b, 8) float -> 8 tokens per sample
+        tokens = (x.abs() * 10).long().clamp(max=self.vocab - 1)
+        return F.mse_loss(self.out(self.emb(tokens).mean(1)).squeeze(-1), y)
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=1e-2)
+
+
+class LossOverWorldSize(Base):
+    """The loss divided by the world size ("DDP sums the gradients"): DDP averages them, so its
+    gradient is one device's over N."""
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.mse_loss(self(x), y) / self.trainer.world_size
+
+
+class Diverging(Base):
+    """A loss that turns NaN at the second optimizer step (a diverging model)."""
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = F.mse_loss(self(x), y)
+        return loss * float("nan") if self.global_step >= 1 else loss
+
+
 class OnlyCuda(Base):
     def training_step(self, batch, batch_idx):
         x, y = batch

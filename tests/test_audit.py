@@ -65,6 +65,12 @@ def test_no_exposure(tmp_path):
     assert runs["other-batch"]["weights_of_batch"] == [0, 0, 1] and runs["floor-1"]["weights_of_batch"] == [0, 1, 2]
     assert not result["unexplained"] and not any(f["bites"] for f in result["findings"])
     assert "- passed: " in log and "none of the exposed factors changes the gradient here" in log
+    # the whole step compared, not the gradient alone: rate, update, buffers, ranks, and the 3 free steps
+    step = result["whole_step"]
+    assert step["differences"] == [] and 0 < step["update_ratio"] <= FLOOR_RATIO and step["ranks_ratio"] == 0
+    assert len(step["update_steps"]) == 3 and all(d == 0 for d in step["lr_steps"]) and step["buffer_count"] == 0
+    assert result["gradient_within"] and result["trajectory_within"] and result["trajectory_ratio"] < 10
+    assert "the learning rate, the update, the buffers and every rank's parameters" in log
     left = sorted(p.name for p in (tmp_path / "audit").rglob("*") if p.suffix in {".pt", ".partial"})
     assert not left and (tmp_path / "audit" / "runs" / "ddp" / "run.json").exists(), left  # tensors gone, logs kept
 
@@ -526,3 +532,24 @@ def test_the_audit_deals_global_batches_through_the_strategy_hook(monkeypatch):
         assert "train_dataloader" not in vars(dm)
         assert type(seen.loader.sampler) is sampler and seen.loader.batch_size == 16, seen.loader.sampler
         assert seen.loader.multiprocessing_context.get_start_method() == "forkserver"
+
+
+def test_the_one_process_check_is_repeatable(monkeypatch):
+    """The module the one-process check builds comes from the audit's seed, not from wherever torch's
+    global generator stands: the same command gives the same evidence numbers (they differed between
+    two runs of one command before), and the caller's generator is left where it was."""
+    import examples.audit_models as models
+    from vae_ddp.audit.cli import check
+    from vae_ddp.audit.spec import AuditRun
+
+    monkeypatch.chdir(ROOT)
+    run = AuditRun(model={"class_path": f"{M}.LocalNegatives"}, data={"class_path": f"{M}.Regression"}, devices=2,
+                   global_batch_size=16)
+    seen = []
+    for state in (1, 2):
+        torch.manual_seed(state)
+        expected = torch.rand(())
+        torch.manual_seed(state)
+        seen.append(check(run, models.Regression, models.LocalNegatives))
+        assert torch.rand(()) == expected
+    assert seen[0] == seen[1] and seen[0][0], seen

@@ -75,4 +75,6 @@ def test_every_script_that_fits_under_ddp_closes_its_group():
     scripts = [p for d in ("examples", "tests/scripts") for p in (root / d).glob("*.py")
                if 'strategy="ddp"' in p.read_text() and ".fit(" in p.read_text()]
     assert len(scripts) >= 10, scripts
-    assert not [str(p.relative_to(root)) for p in scripts if "close_process_group()" not in p.read_text()]
+    # close_process_group, or by hand in a script that does not import vae_ddp (a ground truth measured outside it)
+    assert not [str(p.relative_to(root)) for p in scripts
+                if "close_process_group()" not in p.read_text() and "destroy_process_group()" not in p.read_text()]

@@ -99,6 +99,7 @@ class StepProbe(Callback):
         states: the reference's ``{name: Tensor}`` per step, or None to record them.
         record_states: keep θ_k of each step (the reference run).
         lag: forced runs only: batches later than the weights they start from (0: the same batch).
+        label: the run's name, for the error of a gradient that is not finite.
 
     Attributes:
         grads: per step, the gradient as one float64 vector ``(P,)`` (parameters in
@@ -107,14 +108,33 @@ class StepProbe(Callback):
         states: the θ_k loaded or recorded, per step.
         loaded: forced runs: per batch, the index k of the θ_k it started from.
         grad_batches: per kept gradient, the training batch (0, 1, ...) it was computed on.
+        lrs: per kept gradient, the learning rate of each of the optimizer's parameter groups
+            (what that step applies, after the LR schedulers' updates).
+        updates: per training batch, what the batch changed in the parameters: their values at
+            the end of the batch minus those it started from (θ_k, loaded or recorded), one
+            float64 vector ``(P,)`` over every parameter in ``named_parameters`` order; zero for
+            a batch that only accumulates.
+        buffer_updates: per training batch, what the batch changed in the floating-point buffers
+            (at its end minus at its start), as one float64 vector: what the batch's forward wrote
+            into them, e.g. BatchNorm's running statistics or a codebook's moving averages.
+        norms: per training batch, ``[||θ||, ||buffers||]`` at its end (float64): the size of one
+            rounding of every stored value, the least a difference of the update can be told by.
+        ranks_apart: world size > 1: per training batch, ``max_r ||θ^r - θ^0||`` over the
+            ranks' parameters at its end (float64; 0.0 when every rank holds the same bits);
+            ``ranks_apart_names``: the parameters that differ most across ranks then
+            (``[[name, max_abs_diff, owner class], ...]``, at most 3, empty when none differ).
+        param_names, buffer_names: the names and element counts (``[[name, numel], ...]``) of
+            the entries of ``updates`` and ``buffer_updates``, in their order.
 
     Raises:
-        RuntimeError: a forced run that has more steps than the reference recorded.
+        RuntimeError: a forced run that has more steps than the reference recorded; a gradient
+            that is not finite (NaN or infinite), naming the rank and the step.
     """
 
     def __init__(self, states: Optional[list[dict[str, Tensor]]] = None, record_states: bool = False,
-                 lag: int = 0) -> None:
+                 lag: int = 0, label: str = "") -> None:
         self.forced = states is not None
+        self.label = label
         self.lag = lag
         self.states: list[dict[str, Tensor]] = list(states) if states is not None else []
         self.record_states = record_states and not self.forced
@@ -122,7 +142,17 @@ class StepProbe(Callback):
         self.buffers: list[Tensor] = []
         self.loaded: list[int] = []
         self.grad_batches: list[int] = []
+        self.lrs: list[list[float]] = []
+        self.updates: list[Tensor] = []
+        self.buffer_updates: list[Tensor] = []
+        self.norms: list[list[float]] = []
+        self.ranks_apart: list[float] = []
+        self.ranks_apart_names: list[list] = []
+        self.param_names: list[list] = []
+        self.buffer_names: list[list] = []
         self._batch = 0
+        self._start: Optional[Tensor] = None
+        self._start_buffers: Optional[Tensor] = None
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._batch = 0
@@ -143,13 +173,78 @@ class StepProbe(Callback):
                         own[name].copy_(value.to(own[name].device, own[name].dtype))
         elif self.record_states:
             self.states.append({n: t.detach().cpu().clone() for n, t in pl_module.state_dict().items()})
+        self._start = _flat(p for _, p in pl_module.named_parameters())
+        self._start_buffers = _flat(b for _, b in pl_module.named_buffers() if b.is_floating_point())
 
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer) -> None:
         grads = [p.grad.detach().reshape(-1).double().cpu() for _, p in pl_module.named_parameters() if p.grad is not None]
         self.grads.append(torch.cat(grads) if grads else torch.zeros(0, dtype=torch.float64))
+        if not bool(torch.isfinite(self.grads[-1]).all()):
+            run = f"run '{self.label}': " if self.label else ""
+            raise RuntimeError(f"{run}the gradient is not finite (NaN or infinite) at training batch {self._batch - 1} "
+                               f"on rank {trainer.global_rank}: the loss or the model diverges; lower the learning "
+                               "rate or fix the loss before comparing DDP with one device")
         self.grad_batches.append(self._batch - 1)
+        self.lrs.append([float(g["lr"]) for g in optimizer.param_groups])
         bufs = [b.detach().reshape(-1).double().cpu() for _, b in pl_module.named_buffers() if b.is_floating_point()]
         self.buffers.append(torch.cat(bufs) if bufs else torch.zeros(0, dtype=torch.float64))
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        # after the optimizer step and the LR schedulers' "step" updates (_TrainingEpochLoop.advance, Lightning 2.x)
+        params = list(pl_module.named_parameters())
+        buffers = [(n, b) for n, b in pl_module.named_buffers() if b.is_floating_point()]
+        if not self.param_names:
+            self.param_names = [[n, p.numel()] for n, p in params]
+            self.buffer_names = [[n, b.numel()] for n, b in buffers]
+        now, after = _flat(p for _, p in params), _flat(b for _, b in buffers)
+        self.updates.append(now - self._start)
+        self.buffer_updates.append(after - self._start_buffers)
+        self.norms.append([float(now.norm()), float(after.norm())])
+        if trainer.world_size > 1:
+            distance, names = _ranks_apart(now, self.param_names, trainer, pl_module)
+            self.ranks_apart.append(distance)
+            self.ranks_apart_names.append(names)
+
+    def record(self) -> dict:
+        """What the audit compares, as one picklable dict (``torch.save``)."""
+        return {k: getattr(self, k) for k in ("grads", "buffers", "grad_batches", "lrs", "updates", "buffer_updates",
+                                              "norms", "ranks_apart", "ranks_apart_names", "param_names", "buffer_names")}
+
+
+def _flat(tensors) -> Tensor:
+    """The tensors as one float64 vector on the CPU (empty when there are none)."""
+    parts = [t.detach().reshape(-1).double().cpu() for t in tensors]
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
+
+
+def _ranks_apart(flat: Tensor, names: list[list], trainer: Trainer,
+                 module: torch.nn.Module) -> tuple[float, list[list]]:
+    """``max_r ||flat^r - flat^0||`` over the ranks and the (at most 3) parameters that differ most:
+    rank 0's vector is broadcast, each rank measures its own distance, and the per-parameter largest
+    absolute differences are all-reduced with MAX (``torch.distributed``, the run's process group).
+    Each name comes as ``[name, max_abs_diff, owner]``, the owner being the module's class."""
+    import torch.distributed as dist
+
+    device = trainer.strategy.root_device
+    ref = flat.to(device).clone()
+    dist.broadcast(ref, 0)
+    diff = (flat.to(device) - ref).abs()
+    sizes = [int(n) for _, n in names]
+    per_param = torch.stack([d.max() if d.numel() else d.new_zeros(()) for d in diff.split(sizes)])
+    total = torch.stack([diff.norm(), *per_param])
+    dist.all_reduce(total, op=dist.ReduceOp.MAX)
+    total = total.cpu()
+    order = [int(i) for i in torch.argsort(total[1:], descending=True)[:3] if total[1 + int(i)] > 0]
+    return float(total[0]), [[names[i][0], float(total[1 + i]), _owner(module, names[i][0])] for i in order]
+
+
+def _owner(module: torch.nn.Module, name: str) -> str:
+    """The module that holds parameter ``name``, as its class (and ``max_norm`` where it renormalises
+    the rows it looks up in place in ``forward``, as ``nn.Embedding(max_norm=...)`` does)."""
+    owner = module.get_submodule(name.rpartition(".")[0])
+    max_norm = getattr(owner, "max_norm", None)
+    return type(owner).__name__ + (f"(max_norm={max_norm})" if max_norm is not None else "")
 
 
 def relative_difference(a: Tensor, b: Tensor) -> float:

@@ -47,9 +47,10 @@ def _parser(light: bool = False):
     p = ArgumentParser(prog="vae-ddp audit", exit_on_error=False, description=(
         "Train your LightningModule on one device and with DDP from the same weights and global batch, "
         "and find which factor makes them differ."), epilog=(
-        "exit codes: 0 DDP with the fixes, started at every step from one device's weights, computes a gradient "
-        "within 2x the one-device floor; 1 it does not (unexplained, a factor that needs a change in your code, "
-        "or random draws that do not follow their sample); 2 bad input; 3 a training run failed"))
+        "exit codes: 0 DDP with the fixes, started at every step from one device's weights, computes one device's "
+        "whole step (gradient, learning rate, update, buffers, every rank's parameters) within 2x the one-device "
+        "floor; 1 it does not (unexplained, a factor that needs a change in your code, or random draws that do "
+        "not follow their sample); 2 bad input; 3 a training run failed"))
     helps = {"model": "your LightningModule: package.module.Class or path/to/file.py:Class; its __init__ arguments "
                       "as --model.init_args.NAME VALUE or --model.NAME VALUE (listed by --model.help CLASS)",
              "data": "your LightningDataModule, given the same way; its batch_size (--data.init_args.batch_size) is "
@@ -262,6 +263,16 @@ def check(run, data_cls: type, model_cls: type) -> tuple[list[dict], list[str]]:
     if size is not None and size < run.global_batch_size:
         raise UserError(f"{data_cls.__name__}'s training set holds {size} samples, fewer than one global batch of "
                         f"{run.global_batch_size}: give more data or a smaller --data.init_args.batch_size")
+    with torch.random.fork_rng():  # the same weights and draws on every audit of this seed, as the runs'
+        torch.manual_seed(run.seed)
+        return _check_model(run, model_cls, dm, batches, batch)
+
+
+def _check_model(run, model_cls: type, dm, batches: list, batch) -> tuple[list[dict], list[str]]:
+    """Build the module, try its training_step on one batch without a Trainer, run the one-process checks."""
+    import torch
+
+    from vae_ddp.fixes.factor import cast_batch as _cast
     try:
         model = model_cls(**run.model.get("init_args", {}))
     except Exception as err:  # noqa: BLE001 - the user's class: its first line

@@ -74,10 +74,11 @@ def build(run: AuditRun,
     callbacks.append(DDPAudit(warn=False))
     plugins = parts.plugins + cluster_plugins()  # cluster_plugins: a forked rank (the environment vae_ddp.ranks set)
     user = dict(run.trainer)
+    max_epochs = user.pop("max_epochs", None)  # the user's, else Lightning's default (-1 with max_steps set)
     strategy = audit_strategy(run, user.pop("strategy", None) or "ddp", parts.loaders)
     trainer = Trainer(
         accelerator=run.accelerator, devices=run.devices, strategy=strategy, **user,
-        max_steps=run.steps, max_epochs=-1, limit_val_batches=0, num_sanity_val_steps=0, logger=False,
+        max_steps=run.steps, max_epochs=max_epochs, limit_val_batches=0, num_sanity_val_steps=0, logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         precision="64-true" if run.dtype == "float64" else "32-true", callbacks=callbacks,
         **({"plugins": plugins} if plugins else {}), **parts.trainer)
@@ -201,7 +202,7 @@ def _train(runs: list[AuditRun], out: Path) -> int:
         probe = None
         if run.steps_file:
             probe = StepProbe(wait_for_steps(Path(run.steps_file)) if run.teacher_forced else None,
-                              record_states=not run.teacher_forced, lag=run.lag)
+                              record_states=not run.teacher_forced, lag=run.lag, label=run.label)
         model, dm, trainer = build(run, probe)
         trainer.fit(model, datamodule=dm)
         if trainer.is_global_zero:
@@ -212,7 +213,7 @@ def _train(runs: list[AuditRun], out: Path) -> int:
             if probe is not None and probe.forced:  # which of the reference's θ_k each batch started from
                 info[run.label]["weights_of_batch"] = probe.loaded
             if probe is not None:
-                record = {"grads": probe.grads, "buffers": probe.buffers, "grad_batches": probe.grad_batches}
+                record = probe.record()
                 torch.save(record, out / f"{run.label}.steps.pt")
                 if not run.teacher_forced:  # the reference: its weights, for the forced runs (written whole)
                     tmp = Path(run.steps_file).with_suffix(".partial")

@@ -35,6 +35,9 @@ TRAINER_ARGS: dict[str, tuple[Any, Any, str]] = {
     "gradient_clip_algorithm": (Optional[str], None, "norm or value (default: norm)"),
     "deterministic": (Optional[Union[bool, Literal["warn"]]], None, "torch's deterministic algorithms: true, false or warn"),
     "detect_anomaly": (bool, False, "autograd's anomaly detection"),
+    "max_epochs": (Optional[int], None, "what self.trainer.max_epochs reads in your module (a schedule's length); "
+                   "the runs stop after --steps optimizer steps, or at the end of this many epochs if sooner "
+                   "(default: Lightning's, -1 once the steps are set)"),
 }
 """``Trainer`` arguments the audit passes through (``--trainer.NAME`` as LightningCLI spells
 them): name -> (type, default, help), the defaults being Lightning 2.x's (``strategy``: the

@@ -47,6 +47,7 @@ from typing import Optional
 
 import torch
 
+from vae_ddp.audit import whole_step
 from vae_ddp.audit.spec import AuditRun, failed_marker
 from vae_ddp.fixes import noise, registry
 from vae_ddp.fixes.factor import page_url
@@ -69,10 +70,21 @@ FLOOR_DRAWS = 4
 #: not a function of the weights and the batch alone, and DDP cannot be judged against it.
 ROUNDING_EPS = 1e4
 
-#: The audit's own check beside the registered factors: parameters that differ across ranks.
-EXTRA_PAGES = {"parameters": "recipe.md"}
-_EXTRA_CLEAN = {"parameters": "the same parameters on every rank"}
-_EXTRA_NAMES = {"parameters": "Parameters across ranks"}
+#: After K free steps DDP with every fix is judged against one device with the samples permuted
+#: (the K-step floor): a largest parameter or buffer difference more than this many times that
+#: floor (or one rounding of the largest value, if larger) is another trajectory, not rounding
+#: carried over. Wide on purpose: a last-bit difference grows with every step, in both runs alike.
+TRAJECTORY_RATIO = 1e3
+
+#: The audit's own checks beside the registered factors: the parts of the whole step
+#: ([`vae_ddp.audit.whole_step`][vae_ddp.audit.whole_step]) and parameters that differ across ranks.
+EXTRA_PAGES = {"gradient_scale": "audit.md", "update": "audit.md", "buffers": "audit.md", "parameters": "recipe.md"}
+_EXTRA_CLEAN = {"gradient_scale": "the gradient is not one device's times the world size",
+                "update": "the same learning rate and update as one device at every step",
+                "buffers": "the same buffers as one device after every step",
+                "parameters": "the same parameters on every rank, at the start and after every step"}
+_EXTRA_NAMES = {"gradient_scale": "Loss scaled by the world size", "update": "Learning rate and update",
+                "buffers": "Buffers written in forward", "parameters": "Parameters across ranks"}
 
 
 def _factors() -> tuple[str, ...]:
@@ -213,7 +225,7 @@ def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress
     yardstick = max(floor, eps)  # a difference below one machine epsilon is rounding whatever the draws
     ratio = max(grad_steps, default=0.0) / yardstick
     deterministic = floor <= ROUNDING_EPS * eps
-    within = deterministic and ratio <= FLOOR_RATIO
+    grad_within = deterministic and ratio <= FLOOR_RATIO
     reduction_ddp = None  # the reduction check under the process group: {"grad_steps", "ratio_to_floor"}
     if recheck:
         eval_steps = per_step(first["ddp+fixed-eval"], "ddp+fixed-eval", reference="single-eval")
@@ -226,7 +238,7 @@ def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress
     manual = {}  # exposed factors the audit cannot fix by itself (one-process checks)
     cleared = []
     for f in static or []:
-        if within:
+        if grad_within:
             # the one-process checks run without a process group; under the real one, with
             # every fix, DDP's gradient is one device's at every step: what they saw makes no
             # difference here (a loss reduced over the global batch already, by an all-reduced
@@ -257,7 +269,7 @@ def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress
     # (e.g. the loader's draws beside the step's).
     user_code = {f["factor"]: f for f in info["findings"] + first["ddp+fixed"][1]["findings"] if f.get("manual")}
     for key, f in user_code.items():
-        if within:  # seen, but DDP with every fix computes one device's step: it makes no difference here
+        if grad_within:  # seen, but DDP with every fix computes one device's gradient: it makes no difference here
             gist = re.split(r": | \(", f["evidence"], maxsplit=1)[0]
             cleared.append(f"the DDP runs saw, under {_name(key)}, that {gist}, but with every "
                            "fix the gradient matches one device's at every step: it makes no difference here")
@@ -272,6 +284,12 @@ def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress
     none_fixed = max(per_step(first["ddp-forced"], "ddp-forced"), default=0.0) if deterministic else None
     alone = {f: max(per_step(first[f"ddp+{f}"], f"ddp+{f}"), default=0.0) for f in ablated}
     div_default, div_fixed = _diff(default, single), _diff(fixed, single)
+    step = _whole_step(one, first, n, eps, grad_within) if deterministic else None
+    for key, f in (step or {}).get("findings", {}).items():
+        manual[key] = found[key] = f
+    trajectory_ratio = div_fixed / max(trajectory_floor, eps * _largest_value(single))
+    trajectory_within = trajectory_ratio <= TRAJECTORY_RATIO
+    within = grad_within and not (step or {}).get("differences") and trajectory_within
     unexplained = deterministic and not within and not manual
     findings = []
     for factor in _factors():
@@ -284,7 +302,7 @@ def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress
             fixed_alone = alone[other] if f else None
         # what bites is in the user's code, which no automatic fix removes: measured by what is
         # left with every automatic fix on (shared by every such factor)
-        left = max(grad_steps, default=0.0) if factor in manual else None
+        left = max(grad_steps, default=0.0) if factor in manual and factor not in EXTRA_PAGES else None
         if factor in manual:
             contribution = None
         if factor in manual or not deterministic:
@@ -295,7 +313,7 @@ def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress
         # a contribution over 2x what is left with every fix bites; under that, while what is left is
         # itself over 2x the floor, the two cannot be told apart (None: not separable)
         bites = None if contribution is None else contribution > FLOOR_RATIO * max(yardstick, *grad_steps)
-        if bites is False and not within:
+        if bites is False and not grad_within:
             bites = None
         findings.append({"factor": factor, "exposed": f is not None,
                          "evidence": f["evidence"] if f else _clean(factor),
@@ -310,6 +328,9 @@ def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress
               "none_fixed": none_fixed, "batch_noise": batch_noise, "batch_noise_steps": noise_steps,
               "deterministic": deterministic, "within_floor": within, "unexplained": unexplained,
               "trajectory_floor": trajectory_floor, "divergence_default": div_default, "divergence_fixed": div_fixed,
+              "trajectory_ratio": trajectory_ratio, "trajectory_within": trajectory_within,
+              "gradient_within": grad_within,
+              "whole_step": None if step is None else {k: v for k, v in step.items() if k != "findings"},
               "reduction_under_ddp": reduction_ddp,
               "findings": findings, "largest_differences": _largest(fixed, single) if unexplained else [],
               # as the user named them (path/to/file.py:Class, not the module the audit made of the file)
@@ -325,6 +346,90 @@ def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress
     (out_dir / "tables.md").write_text(text + "\n")
     print(text)
     return result
+
+
+def _largest_value(state: dict) -> float:
+    """The largest absolute value of a saved state (its parameters and buffers)."""
+    return max((float(t.double().abs().max()) for t in state.values() if t.numel()), default=0.0)
+
+
+def _whole_step(one: dict, first: dict, n: int, eps: float, grad_within: bool) -> dict:
+    """[`whole_step.compare`][vae_ddp.audit.whole_step.compare] of DDP with every fix, every step
+    from one device's weights, with one device's record and the floor draws', plus
+    ``"findings"``: the audit's own rows (``update``, ``buffers``, ``parameters``,
+    ``gradient_scale``) for what differs, each ``{"factor", "evidence", "fix", "manual": True}``.
+    The update follows the gradient: it is named only when the gradient is within the floor."""
+    def record(runs: dict, label: str) -> dict:
+        return torch.load(runs[label][2] / f"{label}.steps.pt")
+
+    single, ddp = record(one, "single"), record(first, "ddp+fixed-forced")
+    floors = [record(one, f"floor-{k}") for k in range(1, FLOOR_DRAWS + 1)]
+    try:
+        step = whole_step.compare(ddp, single, floors, n, eps)
+    except ValueError as err:
+        raise RunFailed(f"run 'ddp+fixed-forced' cannot be compared with one device's step by step: {err}") from None
+    # the update follows the gradient, and parameters written per rank: named where they are the cause
+    apart = {d["step"] for d in step["differences"] if d["part"] == "ranks"}
+    step["differences"] = [d for d in step["differences"]
+                           if d["part"] != "update" or (grad_within and d["step"] not in apart)]
+    findings = {}
+    for d in step["differences"]:
+        key = {"learning rate": "update", "ranks": "parameters"}.get(d["part"], d["part"])
+        if key not in findings:
+            findings[key] = dict(_explain(d, n), factor=key, manual=True)
+    scale = None if grad_within else whole_step.scaled_by_world_size(ddp["grads"], single["grads"], n)
+    if scale is not None:
+        how = "divided by" if scale < 1 else "multiplied by"
+        findings["gradient_scale"] = {
+            "factor": "gradient_scale", "manual": True,
+            "evidence": f"DDP's gradient is one device's times {scale:.3g} at every step (the loss is {how} the "
+                        f"world size, {n}), and otherwise the same",
+            "fix": f"delete the factor: DDP already averages the gradients over the ranks, so the mean loss of the "
+                   f"per-device batch gives one device's gradient of the global batch"}
+    step["gradient_scale"] = scale
+    return dict(step, findings=findings)
+
+
+def _explain(d: dict, n: int) -> dict:
+    """Evidence and fix of one part of the step that differs (``whole_step.compare``'s ``differences``)."""
+    names = ", ".join(f"{x['name']} ({x['max_abs_diff']:.3g}" + (f", {x['module']}" if x.get("module") else "") + ")"
+                      for x in d["names"])
+    at = f"at step {d['step']} (every step from one device's weights)"
+    after = f"after step {d['step']} (every step from one device's weights)"
+    if d["part"] == "learning rate":
+        ddp, single = d["detail"]["ddp"], d["detail"]["single"]
+        rates = f"{', '.join(f'{v:.3g}' for v in ddp)} on DDP vs {', '.join(f'{v:.3g}' for v in single)} on one device"
+        if abs(d["ratio"] / n - 1) < 1e-6:
+            return {"evidence": f"the learning rate is multiplied by the world size {at}: {rates}",
+                    "fix": "at the same global batch size DDP takes one device's learning rate: remove the factor "
+                           "self.trainer.world_size (scaling the rate with the world size is for a global batch "
+                           "that grows with it)"}
+        return {"evidence": f"the learning rate differs {at}: {rates} ({d['ratio']:.3g}x): a schedule that counts "
+                            "other steps under DDP, e.g. total_steps from len(train_dataloader()), the per-device "
+                            "loader, or from the world size",
+                "fix": "compute the schedule's length from self.trainer.estimated_stepping_batches (optimizer steps "
+                       "over the global batch, as Lightning counts them under DDP)"}
+    if d["part"] == "update":
+        return {"evidence": f"the same gradient and learning rate, but the parameters differ {after}: "
+                            f"{d['ratio']:.3g}x the floor; largest in {names}",
+                "fix": "find what changes the update under DDP: the optimizer's state or arguments (built from the "
+                       "world size or the rank), a step that runs on some ranks only, or a forward that writes to "
+                       "parameters"}
+    if d["part"] == "buffers":
+        return {"evidence": f"the forward writes per-rank values into buffers: {d['ratio']:.3g}x the floor {after}; "
+                            f"largest in {names}. DDP broadcasts rank 0's buffers before each forward, so the model "
+                            "keeps what rank 0's share of the batch wrote",
+                "fix": "compute the buffers' update over the global batch: all-reduce the sums and counts "
+                       "(torch.distributed.all_reduce) before writing them, as torch.nn.SyncBatchNorm does"}
+    renorm = any("max_norm" in (x.get("module") or "") for x in d["names"])
+    return {"evidence": f"the ranks' parameters are apart {after}: {d['ratio']:.3g}x the floor; largest "
+                        f"in {names}"
+                        + ("; nn.Embedding(max_norm=...) renormalises in place, in forward, the rows its rank looks "
+                           "up, and DDP never synchronises parameters again" if renorm else ""),
+            "fix": ("drop max_norm, or renormalise the same rows on every rank after the optimizer step (all of "
+                    "them, or those of the global batch)" if renorm else
+                    "change parameters only through the optimizer, or by the same values on every rank: DDP "
+                    "synchronises parameters once, when it wraps the module")}
 
 
 def _rank(f: dict) -> tuple:
@@ -454,6 +559,16 @@ def render(result: dict) -> str:
                  f"{result['floor']:.3g}"
                  + (f" (below one machine epsilon, {eps:.3g}, which the ratio takes instead)"
                     if result["floor"] < eps else ""))
+    step = result.get("whole_step")
+    if step is not None:
+        lr = "the same" if not any(d > whole_step.LR_TOLERANCE for d in step["lr_steps"]) else "differs"
+        lines.append(f"- the rest of each step, from the same weights, against the same floor: learning rate {lr}; "
+                     f"update {step['update_ratio']:.2g}x its floor ({step['update_floor']:.3g} relative); "
+                     + (f"buffers {step['buffer_ratio']:.2g}x ({step['buffer_floor']:.3g}); " if step.get("buffer_count")
+                        else "no floating-point buffers; ")
+                     + "every rank's parameters against "
+                     f"rank 0's {step['ranks_ratio']:.2g}x (one rounding of every stored value is the least "
+                     "difference counted)")
     unserved = any(f["factor"] == noise.FACTOR.key and f["exposed"] and not f["automatic_fix"] for f in result["findings"])
     if not result["deterministic"]:
         why = ("the training step draws random numbers that do not follow their sample, from torch's global "
@@ -467,22 +582,34 @@ def render(result: dict) -> str:
                      f"{page_url(noise.FACTOR.page)})")
     elif result["unexplained"]:
         names = ", ".join(f"{d['name']} ({d['max_abs_diff']:.3g})" for d in result["largest_differences"])
-        lines.append(f"- unexplained: not one of the known factors (more than {FLOOR_RATIO:g}x the floor after "
-                     f"every fix); the parameters and buffers that differ most after {steps_text}: {names}")
+        what = (f"more than {FLOOR_RATIO:g}x the floor after every fix" if not result.get("gradient_within", False)
+                else f"every step from one device's weights matches it, but after {steps_text} DDP with every fix "
+                     f"is {result['trajectory_ratio']:.3g}x the {steps}-step floor: something the single steps do "
+                     "not carry (the optimizer's state, the module's own counters)")
+        lines.append(f"- unexplained: not one of the known factors ({what}); the parameters and buffers that differ "
+                     f"most after {steps_text}: {names}")
     elif not result["within_floor"]:
         manual = [name(f["factor"]) for f in result["findings"] if f["exposed"] and not f["automatic_fix"]]
-        lines.append(f"- not within {FLOOR_RATIO:g}x the floor after the automatic fixes; exposed, and only a change "
-                     f"in your code fixes it: {', '.join(manual)} (see the fix above; rerun the audit after it to "
-                     "see whether it accounts for the whole difference)")
+        first = ((result.get("whole_step") or {}).get("differences") or [None])[0]
+        where = ("" if first is None or result.get("gradient_within") is False else
+                 f"DDP's gradient is one device's, but its step first differs in the {first['part']} at step "
+                 f"{first['step']}; ")
+        lines.append(f"- not passed: {where}not within {FLOOR_RATIO:g}x the floor after the automatic fixes; exposed, "
+                     f"and only a change in your code fixes it: {', '.join(manual)} (see the fix above; rerun the "
+                     "audit after it to see whether it accounts for the whole difference)")
     else:
         bite = [name(f["factor"]) for f in result["findings"] if f["bites"]]
-        lines.append(f"- passed: with the fixes, DDP computes one device's step (its largest step within "
-                     f"{FLOOR_RATIO:g}x the floor's largest draw)"
+        lines.append(f"- passed: with the fixes, DDP computes one device's whole step at every step: the gradient, "
+                     f"the learning rate, the update, the buffers and every rank's parameters, each within "
+                     f"{FLOOR_RATIO:g}x its floor"
                      + (f"; the factors whose fix makes that difference: {', '.join(bite)}" if bite
                         else "; none of the exposed factors changes the gradient here"))
-    lines.append(f"- after {steps_text} (context, not the verdict: a last-bit difference grows with every step), "
-                 f"the largest parameter or buffer difference to one device: DDP with Lightning's defaults "
-                 f"{result['divergence_default']:.3g}, with every fix {result['divergence_fixed']:.3g}, one device "
-                 f"with the samples permuted {traj:.3g}")
+    judged = result.get("trajectory_ratio")
+    lines.append(f"- after {steps_text}, each run on its own, the largest parameter or buffer difference to one device: "
+                 f"DDP with every fix {result['divergence_fixed']:.3g}"
+                 + ("" if judged is None else
+                    f" ({judged:.3g}x the {steps}-step floor, one device with the samples permuted: {traj:.3g}; "
+                    f"more than {TRAJECTORY_RATIO:g}x would be another trajectory, not rounding carried over)")
+                 + f"; with Lightning's defaults {result['divergence_default']:.3g} (what the factors above change)")
     lines += [f"- note: {n}" for n in result.get("notes", [])]
     return "\n".join(lines)

@@ -1,0 +1,185 @@
+"""The audit judges the whole step, on every rank: the learning rate, the update, the buffers and
+the ranks' parameters after each step, besides the gradient (`vae_ddp.audit.whole_step`).
+
+The rules on records whose answer is known (no process started), then `vae-ddp audit` on modules
+whose DDP trains something else although its gradient is one device's, each against its ground
+truth measured by `tests/scripts/whole_step_truth.py` (plain Lightning DDP on 2 gloo ranks
+against one device, float64; it does not import vae_ddp).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from vae_ddp import guard
+from vae_ddp.audit import whole_step
+
+ROOT = Path(__file__).resolve().parents[1]
+EPS64 = torch.finfo(torch.float64).eps
+
+
+def record(updates, buffers=None, lrs=None, ranks=None, names=None, norms=None) -> dict:
+    """A StepProbe record of len(updates) batches, one optimizer step each."""
+    n = len(updates)
+    buffers = buffers if buffers is not None else [torch.zeros(0, dtype=torch.float64)] * n
+    return {"updates": updates, "buffer_updates": buffers, "lrs": lrs or [[0.01]] * n,
+            "grad_batches": list(range(n)), "norms": norms or [[1.0, 1.0]] * n,
+            "ranks_apart": ranks if ranks is not None else [0.0] * n,
+            "ranks_apart_names": names or [[] for _ in range(n)],
+            "param_names": [["w", len(updates[0])]], "buffer_names": [["b", len(buffers[0])]] if len(buffers[0]) else []}
+
+
+def vec(*values) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.float64)
+
+
+def test_a_step_within_its_floor_has_no_difference():
+    single = record([vec(1e-2, -1e-2), vec(1e-2, 1e-2)], buffers=[vec(0.1), vec(0.2)])
+    ddp = record([vec(1e-2 + 1e-17, -1e-2), vec(1e-2, 1e-2)], buffers=[vec(0.1), vec(0.2 + 1e-17)])
+    floor = record([vec(1e-2, -1e-2 + 1e-17), vec(1e-2 + 1e-17, 1e-2)], buffers=[vec(0.1 + 1e-17), vec(0.2)])
+    out = whole_step.compare(ddp, single, [floor], 2, EPS64)
+    assert out["differences"] == [] and out["update_ratio"] <= 2 and out["buffer_ratio"] <= 2, out
+    assert out["buffer_count"] == 1
+
+
+def test_each_part_is_named_at_the_first_step_where_it_differs():
+    single = record([vec(1e-2, -1e-2)] * 3, buffers=[vec(0.1)] * 3)
+    floor = record([vec(1e-2, -1e-2)] * 3, buffers=[vec(0.1)] * 3)
+    # the rate doubled from the second step, the buffers differ at the third, the ranks apart at the first
+    ddp = record([vec(1e-2, -1e-2), vec(2e-2, -2e-2), vec(2e-2, -2e-2)], buffers=[vec(0.1), vec(0.1), vec(0.3)],
+                 lrs=[[0.01], [0.02], [0.02]], ranks=[1e-3, 0.0, 0.0],
+                 names=[[["emb.weight", 1e-3, "Embedding(max_norm=1.0)"]], [], []])
+    out = whole_step.compare(ddp, single, [floor], 2, EPS64)
+    parts = [(d["part"], d["step"]) for d in out["differences"]]
+    assert parts == [("ranks", 0), ("learning rate", 1), ("update", 1), ("buffers", 2)], parts
+    lr = out["differences"][1]
+    assert lr["ratio"] == 2.0 and lr["detail"]["ddp"] == [0.02] and lr["detail"]["single"] == [0.01]
+    assert out["differences"][0]["names"][0]["module"] == "Embedding(max_norm=1.0)"
+    assert out["differences"][2]["names"] == [{"name": "w", "max_abs_diff": pytest.approx(1e-2)}]
+
+
+def test_float32_rounding_of_the_stored_parameters_is_not_a_difference():
+    """A float32 parameter is stored to 24 bits: one flipped last bit of a 0.5 weight changes a 1e-3
+    update by 3e-8 / 1e-3, far above the gradient's floor. One rounding of every stored value
+    (eps * ||θ||) is the least difference the update is judged by; ten such roundings are not."""
+    eps = torch.finfo(torch.float32).eps
+    single = record([vec(1e-3, 1e-3)], norms=[[0.7, 0.0]])
+    floor = record([vec(1e-3, 1e-3)], norms=[[0.7, 0.0]])
+    flipped = record([vec(1e-3 + eps * 0.5, 1e-3)], norms=[[0.7, 0.0]])
+    assert whole_step.compare(flipped, single, [floor], 2, eps)["differences"] == []
+    ten = record([vec(1e-3 + 10 * eps * 0.5, 1e-3)], norms=[[0.7, 0.0]])
+    assert [d["part"] for d in whole_step.compare(ten, single, [floor], 2, eps)["differences"]] == ["update"]
+
+
+def test_records_of_other_lengths_are_refused():
+    with pytest.raises(ValueError, match="2 training batches compared with one device's 1"):
+        whole_step.compare(record([vec(1.0)] * 2), record([vec(1.0)]), [], 2, EPS64)
+
+
+def test_a_gradient_scaled_by_the_world_size_is_recognised():
+    g = [torch.randn(50, dtype=torch.float64, generator=torch.Generator().manual_seed(k)) for k in range(3)]
+    assert whole_step.scaled_by_world_size([x / 2 for x in g], g, 2) == 0.5
+    assert whole_step.scaled_by_world_size([x * 4 for x in g], g, 4) == 4.0
+    assert whole_step.scaled_by_world_size([x / 3 for x in g], g, 2) is None  # not the world size
+    bent = [x / 2 for x in g]
+    bent[1] = bent[1] + 0.1 * torch.randn(50, dtype=torch.float64)  # not one device's direction
+    assert whole_step.scaled_by_world_size(bent, g, 2) is None
+
+
+# --- the audit on modules whose DDP trains something else, against ground truth from outside vae_ddp
+
+#: module of examples/audit_models.py -> (the audit's row that names it, words of its evidence)
+CASES = {
+    "ScaledLearningRate": ("update", "the learning rate is multiplied by the world size"),
+    "ScheduleFromLoader": ("update", "the learning rate differs at step 1"),  # reads trainer.max_epochs: 2
+    "MovingAverage": ("buffers", "feature_mean"),
+    "RenormalisedEmbedding": ("parameters", "nn.Embedding(max_norm=...) renormalises in place"),
+    "LossOverWorldSize": ("gradient_scale", "one device's times 0.5 at every step"),
+}
+
+
+@pytest.fixture(scope="module")
+def truth(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("truth") / "truth.json"
+    proc = guard.run([sys.executable, str(ROOT / "tests/scripts/whole_step_truth.py"), str(out), "Plain", *CASES],
+                     capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_the_ground_truth_script_does_not_use_vae_ddp():
+    """Neither it nor the models it imports (examples/audit_models.py at module level) import vae_ddp."""
+    import ast
+
+    for script in ("tests/scripts/whole_step_truth.py", "examples/audit_models.py"):
+        tree = ast.parse((ROOT / script).read_text())
+        top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+        names = [a.name for n in top for a in n.names] + [n.module or "" for n in top if isinstance(n, ast.ImportFrom)]
+        assert names and not [m for m in names if m.startswith("vae_ddp")], (script, names)
+
+
+def run_audit(tmp_path: Path, model: str, *args: str) -> tuple[int, dict, str]:
+    from vae_ddp.cli import main_captured
+
+    out = tmp_path / "audit"
+    code, stdout, stderr = main_captured(["audit", "--model", f"examples/audit_models.py:{model}", "--data",
+                                          "examples/audit_models.py:Regression", "--steps", "3", "--out", str(out),
+                                          *args], cwd=ROOT)
+    return code, json.loads((out / "audit.json").read_text()), stdout + stderr
+
+
+@pytest.mark.parametrize("model", list(CASES))
+def test_a_ddp_step_that_differs_besides_the_gradient_fails_and_is_named(tmp_path, truth, model):
+    t = truth[model]
+    # the truth: DDP trains another model (or another learning rate) than one device, far above rounding
+    assert t["ddp"] > 1e6 * max(t["floor"], EPS64) or t["lrs_ddp"] != t["lrs_single"], t
+    # the user's max_epochs reaches the module (the audit stops the runs by --steps)
+    code, result, log = run_audit(tmp_path, model, "--trainer.max_epochs", "2")
+    key, words = CASES[model]
+    rows = {f["factor"]: f for f in result["findings"]}
+    assert code == 1 and not result["within_floor"] and not result["unexplained"], log[-3000:]
+    assert rows[key]["exposed"] and words in rows[key]["evidence"], rows[key]
+    assert result["findings"][0]["exposed"], result["findings"][0]  # ranked above what is clean
+    assert result["trajectory_ratio"] > 1e3 and not result["trajectory_within"]
+    if key == "gradient_scale":
+        assert not result["gradient_within"] and result["whole_step"]["gradient_scale"] == 0.5
+    else:  # the gradient is one device's: the old verdict passed these models
+        assert result["gradient_within"], result["ratio_to_floor"]
+        first = result["whole_step"]["differences"][0]
+        part = {"update": "learning rate", "buffers": "buffers", "parameters": "ranks"}[key]
+        assert first["part"] == part, first
+        if part == "learning rate":  # the rates the audit saw are the rates plain Lightning trains with
+            step = first["detail"]["optimizer_step"]
+            assert first["detail"]["ddp"] == t["lrs_ddp"][step] and first["detail"]["single"] == t["lrs_single"][step]
+        if part == "ranks":
+            assert t["ranks"] > 1e6 * max(t["floor"], EPS64) and first["names"][0]["name"] == t["worst"]
+        if part == "buffers":
+            assert first["names"][0]["name"] == t["worst"] == "feature_mean"
+    assert "- not passed: " in log and "- passed" not in log
+    assert result["trainer"] == {"max_epochs": 2} and "max_epochs=2" in log
+
+
+def test_a_clean_module_is_clean_by_the_ground_truth_too(truth):
+    """The audit passes `Plain` with the whole step compared (tests/test_audit.py::test_no_exposure);
+    plain Lightning agrees: DDP's parameters after 3 steps within rounding of one device's."""
+    t = truth["Plain"]
+    assert t["ddp"] <= 10 * max(t["floor"], EPS64) and t["ranks"] == 0 and t["lrs_ddp"] == t["lrs_single"], t
+
+
+def test_a_loss_that_turns_nan_is_one_line_naming_the_run_rank_and_step(tmp_path):
+    """`Diverging` returns NaN from its second step: exit code 3, the run, the rank and the batch in the
+    error line, and no audit.json that could read as a verdict."""
+    from vae_ddp.cli import main_captured
+
+    out = tmp_path / "audit"
+    code, stdout, stderr = main_captured(["audit", "--model", "examples/audit_models.py:Diverging", "--data",
+                                          "examples/audit_models.py:Regression", "--steps", "3", "--out", str(out)],
+                                         cwd=ROOT)
+    first = stderr.strip().splitlines()[0]
+    assert code == 3 and not (out / "audit.json").exists(), stderr[-2000:]
+    assert "run 'single': the gradient is not finite (NaN or infinite) at training batch 1 on rank 0" in first, first
