@@ -13,7 +13,7 @@ import torch
 from pytorch_lightning import LightningDataModule, LightningModule
 from torch import nn
 from torch.nn import functional as F
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
 
 class Regression(LightningDataModule):
@@ -48,6 +48,49 @@ def _mixup(items):
     y = torch.stack([i[1] for i in items])
     lam, perm = torch.rand(()), torch.randperm(len(x))
     return lam * x + (1 - lam) * x[perm], lam * y + (1 - lam) * y[perm]
+
+
+class Stream(Regression):
+    """The same samples as a stream (an `IterableDataset`) that every rank iterates whole: under
+    DDP each rank takes the same first B/N samples, the global batch is one per-device batch N times."""
+
+    shard = False
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(Samples(self.train_set, self.shard), batch_size=self.batch_size)
+
+
+class ShardedStream(Stream):
+    """The stream sharded by rank (rank r of N takes samples r, r + N, ...), as
+    `datasets.distributed.split_dataset_by_node` does: under DDP step k's samples are one device's."""
+
+    shard = True
+
+
+class Samples(IterableDataset):
+    """`data`'s samples in order; with `shard`, this rank's every world_size-th (torch.distributed)."""
+
+    def __init__(self, data, shard: bool) -> None:
+        self.data, self.shard = data, shard
+
+    def __iter__(self):
+        import torch.distributed as dist
+
+        rank, world = (dist.get_rank(), dist.get_world_size()) if self.shard and dist.is_initialized() else (0, 1)
+        for i in range(rank, len(self.data), world):
+            yield self.data[i]
+
+
+class Weighted(Regression):
+    """A `WeightedRandomSampler` that draws only the samples with a positive target (class
+    balancing at its extreme): one device and every rank must train on those alone."""
+
+    def train_dataloader(self) -> DataLoader:
+        from torch.utils.data import WeightedRandomSampler
+
+        weights = (self.train_set.tensors[1] > 0).double()
+        return DataLoader(self.train_set, batch_size=self.batch_size,
+                          sampler=WeightedRandomSampler(weights, num_samples=self.n, replacement=True))
 
 
 class Jitter(Dataset):

@@ -90,6 +90,79 @@ def test_global_sampler_reshuffles_per_epoch_and_refuses_bad_sizes():
         GlobalBatchDistributedSampler(list(range(8)), 16, num_replicas=2, rank=0)
 
 
+def _indices(loader) -> list[list[int]]:
+    return [b[0].tolist() for b in loader]
+
+
+def _index_set(n: int):
+    from torch.utils.data import TensorDataset
+
+    return TensorDataset(torch.arange(n))
+
+
+def test_the_audit_deals_whatever_the_users_batch_sampler_draws():
+    """The audit's sampler fix keeps the user's sampling (here a WeightedRandomSampler that draws
+    the even samples only, and a batch sampler that buckets by length): every rank's chunks of
+    step k concatenate to one device's batch k of the same draws, the caller's generator untouched."""
+    from torch.utils.data import DataLoader, WeightedRandomSampler
+
+    from vae_ddp.fixes.sampler import deal_global_batches
+
+    data = _index_set(64)
+    weighted = DataLoader(data, batch_size=16, sampler=WeightedRandomSampler((torch.arange(64) % 2 == 0).double(),
+                                                                             num_samples=64, replacement=True))
+    buckets = [[3, 1, 2, 0, 5, 4], [10, 11, 9, 8, 7, 6]]  # a bucketing batch sampler of its own
+    bucketed = DataLoader(data, batch_sampler=buckets)
+    for loader, world in ((weighted, 2), (weighted, 4), (bucketed, 2), (bucketed, 4)):
+        one = _indices(deal_global_batches(loader, 0, 1, seed=5))
+        ranks = [_indices(deal_global_batches(loader, r, world, seed=5)) for r in range(world)]
+        assert [sum((r[k] for r in ranks), []) for k in range(len(one))] == one
+    before = torch.random.get_rng_state()
+    deal_global_batches(weighted, 1, 2, seed=5).batch_sampler.global_batches()
+    assert torch.equal(torch.random.get_rng_state(), before)  # drawn from a seeded fork of torch's generator
+    assert _indices(deal_global_batches(weighted, 0, 1, seed=5)) != _indices(deal_global_batches(weighted, 0, 1, 6))
+    assert all(i % 2 == 0 for b in _indices(deal_global_batches(weighted, 0, 1, seed=5)) for i in b)
+    assert _indices(deal_global_batches(bucketed, 0, 1, seed=5)) == buckets
+    assert [len(b) for b in _indices(deal_global_batches(bucketed, 2, 4, seed=5))] == [1, 1]  # 6 = 2 + 2 + 1 + 1
+
+
+def test_the_audit_keeps_the_permutation_lightning_deals_for_a_shuffled_loader():
+    """A plain shuffled loader: one device's order is GlobalBatchDistributedSampler's for the same
+    seed (Lightning's DistributedSampler permutation under seed_everything), as before."""
+    from torch.utils.data import DataLoader
+
+    from vae_ddp.fixes.sampler import deal_global_batches
+
+    loader = DataLoader(_index_set(64), batch_size=16, shuffle=True)
+    order = GlobalBatchDistributedSampler(list(range(64)), 16, num_replicas=1, rank=0, seed=3).global_order()
+    assert sum(_indices(deal_global_batches(loader, 0, 1, seed=3)), []) == order
+
+
+@pytest.mark.parametrize("shard", [False, True])
+def test_a_stream_is_dealt_as_one_device_reads_it(shard):
+    """An IterableDataset: every rank iterates the user's loader (the global batch size) and takes its
+    contiguous chunk when the ranks' streams are the same, or yields its own shard's items in
+    per-device batches when the stream shards itself."""
+    from torch.utils.data import DataLoader, IterableDataset
+
+    from vae_ddp.fixes.sampler import StreamChunks
+
+    class Items(IterableDataset):
+        def __init__(self, rank, world):
+            self.rank, self.world = rank, world
+
+        def __iter__(self):
+            yield from (torch.tensor([i]) for i in range(self.rank, 32, self.world))
+
+    world = 2
+    one = [b.reshape(-1).tolist() for b in DataLoader(Items(0, 1), batch_size=8)]
+    ranks = [[b.reshape(-1).tolist() for b in DataLoader(StreamChunks(
+        DataLoader(Items(r, world) if shard else Items(0, 1), batch_size=8), r, world, shared=not shard),
+        batch_size=None)] for r in range(world)]
+    got = [sorted(sum((r[k] for r in ranks), [])) for k in range(len(ranks[0]))]
+    assert got == [sorted(b) for b in one] and all(len(b) == 4 for r in ranks for b in r), (got, one)
+
+
 def test_a_datamodule_takes_the_global_batch_once():
     """``global_batch_size`` is divided by the trainer's world size in the loaders; with the
     global sampler the sampler gets it as it is and the loader batches its per-device share."""

@@ -1,6 +1,6 @@
 """Ground truth for the whole-step audit tests, measured with plain Lightning and torch.distributed (no vae_ddp).
 
-Usage: python tests/scripts/whole_step_truth.py OUT_JSON MODEL [MODEL ...]
+Usage: python tests/scripts/whole_step_truth.py OUT_JSON MODEL[@DATAMODULE] [...]
 
 For each module of ``examples/audit_models.py`` named, from ``seed_everything(0)``, float64,
 ``Regression``'s 64 samples in order, global batch 16, 3 optimizer steps (``max_epochs=2``):
@@ -12,7 +12,11 @@ For each module of ``examples/audit_models.py`` named, from ``seed_everything(0)
   loader) that deals rank r the r-th contiguous half of one device's global batch: the same
   global batches as ``single``.
 
-Rank 0 writes ``{model: {"lrs_single", "lrs_ddp" (each optimizer step's learning rates),
+``MODEL@DATAMODULE`` trains on that datamodule of ``examples/audit_models.py`` instead, as its user
+would: batch 16 on one device, 8 per rank under Lightning's defaults (its own sampler injection),
+and records whether the two ranks' first training batches were the same (``"same_first_batch"``).
+
+Rank 0 writes ``{entry: {"lrs_single", "lrs_ddp" (each optimizer step's learning rates),
 "ddp" (the largest absolute difference of rank 0's parameters and buffers from one device's after
 the 3 steps), "ranks" (the largest between the two ranks' parameters and buffers), "floor" (the same for
 ``permuted``), "worst" (the name that differs most in "ddp")}}``.
@@ -36,8 +40,15 @@ N, GLOBAL, STEPS = 64, 16, 3
 
 
 class Rates(pl.Callback):
+    """Each optimizer step's learning rates; under DDP, whether the ranks' first batches are the same."""
+
     def __init__(self) -> None:
-        self.lrs = []
+        self.lrs, self.same_first_batch = [], None
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self.same_first_batch is None and trainer.world_size > 1:
+            x = trainer.strategy.all_gather(batch[0])  # (2, b, ...)
+            self.same_first_batch = bool(torch.equal(x[0], x[1]))
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         self.lrs.append([g["lr"] for g in optimizer.param_groups])
@@ -64,19 +75,22 @@ class Batches(audit_models.Regression):
         return DataLoader(self.train_set, batch_sampler=batches)
 
 
-def fit(model_name: str, devices: int, permute: bool = False) -> tuple[dict, list, pl.Trainer]:
+def fit(entry: str, devices: int, permute: bool = False) -> tuple[dict, Rates, pl.Trainer]:
+    model_name, _, data = entry.partition("@")
     pl.seed_everything(0, verbose=False)
     model = getattr(audit_models, model_name)()
     rates = Rates()
-    kw = dict(strategy="ddp", use_distributed_sampler=False) if devices > 1 else {}
+    kw = dict(strategy="ddp", use_distributed_sampler=bool(data)) if devices > 1 else {}
     trainer = pl.Trainer(accelerator="cpu", devices=devices, max_steps=STEPS, max_epochs=2, precision="64-true",
                          logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                          callbacks=[rates], **kw)
     rank = trainer.global_rank if devices > 1 else 0
-    trainer.fit(model, datamodule=Batches(rank, devices, permute))
+    dm = (getattr(audit_models, data)(batch_size=GLOBAL // devices, n=N, shuffle=False) if data and not permute
+          else Batches(rank, devices, permute))
+    trainer.fit(model, datamodule=dm)
     state = {k: v.detach().clone() for k, v in model.state_dict().items() if v.is_floating_point()}
-    return state, rates.lrs, trainer
+    return state, rates, trainer
 
 
 def largest(a: dict, b: dict) -> tuple[float, str]:
@@ -87,13 +101,14 @@ def main(out: str, models: list[str]) -> None:
     one = {m: (fit(m, 1), fit(m, 1, permute=True)) for m in models}
     result = {}
     for m in models:
-        state, lrs, trainer = fit(m, 2)
+        state, rates, trainer = fit(m, 2)
         params = torch.cat([t.reshape(-1) for t in state.values()])
         both = trainer.strategy.all_gather(params)  # (2, P)
-        (single, lrs_single, _), (permuted, _, _) = one[m]
+        (single, one_rates, _), (permuted, _, _) = one[m]
         ddp, worst = largest(state, single)
-        result[m] = {"lrs_single": lrs_single, "lrs_ddp": lrs, "ddp": ddp, "worst": worst,
-                     "ranks": float((both[1] - both[0]).abs().max()), "floor": largest(permuted, single)[0]}
+        result[m] = {"lrs_single": one_rates.lrs, "lrs_ddp": rates.lrs, "ddp": ddp, "worst": worst,
+                     "ranks": float((both[1] - both[0]).abs().max()), "floor": largest(permuted, single)[0],
+                     "same_first_batch": rates.same_first_batch}
     if trainer.is_global_zero:
         Path(out).write_text(json.dumps(result, indent=1))
     dist.barrier()

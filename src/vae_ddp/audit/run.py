@@ -62,9 +62,10 @@ def build(run: AuditRun,
     model_cls = import_class(run.model["class_path"], run.model_file)
     data_cls = import_class(run.data["class_path"], run.data_file)
     model = model_cls(**run.model.get("init_args", {}))
-    data_args = dict(run.data.get("init_args", {}), batch_size=run.global_batch_size // run.devices)
-    dm = data_cls(**data_args)
     parts = registry.audit_parts(run)  # each fix in run.fixes, as its factor declares it
+    # the per-device batch size, unless a fix builds the loader otherwise (the sampler's: the global batch, dealt)
+    data_args = {**run.data.get("init_args", {}), "batch_size": run.global_batch_size // run.devices, **parts.datamodule}
+    dm = data_cls(**data_args)
     callbacks: list[Callback] = [probe] if probe is not None else []  # first: θ_k before any other acts
     callbacks += parts.callbacks
     if run.permute:
@@ -108,11 +109,12 @@ def audit_strategy(run: AuditRun, name: str, loaders: list) -> Strategy:
         dataloader = base.process_dataloader(self, dataloader)
         if self.lightning_module.trainer.state.stage != RunningStage.TRAINING or not isinstance(dataloader, DataLoader):
             return dataloader
+        # the user's loader first: a fix may iterate it (a stream dealt in chunks), and copies its start method
+        notes = [make_fork_safe(dataloader, preload=("vae_ddp.audit.spec",))]
         for loader in loaders:
             dataloader = loader(dataloader, self)
-        note = make_fork_safe(dataloader, preload=("vae_ddp.audit.spec",))
-        if note and note not in NOTES:
-            NOTES.append(note)
+        notes.append(make_fork_safe(dataloader, preload=("vae_ddp.audit.spec",)))
+        NOTES.extend(n for n in notes if n and n not in NOTES)
         return dataloader
 
     return type(f"Audit{base.__name__}", (base,), {"process_dataloader": process_dataloader})(**kwargs)

@@ -10,15 +10,17 @@ multiple of the world size. The sample sets of step k then differ from the singl
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Iterator, Optional
 
 import torch
-from torch.utils.data import Dataset, DistributedSampler
+from torch.utils.data import Dataset, DistributedSampler, IterableDataset, Sampler
 
 from vae_ddp.fixes import _env
 from vae_ddp.fixes.factor import Factor, Finding, FixParts, Seen, batch_tensors, gather_objects, loader_list, samplers, world
 
-__all__ = ["GlobalBatchDistributedSampler", "deal_global_batches", "FACTOR"]
+__all__ = ["GlobalBatchDistributedSampler", "GlobalBatchChunks", "StreamChunks", "deal_global_batches",
+           "first_batch_shared", "FACTOR"]
 
 
 class GlobalBatchDistributedSampler(DistributedSampler):
@@ -93,30 +95,149 @@ class GlobalBatchDistributedSampler(DistributedSampler):
         return self.num_samples
 
 
-def deal_global_batches(dataloader: Any, global_batch_size: int, rank: int, world_size: int, seed: int = 0) -> Any:
-    """The same loader dealing one device's global batches to the ranks in contiguous chunks: a
-    ``DataLoader`` over the same dataset, ``collate_fn`` and worker settings with a
-    [`GlobalBatchDistributedSampler`][vae_ddp.fixes.sampler.GlobalBatchDistributedSampler]
-    (shuffled when the original loader shuffles, i.e. has a ``RandomSampler``; else in dataset
-    order) and the per-device batch size ``global_batch_size // world_size``. An incomplete last
-    global batch is dropped. What `vae-ddp audit` does to a user's training loader, from
-    Lightning's ``Strategy.process_dataloader`` hook; with ``Trainer(use_distributed_sampler=False)``
-    so that Lightning keeps this sampler.
+class GlobalBatchChunks(Sampler):
+    """A batch sampler: the global batches one device's batch sampler draws, each dealt to the
+    ranks in contiguous chunks.
+
+    ``batch_sampler`` is the user's, at the global batch size ``B`` (any: a ``BatchSampler`` over
+    a ``RandomSampler`` or a ``WeightedRandomSampler``, a length-bucketing batch sampler, with or
+    without ``drop_last``). At each epoch its batches are drawn once, from torch's generator seeded
+    with ``seed`` and the epoch (``torch.random.fork_rng``: the caller's generator is left as it
+    was), so every rank and one device draw the same global batches; rank ``r`` of ``N`` takes the
+    ``r``-th of ``N`` contiguous chunks of each (``numpy.array_split``'s sizes: a batch that ``N``
+    does not divide gives the first ranks one sample more). With ``world_size=1`` it yields each
+    global batch whole: the one-device reference of the same draws.
+
+    Args:
+        batch_sampler: iterable of index lists (``DataLoader.batch_sampler``), ``len()`` optional.
+        rank: this process's global rank; world_size: ``N``.
+        seed: the draws' seed (the same on every rank).
+    """
+
+    def __init__(self, batch_sampler: Any, rank: int, world_size: int, seed: int = 0) -> None:
+        self.batch_sampler, self.rank, self.world_size, self.seed = batch_sampler, rank, world_size, seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Lightning calls it at every epoch (``_set_sampler_epoch``); passed on to the user's sampler."""
+        self.epoch = epoch
+        for s in (self.batch_sampler, getattr(self.batch_sampler, "sampler", None)):
+            if callable(getattr(s, "set_epoch", None)):
+                s.set_epoch(epoch)
+
+    def global_batches(self) -> list[list[int]]:
+        """This epoch's global batches, as one device draws them. A ``RandomSampler`` of its own
+        generator-less kind permutes with ``torch.Generator().manual_seed(seed + epoch)``: the
+        permutation Lightning's ``DistributedSampler`` deals under DDP for ``seed_everything(seed)``."""
+        from torch.utils.data import RandomSampler
+
+        inner = getattr(self.batch_sampler, "sampler", None)
+        own = isinstance(inner, RandomSampler) and inner.generator is None and not inner.replacement
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed * 1_000_003 + self.epoch)
+            if own:
+                inner.generator = torch.Generator().manual_seed(self.seed + self.epoch)
+            try:
+                return [list(b) for b in self.batch_sampler]
+            finally:
+                if own:
+                    inner.generator = None
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for batch in self.global_batches():
+            yield batch[_span(len(batch), self.rank, self.world_size)]
+
+    def __len__(self) -> int:
+        return len(self.batch_sampler)
+
+
+def _span(n: int, rank: int, world_size: int) -> slice:
+    """The ``rank``-th of ``world_size`` contiguous chunks of ``n`` items (``numpy.array_split``'s sizes)."""
+    sizes = [n // world_size + (r < n % world_size) for r in range(world_size)]
+    start = sum(sizes[:rank])
+    return slice(start, start + sizes[rank])
+
+
+def _chunk(batch: Any, rank: int, world_size: int) -> Any:
+    """The ``rank``-th contiguous chunk of every tensor of a collated batch whose first dimension is
+    the batch's (any nesting, as Lightning walks batches)."""
+    from lightning_utilities.core.apply_func import apply_to_collection
+
+    n = len(batch_tensors(batch)[0])
+    part = _span(n, rank, world_size)
+    return apply_to_collection(batch, torch.Tensor, lambda t: t[part] if t.dim() and len(t) == n else t)
+
+
+class StreamChunks(IterableDataset):
+    """An iterable dataset's global batches, dealt to the ranks: what the sampler fix does to a
+    stream (a ``DataLoader`` over an ``IterableDataset`` has no sampler to replace).
+
+    ``loader`` is the user's, at the global batch size ``B``, iterated whole in every rank.
+    ``shared=True`` (every rank's stream yields the same items, a dataset that does not shard by
+    rank): rank ``r`` takes the ``r``-th contiguous chunk of each global batch, so step ``k``'s
+    global batch is one device's batch ``k``. ``shared=False`` (the stream shards itself by rank,
+    e.g. ``datasets.distributed.split_dataset_by_node``): each global batch of the rank's shard
+    is cut into ``N`` per-device batches yielded in turn, so that rank's ``k``-th batch holds the
+    ``k``-th ``B/N`` items of its shard, as the user's own per-device loader would.
+    Use it with ``DataLoader(StreamChunks(...), batch_size=None)``.
+    """
+
+    def __init__(self, loader: Any, rank: int, world_size: int, shared: bool, seed: int = 0) -> None:
+        self.loader, self.rank, self.world_size, self.shared, self.seed = loader, rank, world_size, shared, seed
+
+    def __iter__(self) -> Iterator[Any]:
+        with torch.random.fork_rng(devices=[]):  # the stream's first draws (its shuffle), as on every rank
+            torch.manual_seed(self.seed)
+            it = iter(self.loader)
+            first = next(it, None)
+        if first is None:
+            return
+        for batch in itertools.chain([first], it):
+            if self.shared:
+                yield _chunk(batch, self.rank, self.world_size)
+            else:
+                yield from (_chunk(batch, r, self.world_size) for r in range(self.world_size))
+
+
+def first_batch_shared(dataloader: Any) -> bool:
+    """Whether every rank's ``dataloader`` yields the same first batch (a digest of its tensors,
+    all-gathered over the process group; True without one): a stream that does not shard by rank."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        batch = next(iter(dataloader), None)
+    return len(set(gather_objects(_digest(batch_tensors(batch) if batch is not None else [])))) == 1
+
+
+def deal_global_batches(dataloader: Any, rank: int, world_size: int, seed: int = 0) -> Any:
+    """The user's training loader, built at the global batch size ``B``, dealing one device's global
+    batches to the ranks in contiguous chunks, whatever its (batch) sampler draws: what `vae-ddp
+    audit`'s sampler fix does, from Lightning's ``Strategy.process_dataloader`` hook, with
+    ``Trainer(use_distributed_sampler=False)``.
+
+    A map-style dataset: the same dataset, ``collate_fn`` and worker settings with a
+    [`GlobalBatchChunks`][vae_ddp.fixes.sampler.GlobalBatchChunks] over the user's
+    ``batch_sampler`` (its weights, bucketing and ``drop_last`` kept). An ``IterableDataset``:
+    [`StreamChunks`][vae_ddp.fixes.sampler.StreamChunks], shared or sharded as the ranks' first
+    batches tell ([`first_batch_shared`][vae_ddp.fixes.sampler.first_batch_shared]). A loader
+    without automatic batching (``batch_size=None``) is returned as it is.
 
     Args:
         dataloader: a ``torch.utils.data.DataLoader`` (anything else is returned as it is).
-        global_batch_size: samples per optimizer step over all ranks; divisible by ``world_size``.
-        rank: this process's global rank; world_size: the number of ranks.
-        seed: the shuffle's seed (the same on every rank).
+        rank: this process's global rank; world_size: the number of ranks ``N``.
+        seed: the draws' seed (the same on every rank). ``world_size=1``: one device's loader of
+            the same draws (the reference).
     """
-    from torch.utils.data import DataLoader, RandomSampler
+    from torch.utils.data import DataLoader
 
     dl = dataloader
     if not isinstance(dl, DataLoader):
         return dl
-    sampler = GlobalBatchDistributedSampler(dl.dataset, global_batch_size, num_replicas=world_size, rank=rank,
-                                            seed=seed, shuffle=isinstance(dl.sampler, RandomSampler))
-    return DataLoader(dl.dataset, batch_size=global_batch_size // world_size, sampler=sampler,
+    if isinstance(dl.dataset, IterableDataset):
+        shared = first_batch_shared(dl) if world_size > 1 else True
+        return DataLoader(StreamChunks(dl, rank, world_size, shared, seed), batch_size=None)
+    if dl.batch_sampler is None:
+        return dl
+    return DataLoader(dl.dataset, batch_sampler=GlobalBatchChunks(dl.batch_sampler, rank, world_size, seed),
                       collate_fn=dl.collate_fn, num_workers=dl.num_workers, pin_memory=dl.pin_memory,
                       worker_init_fn=dl.worker_init_fn, generator=dl.generator,
                       multiprocessing_context=dl.multiprocessing_context,
@@ -142,10 +263,12 @@ def _parts(spec, seed: int) -> FixParts:
 
 
 def _audit_parts(run) -> FixParts:
+    # every rank builds the user's loader at the global batch size and takes its chunk of each batch
     def loader(dataloader, strategy):
-        return deal_global_batches(dataloader, run.global_batch_size, strategy.global_rank, run.devices, run.seed)
+        return deal_global_batches(dataloader, strategy.global_rank, run.devices, run.seed)
 
-    return FixParts(trainer={"use_distributed_sampler": False}, loaders=[loader])
+    return FixParts(trainer={"use_distributed_sampler": False}, loaders=[loader],
+                    datamodule={"batch_size": run.global_batch_size})
 
 
 def _watch_loaders(seen: Seen) -> list:
@@ -181,8 +304,18 @@ def _watch_loaders(seen: Seen) -> list:
 SHAPE_BATCHES = 8
 
 
+def _digest(tensors: list) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
 def _watch_shapes(seen: Seen) -> list:
-    """``train_batch_start`` (the first ``SHAPE_BATCHES`` batches): do the ranks' batches have
+    """``train_batch_start`` (the first ``SHAPE_BATCHES`` batches): at the first, did every rank
+    receive the same batch (a stream every rank iterates whole)? And do the ranks' batches have
     the same shapes beyond the batch dimension? A ``collate_fn`` that pads to the longest row
     of its batch (Hugging Face's ``DataCollatorWithPadding``, ``pad_sequence``) pads each
     per-device batch to its own length under DDP, one device the global batch to one length:
@@ -192,7 +325,18 @@ def _watch_shapes(seen: Seen) -> list:
     st["batches"] = st.get("batches", 0) + 1
     if st.get("found") or st["batches"] > SHAPE_BATCHES:
         return []
-    shapes = gather_objects([tuple(t.shape[1:]) for t in batch_tensors(seen.batch)])
+    first = st["batches"] == 1
+    tensors = batch_tensors(seen.batch)
+    gathered = gather_objects(([tuple(t.shape[1:]) for t in tensors], _digest(tensors) if first else ""))
+    shapes = [s for s, _ in gathered]
+    if first and len({d for _, d in gathered}) == 1:
+        return [Finding(
+            "sampler", f"every rank received the same first training batch: the global batch is one per-device "
+                       f"batch {len(gathered)} times (a DataLoader over an IterableDataset that every rank iterates "
+                       "whole, not sharded by rank)",
+            "shard the stream by rank: skip to every world_size-th item from the global rank in the dataset's "
+            "__iter__ (torch.distributed.get_rank(), with torch.utils.data.get_worker_info() for workers), or "
+            "datasets.distributed.split_dataset_by_node for a Hugging Face dataset")]
     if len({tuple(s) for s in shapes}) < 2:
         return []
     st["found"] = True
