@@ -33,9 +33,11 @@ def audit_one(model: str, seed: int, dtype: str, out: Path) -> dict:
     sys.path.insert(0, str(ROOT / "src"))
     from vae_ddp import guard
 
+    # a dtype, or a mixed precision of Lightning's (its parameters float32)
+    precision = ["--dtype", dtype] if dtype in ("float64", "float32") else ["--trainer.precision", dtype]
     cmd = [sys.executable, "-m", "vae_ddp.cli", "audit", "--model", f"examples/audit_models.py:{model}",
            "--data", "examples/audit_models.py:Regression", "--steps", "3", "--seed", str(seed),
-           "--dtype", dtype, "--out", str(out)]
+           *precision, "--out", str(out)]
     proc = guard.run(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=900)
     r = json.loads((out / "audit.json").read_text()) if (out / "audit.json").exists() else {}
     step = r.get("whole_step") or {}
@@ -48,7 +50,8 @@ def audit_one(model: str, seed: int, dtype: str, out: Path) -> dict:
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--dtypes", nargs="+", choices=["float64", "float32"], default=["float64", "float32"])
+    p.add_argument("--dtypes", nargs="+", choices=["float64", "float32", "bf16-mixed"],
+                   default=["float64", "float32", "bf16-mixed"])
     p.add_argument("--models", nargs="+", choices=CLEAN, default=list(CLEAN))
     p.add_argument("--out", type=Path, default=None,
                    help="write audit_false_alarms.json, tables.md and command.md here")

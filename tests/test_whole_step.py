@@ -213,3 +213,30 @@ def test_the_users_data_is_audited_as_the_user_trains_on_it(tmp_path, truth, dat
             assert t["ddp"] > 1e6 * max(t["floor"], EPS64) and sampler["bites"], (t, sampler)
         else:  # each rank its shard: the union of step k's batches is one device's batch k
             assert t["ddp"] <= 10 * max(t["floor"], EPS64), t
+
+
+def test_bf16_mixed_is_judged_against_a_floor_that_is_never_zero(tmp_path):
+    """Under bf16 autocast a permuted batch can give exactly the same gradient (a floor of 0) while
+    DDP differs by a fraction of bfloat16's rounding unit: the least difference counted is that unit
+    (for the gradient, the update and the K free steps), and a clean module passes."""
+    from vae_ddp.audit.study import rounding_unit
+
+    assert rounding_unit("float32", "bf16-mixed") == torch.finfo(torch.bfloat16).eps
+    assert rounding_unit("float64", None) == EPS64 and rounding_unit("float32", "32-true") == torch.finfo().eps
+    code, result, log = run_audit(tmp_path, "Plain", "--trainer.precision", "bf16-mixed")
+    assert code == 0 and result["within_floor"] and result["dtype"] == "float32", log[-3000:]
+    assert result["rounding_unit"] == torch.finfo(torch.bfloat16).eps and result["trainer"] == {"precision": "bf16-mixed"}
+    assert 0 < max(result["grad_steps"]) < result["rounding_unit"], result["grad_steps"]  # DDP differs, below one unit
+    assert result["whole_step"]["update_floor"] >= result["rounding_unit"] and result["trajectory_within"]
+    assert "machine epsilon of bfloat16" in log or result["floor"] >= result["rounding_unit"]
+
+
+def test_a_precision_the_audit_does_not_compare_is_one_line(tmp_path):
+    from vae_ddp.cli import main_captured
+
+    code, stdout, stderr = main_captured(["audit", "--model", "examples/audit_models.py:Plain", "--data",
+                                          "examples/audit_models.py:Regression", "--trainer.precision", "8-true",
+                                          "--out", str(tmp_path / "a")], cwd=ROOT)
+    assert code == 2 and stderr.strip().splitlines() == [
+        "vae-ddp audit: error: --trainer.precision '8-true' is not one the audit compares: give one of 64-true, "
+        "32-true, bf16-mixed, 16-mixed"], stderr

@@ -165,6 +165,11 @@ def _as_given(text: str, given: dict[str, str]) -> str:
     return text
 
 
+#: ``--trainer.precision`` values the audit runs (Lightning's names): the parameters' dtype follows
+#: (float64 for 64-true, else float32), overriding --dtype.
+PRECISIONS = ("64-true", "32-true", "bf16-mixed", "16-mixed")
+
+
 def _trainer_args(given: dict) -> dict:
     """The ``--trainer.*`` values that differ from Lightning's defaults; ``strategy`` checked.
 
@@ -184,7 +189,10 @@ def _trainer_args(given: dict) -> dict:
                         f"{', '.join(DDP_STRATEGIES)}")
     if args.get("accumulate_grad_batches", 1) < 1:  # Lightning takes 0 and fails at the first step
         raise UserError(f"--trainer.accumulate_grad_batches must be at least 1, got {args['accumulate_grad_batches']}")
-    rest = {k: v for k, v in args.items() if k != "strategy"}
+    if args.get("precision") is not None and str(args["precision"]) not in PRECISIONS:
+        raise UserError(f"--trainer.precision {args['precision']!r} is not one the audit compares: give one of "
+                        f"{', '.join(PRECISIONS)}")
+    rest = {k: v for k, v in args.items() if k not in {"strategy", "precision"}}
     loggers = [logging.getLogger(n) for n in ("pytorch_lightning", "lightning_fabric", "lightning.pytorch")]
     levels = [lg.level for lg in loggers]
     deterministic = torch.are_deterministic_algorithms_enabled()  # Trainer(deterministic=True) sets it
@@ -375,9 +383,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         if gbs is None:
             default = inspect.signature(data_cls).parameters.get("batch_size")
             gbs = None if default is None or default.default is inspect.Parameter.empty else default.default
+        trainer = _trainer_args(d.get("trainer") or {})
+        precision = trainer.get("precision")
+        dtype = cfg.dtype if precision is None else "float64" if str(precision) == "64-true" else "float32"
         run = AuditRun(model=model, data=data, model_file=files["model"], data_file=files["data"],
-                       devices=cfg.devices, global_batch_size=int(gbs or 0), steps=cfg.steps, dtype=cfg.dtype,
-                       accelerator=cfg.accelerator, seed=cfg.seed, trainer=_trainer_args(d.get("trainer") or {}))
+                       devices=cfg.devices, global_batch_size=int(gbs or 0), steps=cfg.steps, dtype=dtype,
+                       accelerator=cfg.accelerator, seed=cfg.seed, trainer=trainer)
         static, notes = check(run, data_cls, model_cls)
         out = Path(cfg.out)
         try:

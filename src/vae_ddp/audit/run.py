@@ -76,12 +76,13 @@ def build(run: AuditRun,
     plugins = parts.plugins + cluster_plugins()  # cluster_plugins: a forked rank (the environment vae_ddp.ranks set)
     user = dict(run.trainer)
     max_epochs = user.pop("max_epochs", None)  # the user's, else Lightning's default (-1 with max_steps set)
+    precision = user.pop("precision", None) or ("64-true" if run.dtype == "float64" else "32-true")
     strategy = audit_strategy(run, user.pop("strategy", None) or "ddp", parts.loaders)
     trainer = Trainer(
         accelerator=run.accelerator, devices=run.devices, strategy=strategy, **user,
         max_steps=run.steps, max_epochs=max_epochs, limit_val_batches=0, num_sanity_val_steps=0, logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        precision="64-true" if run.dtype == "float64" else "32-true", callbacks=callbacks,
+        precision=precision, callbacks=callbacks,
         **({"plugins": plugins} if plugins else {}), **parts.trainer)
     return model, dm, trainer
 

@@ -35,6 +35,9 @@ TRAINER_ARGS: dict[str, tuple[Any, Any, str]] = {
     "gradient_clip_algorithm": (Optional[str], None, "norm or value (default: norm)"),
     "deterministic": (Optional[Union[bool, Literal["warn"]]], None, "torch's deterministic algorithms: true, false or warn"),
     "detect_anomaly": (bool, False, "autograd's anomaly detection"),
+    "precision": (Optional[str], None, "the runs' precision: 64-true, 32-true, bf16-mixed (CPU and GPU) or 16-mixed "
+                  "(GPU); default from --dtype. Under *-mixed the parameters are float32 and the least difference "
+                  "counted is one rounding unit of the autocast dtype (torch.finfo(torch.bfloat16).eps)"),
     "max_epochs": (Optional[int], None, "what self.trainer.max_epochs reads in your module (a schedule's length); "
                    "the runs stop after --steps optimizer steps, or at the end of this many epochs if sooner "
                    "(default: Lightning's, -1 once the steps are set)"),

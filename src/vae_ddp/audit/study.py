@@ -221,10 +221,12 @@ def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress
     batch_noise = sum(noise_steps) / len(noise_steps) if noise_steps else None
     grad_steps = per_step(first["ddp+fixed-forced"], "ddp+fixed-forced")
     eps = torch.finfo(torch.float64 if base.dtype == "float64" else torch.float32).eps
+    unit = rounding_unit(base.dtype, (base.trainer or {}).get("precision"))
     floor = max((max(d, default=0.0) for d in floor_draws), default=0.0)
-    yardstick = max(floor, eps)  # a difference below one machine epsilon is rounding whatever the draws
+    yardstick = max(floor, unit)  # a difference below one rounding unit is rounding whatever the draws
     ratio = max(grad_steps, default=0.0) / yardstick
-    deterministic = floor <= ROUNDING_EPS * eps
+    # more than rounding: draws that do not follow their sample (at least 10 units of a reduced precision)
+    deterministic = floor <= max(ROUNDING_EPS * eps, 10 * unit)
     grad_within = deterministic and ratio <= FLOOR_RATIO
     reduction_ddp = None  # the reduction check under the process group: {"grad_steps", "ratio_to_floor"}
     if recheck:
@@ -284,10 +286,12 @@ def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress
     none_fixed = max(per_step(first["ddp-forced"], "ddp-forced"), default=0.0) if deterministic else None
     alone = {f: max(per_step(first[f"ddp+{f}"], f"ddp+{f}"), default=0.0) for f in ablated}
     div_default, div_fixed = _diff(default, single), _diff(fixed, single)
-    step = _whole_step(one, first, n, eps, grad_within) if deterministic else None
+    step = _whole_step(one, first, n, eps, grad_within, unit) if deterministic else None
     for key, f in (step or {}).get("findings", {}).items():
         manual[key] = found[key] = f
-    trajectory_ratio = div_fixed / max(trajectory_floor, eps * _largest_value(single))
+    # never a floor of 0: one rounding unit (of bfloat16 under bf16-mixed) of the largest value
+    trajectory_unit = unit * _largest_value(single)
+    trajectory_ratio = div_fixed / max(trajectory_floor, trajectory_unit)
     trajectory_within = trajectory_ratio <= TRAJECTORY_RATIO
     within = grad_within and not (step or {}).get("differences") and trajectory_within
     unexplained = deterministic and not within and not manual
@@ -329,7 +333,8 @@ def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress
               "deterministic": deterministic, "within_floor": within, "unexplained": unexplained,
               "trajectory_floor": trajectory_floor, "divergence_default": div_default, "divergence_fixed": div_fixed,
               "trajectory_ratio": trajectory_ratio, "trajectory_within": trajectory_within,
-              "gradient_within": grad_within,
+              "trajectory_unit": trajectory_unit,
+              "gradient_within": grad_within, "rounding_unit": unit,
               "whole_step": None if step is None else {k: v for k, v in step.items() if k != "findings"},
               "reduction_under_ddp": reduction_ddp,
               "findings": findings, "largest_differences": _largest(fixed, single) if unexplained else [],
@@ -348,12 +353,23 @@ def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress
     return result
 
 
+def rounding_unit(dtype: str, precision: Optional[str] = None) -> float:
+    """The least relative difference the audit counts: the machine epsilon of the dtype the step
+    computes in, bfloat16's or float16's under ``bf16-mixed``/``16-mixed`` autocast (Lightning's
+    precision names), else the parameters' ``dtype``."""
+    if str(precision or "").startswith("bf16"):
+        return torch.finfo(torch.bfloat16).eps
+    if str(precision or "").startswith("16"):
+        return torch.finfo(torch.float16).eps
+    return torch.finfo(torch.float64 if dtype == "float64" else torch.float32).eps
+
+
 def _largest_value(state: dict) -> float:
     """The largest absolute value of a saved state (its parameters and buffers)."""
     return max((float(t.double().abs().max()) for t in state.values() if t.numel()), default=0.0)
 
 
-def _whole_step(one: dict, first: dict, n: int, eps: float, grad_within: bool) -> dict:
+def _whole_step(one: dict, first: dict, n: int, eps: float, grad_within: bool, unit: float) -> dict:
     """[`whole_step.compare`][vae_ddp.audit.whole_step.compare] of DDP with every fix, every step
     from one device's weights, with one device's record and the floor draws', plus
     ``"findings"``: the audit's own rows (``update``, ``buffers``, ``parameters``,
@@ -365,7 +381,7 @@ def _whole_step(one: dict, first: dict, n: int, eps: float, grad_within: bool) -
     single, ddp = record(one, "single"), record(first, "ddp+fixed-forced")
     floors = [record(one, f"floor-{k}") for k in range(1, FLOOR_DRAWS + 1)]
     try:
-        step = whole_step.compare(ddp, single, floors, n, eps)
+        step = whole_step.compare(ddp, single, floors, n, eps, unit if unit > eps else 0.0)
     except ValueError as err:
         raise RunFailed(f"run 'ddp+fixed-forced' cannot be compared with one device's step by step: {err}") from None
     # the update follows the gradient, and parameters written per rank: named where they are the cause
@@ -505,7 +521,10 @@ def render(result: dict) -> str:
     """The Markdown the audit prints and writes: the ranked table, the verdict, the context."""
     traj = result["trajectory_floor"]
     dtype = result["dtype"]
-    eps = torch.finfo(torch.float64 if dtype == "float64" else torch.float32).eps
+    precision = (result.get("trainer") or {}).get("precision")
+    eps = rounding_unit(dtype, precision)
+    computes_in = {torch.finfo(torch.bfloat16).eps: "bfloat16", torch.finfo(torch.float16).eps: "float16"}.get(
+        eps, dtype) if precision else dtype
     yardstick = max(result["floor"], eps)
 
     def vs_floor(v: float) -> str:  # short: the table fits 100 columns
@@ -557,7 +576,7 @@ def render(result: dict) -> str:
                  f"{max(result['grad_steps'], default=0.0):.3g} relative at most ({result['ratio_to_floor']:.3g}x the "
                  f"floor); the floor, one device with the samples inside each batch permuted ({draws} draws): "
                  f"{result['floor']:.3g}"
-                 + (f" (below one machine epsilon, {eps:.3g}, which the ratio takes instead)"
+                 + (f" (below one machine epsilon of {computes_in}, {eps:.3g}, which the ratio takes instead)"
                     if result["floor"] < eps else ""))
     step = result.get("whole_step")
     if step is not None:
@@ -577,7 +596,8 @@ def render(result: dict) -> str:
                "audit draws dropout masks and a `noise` attribute per sample itself), or a loss that depends "
                "on the order of the samples")
         lines.append(f"- not judged: permuting the samples inside each batch changes one device's gradient by "
-                     f"{result['floor']:.3g} relative, more than rounding ({ROUNDING_EPS:g} eps of {dtype}): {why}. "
+                     f"{result['floor']:.3g} relative, more than rounding ({ROUNDING_EPS:g} eps of {dtype}"
+                     + (f", 10 eps of {computes_in}" if computes_in != dtype else "") + f"): {why}. "
                      "No comparison with one device can tell DDP's difference from that (see "
                      f"{page_url(noise.FACTOR.page)})")
     elif result["unexplained"]:
@@ -608,8 +628,10 @@ def render(result: dict) -> str:
     lines.append(f"- after {steps_text}, each run on its own, the largest parameter or buffer difference to one device: "
                  f"DDP with every fix {result['divergence_fixed']:.3g}"
                  + ("" if judged is None else
-                    f" ({judged:.3g}x the {steps}-step floor, one device with the samples permuted: {traj:.3g}; "
-                    f"more than {TRAJECTORY_RATIO:g}x would be another trajectory, not rounding carried over)")
+                    f" ({judged:.3g}x the {steps}-step floor: one device with the samples permuted, {traj:.3g}"
+                    + (f", or one rounding unit of the largest value, {result['trajectory_unit']:.3g}, if larger"
+                       if result.get("trajectory_unit") is not None else "")
+                    + f"; more than {TRAJECTORY_RATIO:g}x would be another trajectory, not rounding carried over)")
                  + f"; with Lightning's defaults {result['divergence_default']:.3g} (what the factors above change)")
     lines += [f"- note: {n}" for n in result.get("notes", [])]
     return "\n".join(lines)

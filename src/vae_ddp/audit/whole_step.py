@@ -46,7 +46,7 @@ PARTS = ("gradient", "learning rate", "update", "buffers", "ranks")
 LR_TOLERANCE = 1e-9
 
 
-def compare(ddp: dict, single: dict, floors: list[dict], world_size: int, eps: float) -> dict:
+def compare(ddp: dict, single: dict, floors: list[dict], world_size: int, eps: float, unit: float = 0.0) -> dict:
     """Compare the whole step of DDP's record with one device's.
 
     Args:
@@ -57,6 +57,9 @@ def compare(ddp: dict, single: dict, floors: list[dict], world_size: int, eps: f
         floors: the records of one device with the samples of each batch permuted.
         world_size: N, to name a learning rate scaled by it.
         eps: the machine epsilon of the parameters' dtype.
+        unit: the least relative floor: one rounding unit of the dtype the step computes in (under
+            ``bf16-mixed``, bfloat16's ``eps``, where a permuted batch can give exactly the same
+            gradient while DDP differs by a quarter of that unit); 0 for a step in the parameters' dtype.
 
     Returns:
         ``{"update_steps", "buffer_steps", "ranks_apart_steps"}`` (per training batch, the ratio
@@ -73,8 +76,8 @@ def compare(ddp: dict, single: dict, floors: list[dict], world_size: int, eps: f
     n = len(single["updates"])
     if len(ddp["updates"]) != n or any(len(f["updates"]) != n for f in floors):
         raise ValueError(f"{len(ddp['updates'])} training batches compared with one device's {n}")
-    update_floor = _floor(floors, single, "updates")
-    buffer_floor = _floor(floors, single, "buffer_updates")
+    update_floor = max(_floor(floors, single, "updates"), unit)
+    buffer_floor = max(_floor(floors, single, "buffer_updates"), unit)
     scale = [max(float(s.norm()), 0.0) for s in single["updates"]]
     updates = [_ratio(a, b, update_floor, eps * norm[0])
                for a, b, norm in zip(ddp["updates"], single["updates"], single["norms"])]
