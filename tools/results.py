@@ -47,7 +47,7 @@ REGISTRY = "docs/examples.yml"
 GENERATED = "docs/generated"
 STAMP = ".stamp"
 OUTPUT_MODES = ("markdown", "tables", "log")
-KEYS = {"name", "script", "command", "args", "full_args", "output", "drop", "timeout", "summary", "page"}
+KEYS = {"name", "script", "command", "args", "full_args", "output", "drop", "timeout", "summary", "page", "exit_code"}
 #: With ``output: tables`` the entry writes the Markdown it shows into its output folder.
 TABLES = "tables.md"
 #: Python warnings (``path.py:LINE: Category: message`` and the source line after it) are not output.
@@ -99,6 +99,7 @@ def load_registry(root: Path) -> list[dict[str, Any]]:
         e["args"] = [str(a) for a in e.get("args") or []]
         e["full_args"] = [str(a) for a in e["full_args"]] if "full_args" in e else e["args"]
         e["timeout"] = float(e.get("timeout", 600))
+        e["exit_code"] = int(e.get("exit_code", 0))
         try:
             e["drop"] = [re.compile(k) for k in e.get("drop") or []]
         except re.error as err:
@@ -243,9 +244,9 @@ def _run_entry(root: Path, e: dict[str, Any], worker: "Worker") -> str:
         tail = "\n".join((stdout if merged else stderr).rstrip().splitlines()[-40:])
         raise ResultsError(f"example {e['name']!r} timed out after {e['timeout']:.0f} s (raise its `timeout` "
                            f"in {REGISTRY}): {display_command(argv)}\n{tail}")
-    if code != 0:
+    if code != e["exit_code"]:
         tail = "\n".join((stdout if merged else stderr).rstrip().splitlines()[-40:])
-        raise ResultsError(f"example {e['name']!r} failed (exit code {code}): "
+        raise ResultsError(f"example {e['name']!r} failed (exit code {code}, expected {e['exit_code']}): "
                            f"{display_command(argv)}\n--- stderr (end) ---\n{tail}")
     (out / "output.md").write_text(render_output(e, out))
     (out / "command.md").write_text(f"```bash\n{wrapped_command(argv)}\n```\n")

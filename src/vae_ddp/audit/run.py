@@ -63,8 +63,7 @@ def build(run: AuditRun,
     data_cls = import_class(run.data["class_path"], run.data_file)
     model = model_cls(**run.model.get("init_args", {}))
     parts = registry.audit_parts(run)  # each fix in run.fixes, as its factor declares it
-    # the per-device batch size, unless a fix builds the loader otherwise (the sampler's: the global batch, dealt)
-    data_args = {**run.data.get("init_args", {}), "batch_size": run.global_batch_size // run.devices, **parts.datamodule}
+    data_args = dict(run.data.get("init_args", {}), batch_size=run.global_batch_size // run.devices)
     dm = data_cls(**data_args)
     callbacks: list[Callback] = [probe] if probe is not None else []  # first: θ_k before any other acts
     callbacks += parts.callbacks
@@ -110,15 +109,30 @@ def audit_strategy(run: AuditRun, name: str, loaders: list) -> Strategy:
         dataloader = base.process_dataloader(self, dataloader)
         if self.lightning_module.trainer.state.stage != RunningStage.TRAINING or not isinstance(dataloader, DataLoader):
             return dataloader
-        # the user's loader first: a fix may iterate it (a stream dealt in chunks), and copies its start method
-        notes = [make_fork_safe(dataloader, preload=("vae_ddp.audit.spec",))]
         for loader in loaders:
             dataloader = loader(dataloader, self)
-        notes.append(make_fork_safe(dataloader, preload=("vae_ddp.audit.spec",)))
-        NOTES.extend(n for n in notes if n and n not in NOTES)
+        note = make_fork_safe(dataloader, preload=("vae_ddp.audit.spec",))
+        if note and note not in NOTES:
+            NOTES.append(note)
         return dataloader
 
-    return type(f"Audit{base.__name__}", (base,), {"process_dataloader": process_dataloader})(**kwargs)
+    def global_batch_loader(self) -> object:
+        """The user's training loader at the global batch size, from a second instance of the user's
+        datamodule (``setup("fit")``): what the sampler fix deals to the ranks. The trainer's own
+        datamodule stays the per-device one, as under DDP (a schedule counted from its loader's
+        length sees what it would see)."""
+        data = import_class(run.data["class_path"], run.data_file)(
+            **dict(run.data.get("init_args", {}), batch_size=run.global_batch_size))
+        data.trainer = self.lightning_module.trainer
+        data.setup("fit")
+        loader = data.train_dataloader()
+        note = make_fork_safe(loader, preload=("vae_ddp.audit.spec",))
+        if note and note not in NOTES:
+            NOTES.append(note)
+        return loader
+
+    return type(f"Audit{base.__name__}", (base,), {"process_dataloader": process_dataloader,
+                                                   "global_batch_loader": global_batch_loader})(**kwargs)
 
 
 #: What the audit's runs noticed about the user's loaders in this process (one line each).

@@ -263,12 +263,12 @@ def _parts(spec, seed: int) -> FixParts:
 
 
 def _audit_parts(run) -> FixParts:
-    # every rank builds the user's loader at the global batch size and takes its chunk of each batch
+    # every rank deals itself its chunk of the global batches the user's loader draws at the global
+    # batch size (the audit's strategy builds that loader: ``global_batch_loader``)
     def loader(dataloader, strategy):
-        return deal_global_batches(dataloader, strategy.global_rank, run.devices, run.seed)
+        return deal_global_batches(strategy.global_batch_loader(), strategy.global_rank, run.devices, run.seed)
 
-    return FixParts(trainer={"use_distributed_sampler": False}, loaders=[loader],
-                    datamodule={"batch_size": run.global_batch_size})
+    return FixParts(trainer={"use_distributed_sampler": False}, loaders=[loader])
 
 
 def _watch_loaders(seen: Seen) -> list:
