@@ -507,13 +507,14 @@ def test_the_help_parser_has_every_option_of_the_parser():
 def test_the_audit_deals_global_batches_through_the_strategy_hook(monkeypatch):
     """The audit's sampler fix reaches the user's training loader through Lightning's
     `Strategy.process_dataloader` (no method of the user's datamodule replaced): the loader the
-    run trains on has a GlobalBatchDistributedSampler and the per-device batch, workers start
-    with forkserver, and without the fix the user's own sampler stays."""
-    from torch.utils.data import RandomSampler
+    run trains on deals the global batches of the user's own batch sampler (GlobalBatchChunks over
+    a BatchSampler of 16), workers start with forkserver, and without the fix the user's own
+    sampler stays."""
+    from torch.utils.data import BatchSampler, RandomSampler
 
     from vae_ddp.audit.run import build
     from vae_ddp.audit.spec import AuditRun
-    from vae_ddp.fixes import GlobalBatchDistributedSampler
+    from vae_ddp.fixes.sampler import GlobalBatchChunks
     from pytorch_lightning import Callback
 
     class Seen(Callback):
@@ -521,7 +522,7 @@ def test_the_audit_deals_global_batches_through_the_strategy_hook(monkeypatch):
             self.loader = trainer.train_dataloader
 
     monkeypatch.chdir(ROOT)
-    for fixes, sampler in ((["sampler"], GlobalBatchDistributedSampler), ([], RandomSampler)):
+    for fixes, sampler in ((["sampler"], GlobalBatchChunks), ([], RandomSampler)):
         run = AuditRun(model={"class_path": f"{M}.Plain"}, data={"class_path": f"{M}.Regression",
                                                                  "init_args": {"num_workers": 1}},
                        devices=1, global_batch_size=16, steps=1, dtype="float32", fixes=fixes)
@@ -530,7 +531,12 @@ def test_the_audit_deals_global_batches_through_the_strategy_hook(monkeypatch):
         trainer.callbacks.append(seen)
         trainer.fit(model, datamodule=dm)
         assert "train_dataloader" not in vars(dm)
-        assert type(seen.loader.sampler) is sampler and seen.loader.batch_size == 16, seen.loader.sampler
+        if fixes:
+            chunks = seen.loader.batch_sampler
+            assert type(chunks) is sampler and type(chunks.batch_sampler) is BatchSampler, chunks
+            assert chunks.batch_sampler.batch_size == 16 and [len(b) for b in chunks] == [16] * 4
+        else:
+            assert type(seen.loader.sampler) is sampler and seen.loader.batch_size == 16, seen.loader.sampler
         assert seen.loader.multiprocessing_context.get_start_method() == "forkserver"
 
 

@@ -113,7 +113,7 @@ def test_the_audit_deals_whatever_the_users_batch_sampler_draws():
                                                                              num_samples=64, replacement=True))
     buckets = [[3, 1, 2, 0, 5, 4], [10, 11, 9, 8, 7, 6]]  # a bucketing batch sampler of its own
     bucketed = DataLoader(data, batch_sampler=buckets)
-    for loader, world in ((weighted, 2), (weighted, 4), (bucketed, 2), (bucketed, 4)):
+    for loader, world in ((weighted, 2), (weighted, 4), (bucketed, 2), (bucketed, 3)):
         one = _indices(deal_global_batches(loader, 0, 1, seed=5))
         ranks = [_indices(deal_global_batches(loader, r, world, seed=5)) for r in range(world)]
         assert [sum((r[k] for r in ranks), []) for k in range(len(one))] == one
@@ -123,7 +123,12 @@ def test_the_audit_deals_whatever_the_users_batch_sampler_draws():
     assert _indices(deal_global_batches(weighted, 0, 1, seed=5)) != _indices(deal_global_batches(weighted, 0, 1, 6))
     assert all(i % 2 == 0 for b in _indices(deal_global_batches(weighted, 0, 1, seed=5)) for i in b)
     assert _indices(deal_global_batches(bucketed, 0, 1, seed=5)) == buckets
-    assert [len(b) for b in _indices(deal_global_batches(bucketed, 2, 4, seed=5))] == [1, 1]  # 6 = 2 + 2 + 1 + 1
+    assert [len(b) for b in _indices(deal_global_batches(bucketed, 2, 4, seed=5))] == []  # 4 does not divide 6
+    # a batch the DDP world size does not divide is left out on one device too: step k is the same batch
+    assert _indices(deal_global_batches(bucketed, 0, 1, seed=5, divisor=4)) == []
+    tail = DataLoader(data, batch_size=24)  # 24, 24, 16: a world size of 3 does not divide the last
+    assert [len(b) for b in _indices(deal_global_batches(tail, 0, 1, divisor=3))] == [24, 24]
+    assert [len(b) for b in _indices(deal_global_batches(tail, 1, 3))] == [8, 8]
 
 
 def test_the_audit_keeps_the_permutation_lightning_deals_for_a_shuffled_loader():

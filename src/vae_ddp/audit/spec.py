@@ -151,6 +151,9 @@ class AuditRun:
             (``TRAINER_ARGS``: ``strategy`` for the DDP runs, ``accumulate_grad_batches``,
             ``gradient_clip_val``, ...).
         label: the run's name in the report.
+        dealt_to: the DDP world size N the audit compares with (every run alike, one device's too):
+            the sampler fix leaves out a global batch N does not divide (an incomplete last batch),
+            in every run, so that step k is the same batch on one device and under DDP.
     """
 
     model: dict
@@ -171,6 +174,7 @@ class AuditRun:
     eval_mode: bool = False
     trainer: dict = field(default_factory=dict)
     label: str = ""
+    dealt_to: int = 1
 
     @property
     def world_size(self) -> int:

@@ -83,8 +83,8 @@ _EXTRA_CLEAN = {"gradient_scale": "the gradient is not one device's times the wo
                 "update": "the same learning rate and update as one device at every step",
                 "buffers": "the same buffers as one device after every step",
                 "parameters": "the same parameters on every rank, at the start and after every step"}
-_EXTRA_NAMES = {"gradient_scale": "Loss scaled by the world size", "update": "Learning rate and update",
-                "buffers": "Buffers written in forward", "parameters": "Parameters across ranks"}
+_EXTRA_NAMES = {"gradient_scale": "Loss scaled by ranks", "update": "Learning rate, update",
+                "buffers": "Buffers after the step", "parameters": "Parameters across ranks"}
 
 
 def _factors() -> tuple[str, ...]:
@@ -156,6 +156,7 @@ def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, pr
 def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress: bool,
            notes: Optional[list[str]]) -> dict:
     n = base.devices
+    base = base.replace(dealt_to=n)
     fixes = list(registry.audit_fixable())
     runs_dir = out_dir / "runs"
     steps_file = (runs_dir / "single-steps.pt").resolve()
@@ -384,10 +385,13 @@ def _whole_step(one: dict, first: dict, n: int, eps: float, grad_within: bool, u
         step = whole_step.compare(ddp, single, floors, n, eps, unit if unit > eps else 0.0)
     except ValueError as err:
         raise RunFailed(f"run 'ddp+fixed-forced' cannot be compared with one device's step by step: {err}") from None
-    # the update follows the gradient, and parameters written per rank: named where they are the cause
+    # The update follows the gradient, and what the forward writes into buffers follows its inputs and
+    # draws (a noise vector the fixes do not serve changes both): named only while the gradient is one
+    # device's, and the update not where the ranks' own writes to the parameters explain it. The rate
+    # and the ranks apart do not follow the gradient (an all-reduced gradient keeps the ranks alike).
     apart = {d["step"] for d in step["differences"] if d["part"] == "ranks"}
-    step["differences"] = [d for d in step["differences"]
-                           if d["part"] != "update" or (grad_within and d["step"] not in apart)]
+    step["differences"] = [d for d in step["differences"] if d["part"] in {"learning rate", "ranks"} or (
+        grad_within and not (d["part"] == "update" and d["step"] in apart))]
     findings = {}
     for d in step["differences"]:
         key = {"learning rate": "update", "ranks": "parameters"}.get(d["part"], d["part"])

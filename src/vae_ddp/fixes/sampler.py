@@ -104,18 +104,21 @@ class GlobalBatchChunks(Sampler):
     without ``drop_last``). At each epoch its batches are drawn once, from torch's generator seeded
     with ``seed`` and the epoch (``torch.random.fork_rng``: the caller's generator is left as it
     was), so every rank and one device draw the same global batches; rank ``r`` of ``N`` takes the
-    ``r``-th of ``N`` contiguous chunks of each (``numpy.array_split``'s sizes: a batch that ``N``
-    does not divide gives the first ranks one sample more). With ``world_size=1`` it yields each
-    global batch whole: the one-device reference of the same draws.
+    ``r``-th of ``N`` contiguous chunks of each. A global batch that ``divisor`` (the DDP world
+    size, also for one device's reference) does not divide, such as an incomplete last batch, is
+    left out: equal chunks are what DDP's average of per-rank means needs to be one device's mean.
+    With ``world_size=1`` it yields each global batch whole: the one-device reference of the same draws.
 
     Args:
         batch_sampler: iterable of index lists (``DataLoader.batch_sampler``), ``len()`` optional.
         rank: this process's global rank; world_size: ``N``.
         seed: the draws' seed (the same on every rank).
+        divisor: the DDP world size the batches are dealt to (default: ``world_size``).
     """
 
-    def __init__(self, batch_sampler: Any, rank: int, world_size: int, seed: int = 0) -> None:
+    def __init__(self, batch_sampler: Any, rank: int, world_size: int, seed: int = 0, divisor: int = 1) -> None:
         self.batch_sampler, self.rank, self.world_size, self.seed = batch_sampler, rank, world_size, seed
+        self.divisor = max(divisor, world_size)
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -138,7 +141,7 @@ class GlobalBatchChunks(Sampler):
             if own:
                 inner.generator = torch.Generator().manual_seed(self.seed + self.epoch)
             try:
-                return [list(b) for b in self.batch_sampler]
+                return [list(b) for b in self.batch_sampler if len(b) % self.divisor == 0]
             finally:
                 if own:
                     inner.generator = None
@@ -148,7 +151,7 @@ class GlobalBatchChunks(Sampler):
             yield batch[_span(len(batch), self.rank, self.world_size)]
 
     def __len__(self) -> int:
-        return len(self.batch_sampler)
+        return len(self.global_batches())
 
 
 def _span(n: int, rank: int, world_size: int) -> slice:
@@ -182,8 +185,9 @@ class StreamChunks(IterableDataset):
     Use it with ``DataLoader(StreamChunks(...), batch_size=None)``.
     """
 
-    def __init__(self, loader: Any, rank: int, world_size: int, shared: bool, seed: int = 0) -> None:
+    def __init__(self, loader: Any, rank: int, world_size: int, shared: bool, seed: int = 0, divisor: int = 1) -> None:
         self.loader, self.rank, self.world_size, self.shared, self.seed = loader, rank, world_size, shared, seed
+        self.divisor = max(divisor, world_size)
 
     def __iter__(self) -> Iterator[Any]:
         with torch.random.fork_rng(devices=[]):  # the stream's first draws (its shuffle), as on every rank
@@ -193,6 +197,8 @@ class StreamChunks(IterableDataset):
         if first is None:
             return
         for batch in itertools.chain([first], it):
+            if len(batch_tensors(batch)[0]) % self.divisor:
+                continue  # as GlobalBatchChunks: a batch the world size does not divide is left out
             if self.shared:
                 yield _chunk(batch, self.rank, self.world_size)
             else:
@@ -208,7 +214,7 @@ def first_batch_shared(dataloader: Any) -> bool:
     return len(set(gather_objects(_digest(batch_tensors(batch) if batch is not None else [])))) == 1
 
 
-def deal_global_batches(dataloader: Any, rank: int, world_size: int, seed: int = 0) -> Any:
+def deal_global_batches(dataloader: Any, rank: int, world_size: int, seed: int = 0, divisor: int = 1) -> Any:
     """The user's training loader, built at the global batch size ``B``, dealing one device's global
     batches to the ranks in contiguous chunks, whatever its (batch) sampler draws: what `vae-ddp
     audit`'s sampler fix does, from Lightning's ``Strategy.process_dataloader`` hook, with
@@ -226,6 +232,7 @@ def deal_global_batches(dataloader: Any, rank: int, world_size: int, seed: int =
         rank: this process's global rank; world_size: the number of ranks ``N``.
         seed: the draws' seed (the same on every rank). ``world_size=1``: one device's loader of
             the same draws (the reference).
+        divisor: the DDP world size: a global batch it does not divide is left out (also on one device).
     """
     from torch.utils.data import DataLoader
 
@@ -234,10 +241,10 @@ def deal_global_batches(dataloader: Any, rank: int, world_size: int, seed: int =
         return dl
     if isinstance(dl.dataset, IterableDataset):
         shared = first_batch_shared(dl) if world_size > 1 else True
-        return DataLoader(StreamChunks(dl, rank, world_size, shared, seed), batch_size=None)
+        return DataLoader(StreamChunks(dl, rank, world_size, shared, seed, divisor), batch_size=None)
     if dl.batch_sampler is None:
         return dl
-    return DataLoader(dl.dataset, batch_sampler=GlobalBatchChunks(dl.batch_sampler, rank, world_size, seed),
+    return DataLoader(dl.dataset, batch_sampler=GlobalBatchChunks(dl.batch_sampler, rank, world_size, seed, divisor),
                       collate_fn=dl.collate_fn, num_workers=dl.num_workers, pin_memory=dl.pin_memory,
                       worker_init_fn=dl.worker_init_fn, generator=dl.generator,
                       multiprocessing_context=dl.multiprocessing_context,
@@ -266,7 +273,8 @@ def _audit_parts(run) -> FixParts:
     # every rank deals itself its chunk of the global batches the user's loader draws at the global
     # batch size (the audit's strategy builds that loader: ``global_batch_loader``)
     def loader(dataloader, strategy):
-        return deal_global_batches(strategy.global_batch_loader(), strategy.global_rank, run.devices, run.seed)
+        return deal_global_batches(strategy.global_batch_loader(), strategy.global_rank, run.devices, run.seed,
+                                   divisor=run.dealt_to)
 
     return FixParts(trainer={"use_distributed_sampler": False}, loaders=[loader])
 
