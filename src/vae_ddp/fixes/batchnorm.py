@@ -80,8 +80,9 @@ def _var_invstd(var_sum: Tensor, total: float, eps: float, dtype: torch.dtype) -
 def batch_stats(parts: list[Tensor], eps: float = 1e-5) -> tuple[Tensor, Tensor, Tensor, float]:
     """What the ranks holding ``parts`` (``(B_r, C, ...)`` each, one dtype) compute together, in one
     process: the mean, ``var_sum = sum (x - mean)**2`` and ``invstd = 1 / sqrt(var_sum / count + eps)``
-    per channel (each ``(C,)``, the parts' dtype) and the global count of the concatenated batch. The same steps as ``GlobalBatchNorm`` in training (the sums that
-    it all-reduces are summed here), for tests and for checking a split without a process group.
+    per channel (each ``(C,)``, the parts' dtype) and the global count of the concatenated batch.
+    The same steps as ``GlobalBatchNorm`` in training (the sums that it all-reduces are summed
+    here), for tests and for checking a split without a process group.
 
     Raises:
         ValueError: every part is empty.
@@ -162,11 +163,18 @@ class _GlobalBatchNormFn(torch.autograd.Function):
         return grad_x, grad_w, grad_b, None, None, None, None, None, None
 
 
-def _update_running(buffer: Tensor, value: Tensor, factor: float) -> None:
-    """``buffer = factor * value + (1 - factor) * buffer`` in the buffer's dtype: bitwise torch's
-    CPU update of ``running_mean``; for ``running_var`` torch fuses the multiply-add, which this
-    matches to one rounding (the running statistics do not enter a training step)."""
-    buffer.copy_(factor * value.to(buffer.dtype) + (1 - factor) * buffer)
+def _update_running(buffer: Tensor, value: Tensor, factor: float, fused: bool = False) -> None:
+    """``buffer = factor * value + (1 - factor) * buffer`` in the buffer's dtype, rounded as torch's
+    CPU kernel rounds its running statistics: ``factor`` and ``1 - factor`` in that dtype, the
+    ``running_mean`` update unfused, the ``running_var`` update (``fused``) with one fused
+    multiply-add (``addcmul``; measured bitwise against ``nn.BatchNorm2d``, torch 2.14 on AVX-512).
+    ``value``: ``(C,)``, ``factor``: a float in (0, 1]."""
+    f = torch.tensor(factor, dtype=buffer.dtype, device=buffer.device)
+    value = value.to(buffer.dtype)
+    if fused:
+        buffer.copy_(torch.addcmul((1 - f) * buffer, value, f.expand_as(value)))
+    else:
+        buffer.copy_(f * value + (1 - f) * buffer)
 
 
 def _memory_format(x: Tensor) -> torch.memory_format:
@@ -234,7 +242,7 @@ class GlobalBatchNorm(_BatchNorm):
                 self.num_batches_tracked.add_(1)
                 factor = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
                 _update_running(self.running_mean, mean, factor)
-                _update_running(self.running_var, var_sum / (total - 1) if total > 1 else var, factor)
+                _update_running(self.running_var, var_sum / (total - 1) if total > 1 else var, factor, fused=True)
         return _GlobalBatchNormFn.apply(x, self.weight, self.bias, mean, var, invstd, self.eps, total,
                                         self.process_group)
 
