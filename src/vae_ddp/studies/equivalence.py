@@ -165,7 +165,10 @@ def equivalence(base: RunSpec, world_sizes: list[int], out_dir: Path, permutatio
 
     Every process of every run computes with the same intra-op threads (cores // the largest world
     size; [`RunSequence`][vae_ddp.harness.launch.RunSequence] ``same_threads``), so that DDP's
-    forward is bitwise one device's and only the grouping of the sums differs: permuting the
+    forward is bitwise one device's and only the grouping of the sums differs (on CPU with MKL:
+    per-device batches of 16 samples or more; below, its float32 matrix product takes another
+    kernel and rounds the linear layers differently, measured on the small VAE's ``fc_mu``, batch
+    24 split 12/12 or 8/8/8); permuting the
     samples leaves one device's forward bitwise unchanged, so the floor has no draw of a forward
     difference (a ReLU input within rounding of zero flipping sign moves a float32 step's gradient
     by about 1e-3 relative, issue 37).
