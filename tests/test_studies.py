@@ -93,7 +93,10 @@ def test_run_sequence_gives_every_process_the_same_threads_when_asked(monkeypatc
     specs = [RunSpec(config=c, devices=n, global_batch_size=12).validate() for c, n in
              [("single", 1), ("ddp", 2), ("ddp", 3)]]
     groups = {f"{s.world_size}": RunGroup([s]) for s in specs}
-    threads = lambda seq: [g["threads"] for g in json.loads(seq.to_json())["sequence"]]  # noqa: E731
+
+    def threads(seq: RunSequence) -> list:
+        return [g["threads"] for g in json.loads(seq.to_json())["sequence"]]
+
     assert threads(RunSequence(groups)) == [12, 6, 4]
     assert threads(RunSequence(groups, same_threads=True)) == [4, 4, 4]
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # set by the user: every process reads it
