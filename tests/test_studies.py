@@ -60,15 +60,22 @@ def test_equivalence_float64_within_the_one_device_floor(generated):
 @pytest.mark.parametrize("name, optimizer", [("equivalence32", "adam"), ("equivalence32sgd", "sgd")])
 def test_equivalence_float32_within_the_one_device_floor(generated, name, optimizer):
     r = generated(name, "equivalence.json")
-    # Every step within the floor (measured: 0.77-0.82x; before issue 37, single steps were 1e-4
-    # to 1e-3 relative, hundreds of times the floor: a ReLU input within float32 rounding of zero
-    # flipped sign where DDP's forward differed from one device's in its last bits, which
-    # permuting the samples on one device never does). DDP's forward is now bitwise one device's:
-    # GlobalBatchNorm rounds as torch's kernel, and every process has the same intra-op threads.
+    # Before issue 37, single steps were 1e-4 to 1e-3 relative, hundreds of times the floor: a
+    # ReLU input within float32 rounding of zero flipped sign where DDP's forward differed from one
+    # device's in its last bits, which permuting the samples on one device never does. DDP's
+    # forward is now bitwise one device's (GlobalBatchNorm rounds as torch's kernel; every process
+    # has the same intra-op threads) wherever each device has 16 samples or more: then its
+    # BatchNorm buffers after every step are bitwise one device's and every step is within the
+    # floor (measured: 0.79-0.82x). With 12 or 8 per device (world size 4) MKL's matrix product
+    # takes another kernel and fc_mu differs in its last bits (buffers 0.049 and 0.053 eps): a flip
+    # stays possible there, so only the median step is bounded (measured: every step 0.77-0.81x).
     _check_floor(r, "float32", optimizer, bound=False)
     assert r["floor"] < 1e-4  # float32 rounding of one step's gradient, not a trajectory's drift
     for n, e in r["world_sizes"].items():
-        assert e["within_floor"] and not e["outlier_steps"], (n, e["grad_steps"], r["floor_steps"])
+        assert e["typical_ratio"] <= FLOOR_FACTOR, (n, e["grad_steps"], r["floor_steps"])
+        if e["settings"]["global_batch_size"] // int(n) >= 16:  # samples per device
+            assert e["buffer_eps"] == 0, (n, e["buffer_steps"])
+            assert e["within_floor"] and not e["outlier_steps"], (n, e["grad_steps"], r["floor_steps"])
 
 
 @pytest.mark.slow
