@@ -40,9 +40,9 @@ def test_global_batchnorm_equals_full_batch_batchnorm_in_float64(two_rank_result
 
 
 def test_global_statistics_stay_exact_when_the_mean_dwarfs_the_spread(two_rank_result):
-    """Mean 1e4, std 1: the per-rank (count, mean, variance) combination keeps the error at the
-    conditioning of BatchNorm itself (1e4 x 2.2e-16); the variance from sums of x and x**2 -- one
-    all-reduce, but cancelling -- is off by 1e-8 and more."""
+    """Mean 1e4, std 1: summing (x - mean)**2 around the global mean (a second all-reduce) keeps
+    the error at the conditioning of BatchNorm itself (1e4 x 2.2e-16); the variance from sums of x
+    and x**2 -- one all-reduce, but cancelling -- is off by 1e-8 and more."""
     assert two_rank_result["mean 1e4, std 1"] < 1e-11
     assert two_rank_result["sum/sum-of-squares variance, mean 1e4"] > 1e3 * two_rank_result["mean 1e4, std 1"]
 

@@ -9,8 +9,10 @@ and DDP's constructor raises "SyncBatchNorm layers only work with GPU modules"),
 CPU (gloo) use [`GlobalSyncBatchNorm`][vae_ddp.fixes.batchnorm.GlobalSyncBatchNorm], a
 Lightning ``LayerSync`` plugin with the same role:
 ``Trainer(accelerator="cpu", devices=2, strategy="ddp", plugins=[GlobalSyncBatchNorm()])``.
-Nothing in it is specific to gloo or to CPUs: it uses one ``all_gather`` per layer forward
-and one ``all_reduce`` per layer backward, which every backend has.
+Nothing in it is specific to gloo or to CPUs: it uses two ``all_reduce`` calls per layer
+forward and one per layer backward, which every backend has. Its training forward rounds as
+``nn.BatchNorm``'s CPU kernel does on the concatenated batch, so its output is bitwise that of
+one device (float32 included).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from vae_ddp.fixes.factor import Factor, Finding, FixParts, Seen, world
 
-__all__ = ["GlobalBatchNorm", "GlobalSyncBatchNorm", "FACTOR"]
+__all__ = ["GlobalBatchNorm", "GlobalSyncBatchNorm", "FACTOR", "batch_stats", "normalize"]
 
 
 def _world_size(group) -> int:
@@ -34,34 +36,95 @@ def _world_size(group) -> int:
     return dist.get_world_size(group)
 
 
-@torch.no_grad()
-def _global_stats(x: Tensor, group) -> tuple[Tensor, Tensor, float]:
-    """Mean and biased variance per channel over every rank's ``x``, and the global count.
+def _reduce_dims(x: Tensor) -> list[int]:
+    return [0] + list(range(2, x.dim()))
 
-    Each rank computes its count, mean and variance (one fused pass,
-    ``torch.batch_norm_update_stats``); one ``all_gather`` of ``[count, mean, var]`` (``2C + 1``
-    numbers) brings every rank's; they are combined exactly in float64 (Chan, Golub & LeVeque's
-    pairwise update, the combination torch's SyncBatchNorm makes with
-    ``batch_norm_gather_stats_with_counts``). Summing ``x`` and ``x**2`` instead would cancel
-    catastrophically when ``|mean| >> std``.
-    """
+
+def _sums(x: Tensor) -> Tensor:
+    """``[count, sum_c x]``: the local count and per-channel sums of ``x`` ``(B, C, ...)``,
+    float64 ``(1 + C,)``; summed over ranks they give the global mean."""
     c = x.shape[1]
-    n = x.numel() // c
-    if n > 0:
-        mean, var = torch.batch_norm_update_stats(x, None, None, 0.0)
-    else:  # an empty local batch contributes nothing
-        mean = var = x.new_zeros(c)
-    local = torch.cat([x.new_full((1,), float(n)), mean, var]).to(torch.float64)
-    gathered = [torch.empty_like(local) for _ in range(_world_size(group))]
-    dist.all_gather(gathered, local, group=group)
-    stats = torch.stack(gathered)                      # (world, 2C + 1)
-    counts, means, variances = stats[:, :1], stats[:, 1:c + 1], stats[:, c + 1:]
-    total = float(counts.sum())
+    return torch.cat([torch.full((1,), float(x.numel() // c), dtype=torch.float64, device=x.device),
+                      torch.sum(x, _reduce_dims(x), dtype=torch.float64)])
+
+
+def _mean(sums: Tensor, dtype: torch.dtype) -> tuple[Tensor, float]:
+    """The mean per channel in ``dtype`` ``(C,)`` and the count, from the global ``sums``: the
+    float64 sum divided by the count, rounded once to ``dtype`` (as torch's CPU kernel does)."""
+    total = float(sums[0])
     if total == 0:
         raise ValueError("GlobalBatchNorm: the global batch is empty on every rank")
-    g_mean = (counts * means).sum(0) / total
-    g_var = (counts * (variances + (means - g_mean) ** 2)).sum(0) / total
-    return g_mean.to(x.dtype), g_var.to(x.dtype), total
+    return (sums[1:] / total).to(dtype), total
+
+
+def _centred_sums(x: Tensor, mean: Tensor) -> Tensor:
+    """``sum_c (x - mean)**2``, float64 ``(C,)``: the difference and the square in ``x.dtype``,
+    the sum in float64 (as torch's CPU kernel does); summed over ranks, the global ``var_sum``."""
+    d = x - mean.view([1, -1] + [1] * (x.dim() - 2))
+    return torch.sum(d * d, _reduce_dims(x), dtype=torch.float64)
+
+
+def _var_invstd(var_sum: Tensor, total: float, eps: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """``var_sum`` and ``1 / sqrt(var + eps)`` in ``dtype`` ``(C,)`` from the global float64
+    ``var_sum``: ``var_sum`` rounded to ``dtype``, ``var = var_sum / count`` in ``dtype``, the inverse
+    square root in float64 and rounded once, as ``torch.native_batch_norm`` computes
+    ``save_invstd`` on CPU (``InvStd<double>``)."""
+    var_sum = var_sum.to(dtype)
+    var = (var_sum / total).to(torch.float64)
+    invstd = 1.0 / torch.sqrt(var + eps)
+    if eps == 0:
+        invstd = torch.where(var == 0, torch.zeros_like(invstd), invstd)
+    return var_sum, invstd.to(dtype)
+
+
+def batch_stats(parts: list[Tensor], eps: float = 1e-5) -> tuple[Tensor, Tensor, Tensor, float]:
+    """What the ranks holding ``parts`` (``(B_r, C, ...)`` each, one dtype) compute together, in one
+    process: the mean, ``var_sum = sum (x - mean)**2`` and ``invstd = 1 / sqrt(var_sum / count + eps)``
+    per channel (each ``(C,)``, the parts' dtype) and the global count of the concatenated batch.
+    The same steps as ``GlobalBatchNorm`` in training (the sums that it all-reduces are summed
+    here), for tests and for checking a split without a process group.
+
+    Raises:
+        ValueError: every part is empty.
+    """
+    mean, total = _mean(sum(_sums(p) for p in parts), parts[0].dtype)
+    var_sum, invstd = _var_invstd(sum(_centred_sums(p, mean) for p in parts), total, eps, parts[0].dtype)
+    return mean, var_sum, invstd, total
+
+
+@torch.no_grad()
+def _global_stats(x: Tensor, group, eps: float) -> tuple[Tensor, Tensor, Tensor, float]:
+    """Mean, ``var_sum = sum (x - mean)**2`` and ``invstd`` per channel over every rank's ``x``
+    (``x.dtype``, ``(C,)``), and the global count.
+
+    Two ``all_reduce`` calls of float64 sums: ``[count, sum x]`` (``C + 1`` numbers), then, around
+    the global mean, ``sum (x - mean)**2`` (``C`` numbers). Each step rounds as torch's CPU
+    BatchNorm does on the concatenated batch (sums in float64, the mean and ``var_sum`` rounded
+    once to ``x.dtype``, ``invstd`` from float64), so the statistics are bitwise those of
+    ``nn.BatchNorm`` on one device (up to the order of float64 additions) rather than a last-bit
+    neighbour of them: in float32 a last-bit difference in a BatchNorm output can flip the sign
+    of a ReLU input within rounding of zero and change the step's gradient by 1e-3 relative (issue
+    37). Centring on the global mean before squaring does not cancel when ``|mean| >> std``, as
+    sums of ``x`` and ``x**2`` would.
+    """
+    sums = _sums(x)
+    dist.all_reduce(sums, group=group)
+    mean, total = _mean(sums, x.dtype)
+    var_sum = _centred_sums(x, mean)
+    dist.all_reduce(var_sum, group=group)
+    var_sum, invstd = _var_invstd(var_sum, total, eps, x.dtype)
+    return mean, var_sum, invstd, total
+
+
+def normalize(x: Tensor, mean: Tensor, invstd: Tensor, weight: Optional[Tensor], bias: Optional[Tensor]) -> Tensor:
+    """``(x - mean) * invstd * weight + bias`` per channel, rounded as torch's own BatchNorm kernel
+    rounds it in training mode: through that kernel (``F.batch_norm`` in eval mode with variance 1
+    and ``eps`` 0, so its ``invstd`` is exactly 1, and the weight ``invstd * weight``), which forms
+    ``alpha = invstd * weight``, ``beta = bias - mean * alpha`` and ``x * alpha + beta`` as it does with
+    statistics of its own (a formula written here would differ in the last bit where the
+    compiled kernel fuses a multiply-add). ``x``: ``(B, C, ...)``; the others ``(C,)``, ``x.dtype``."""
+    alpha = invstd * weight if weight is not None else invstd
+    return torch.nn.functional.batch_norm(x, mean, torch.ones_like(invstd), alpha, bias, False, 0.0, 0.0)
 
 
 class _GlobalBatchNormFn(torch.autograd.Function):
@@ -70,14 +133,14 @@ class _GlobalBatchNormFn(torch.autograd.Function):
     as ``torch.nn.modules._functions.SyncBatchNorm.backward`` does."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, mean, var, eps, total, group):
-        ctx.save_for_backward(x, weight, mean, var)
+    def forward(ctx, x, weight, bias, mean, var, invstd, eps, total, group):
+        ctx.save_for_backward(x, weight, mean, var, invstd)
         ctx.eps, ctx.total, ctx.group = eps, total, group
-        return torch.nn.functional.batch_norm(x, mean, var, weight, bias, False, 0.0, eps)
+        return normalize(x, mean, invstd, weight, bias)
 
     @staticmethod
     def backward(ctx, dy):
-        x, weight, mean, var = ctx.saved_tensors
+        x, weight, mean, var, invstd = ctx.saved_tensors
         dy = dy.contiguous(memory_format=_memory_format(x))
         # One fused pass: dy * w * invstd, sum(dy * x_hat), sum(dy) (the eval-mode backward).
         w = weight if weight is not None else torch.ones_like(mean)
@@ -89,7 +152,6 @@ class _GlobalBatchNormFn(torch.autograd.Function):
             dist.all_reduce(sums, group=ctx.group)
             c = mean.numel()
             g_dy, g_dy_xhat = sums[:c], sums[c:]
-            invstd = torch.rsqrt(var + ctx.eps)
             k = w * invstd / ctx.total
             # dx = dy*w*invstd - k*(sum_dy + x_hat*sum_dy_xhat), x_hat = (x - mean)*invstd
             slope = k * invstd * g_dy_xhat
@@ -98,7 +160,21 @@ class _GlobalBatchNormFn(torch.autograd.Function):
             grad_x = grad_local.addcmul_(x, slope.view(shape), value=-1.0).sub_(offset.view(shape))
         grad_w = sum_dy_xhat if weight is not None and ctx.needs_input_grad[1] else None
         grad_b = sum_dy if ctx.needs_input_grad[2] else None
-        return grad_x, grad_w, grad_b, None, None, None, None, None
+        return grad_x, grad_w, grad_b, None, None, None, None, None, None
+
+
+def _update_running(buffer: Tensor, value: Tensor, factor: float, fused: bool = False) -> None:
+    """``buffer = factor * value + (1 - factor) * buffer`` in the buffer's dtype, rounded as torch's
+    CPU kernel rounds its running statistics: ``factor`` and ``1 - factor`` in that dtype, the
+    ``running_mean`` update unfused, the ``running_var`` update (``fused``) with one fused
+    multiply-add (``addcmul``; measured bitwise against ``nn.BatchNorm2d``, torch 2.14 on AVX-512).
+    ``value``: ``(C,)``, ``factor``: a float in (0, 1]."""
+    f = torch.tensor(factor, dtype=buffer.dtype, device=buffer.device)
+    value = value.to(buffer.dtype)
+    if fused:
+        buffer.copy_(torch.addcmul((1 - f) * buffer, value, f.expand_as(value)))
+    else:
+        buffer.copy_(f * value + (1 - f) * buffer)
 
 
 def _memory_format(x: Tensor) -> torch.memory_format:
@@ -113,8 +189,11 @@ class GlobalBatchNorm(_BatchNorm):
     """BatchNorm whose training statistics are those of the global batch across all ranks.
 
     In training mode with a process group of world size > 1, the per-channel mean and
-    biased variance are those of the samples of every rank (one ``all_gather`` of each
-    rank's count, mean and variance, combined in float64), and the backward pass all-reduces
+    biased variance are those of the samples of every rank (two ``all_reduce`` calls of float64
+    sums: the sums of ``x``, then those of ``(x - mean)**2`` around the global mean; rounded and
+    applied as torch's CPU kernel does, so for a contiguous input the output is bitwise
+    ``nn.BatchNorm``'s on the concatenated batch; torch sums a channels-last input per thread in
+    its own dtype, which this matches to rounding only), and the backward pass all-reduces
     the two per-channel gradient sums the input gradient depends on (one ``all_reduce``), so
     the input gradient is that of BatchNorm over the concatenated batch. The gradients of
     ``weight`` and ``bias`` stay local: DDP averages them with the other parameters (as with
@@ -156,15 +235,16 @@ class GlobalBatchNorm(_BatchNorm):
         self._check_input_dim(x)
         if not self.training or _world_size(self.process_group) == 1:
             return super().forward(x)
-        mean, var, total = _global_stats(x, self.process_group)
+        mean, var_sum, invstd, total = _global_stats(x, self.process_group, self.eps)
+        var = var_sum / total
         if self.track_running_stats:
             with torch.no_grad():
                 self.num_batches_tracked.add_(1)
                 factor = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
-                unbiased = var * (total / (total - 1)) if total > 1 else var
-                self.running_mean.mul_(1 - factor).add_(mean, alpha=factor)
-                self.running_var.mul_(1 - factor).add_(unbiased, alpha=factor)
-        return _GlobalBatchNormFn.apply(x, self.weight, self.bias, mean, var, self.eps, total, self.process_group)
+                _update_running(self.running_mean, mean, factor)
+                _update_running(self.running_var, var_sum / (total - 1) if total > 1 else var, factor, fused=True)
+        return _GlobalBatchNormFn.apply(x, self.weight, self.bias, mean, var, invstd, self.eps, total,
+                                        self.process_group)
 
     @classmethod
     def convert(cls, module: nn.Module, process_group=None) -> nn.Module:

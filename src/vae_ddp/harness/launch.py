@@ -70,27 +70,34 @@ class RunSequence:
     a process forked from it (which forks the group's ranks, [`vae_ddp.ranks`][vae_ddp.ranks]):
     a launch per world size would import them again each time, about as long as the short
     runs the studies make. Each group gets the intra-op threads a launch of its own would have
-    (``OMP_NUM_THREADS`` = cores // world size, unless set), so its numbers are the same.
+    (``OMP_NUM_THREADS`` = cores // world size, unless set), so its numbers are the same; with
+    ``same_threads`` every process of every group gets cores // the largest world size instead.
 
     Args:
         groups: ``{tag: RunGroup}``; group ``tag`` trains in ``OUT_DIR/tag/``, in this order.
+        same_threads: one intra-op thread count for every process (a comparison to the last bit:
+            MKL's float32 matrix product rounds differently at another thread count; measured on
+            the small VAE's ``fc_mu``, 859 of its 1024 outputs differ between 2 threads and 1).
 
     Raises:
         ValueError: no group, or a group that does not run on CPU.
     """
 
-    def __init__(self, groups: dict[str, RunGroup]) -> None:
+    def __init__(self, groups: dict[str, RunGroup], same_threads: bool = False) -> None:
         if not groups or any(g.accelerator != "cpu" for g in groups.values()):
             raise ValueError("a run sequence needs at least one group, each on CPU")
         self.groups = dict(groups)
+        self.same_threads = same_threads
         first = next(iter(self.groups.values()))
         self.world_size, self.accelerator = first.world_size, "cpu"
         self.label = ", ".join(g.label for g in self.groups.values())
 
     def to_json(self) -> str:
         threads = None if "OMP_NUM_THREADS" in os.environ else os.cpu_count() or 1
+        widest = max(g.world_size for g in self.groups.values())
         return json.dumps({"sequence": [
-            {"tag": tag, "threads": threads and max(1, threads // g.world_size), "specs": json.loads(g.to_json())}
+            {"tag": tag, "threads": threads and max(1, threads // (widest if self.same_threads else g.world_size)),
+             "specs": json.loads(g.to_json())}
             for tag, g in self.groups.items()]})
 
 
@@ -198,11 +205,11 @@ def launch_group(specs: list[RunSpec], out_dir: Path, timeout: Optional[float] =
 
 
 def launch_by_world_size(specs: list[RunSpec], out_dir: Path, timeout: Optional[float] = None,
-                         quiet: bool = False) -> list[tuple[dict, Path]]:
+                         quiet: bool = False, same_threads: bool = False) -> list[tuple[dict, Path]]:
     """Train ``specs`` in groups of one world size (a [`RunGroup`][vae_ddp.harness.launch.RunGroup]
     each, in the order the world sizes first appear) under ``out_dir/<N>-process/``: on CPU all
-    groups in one launch (a [`RunSequence`][vae_ddp.harness.launch.RunSequence]), else one
-    launch per group.
+    groups in one launch (a [`RunSequence`][vae_ddp.harness.launch.RunSequence], ``same_threads``
+    passed to it), else one launch per group.
 
     Returns:
         for each spec, in the order given: its ``{"spec", "runs"}`` and the folder its runs'
@@ -215,7 +222,8 @@ def launch_by_world_size(specs: list[RunSpec], out_dir: Path, timeout: Optional[
             for key in groups}
     found: list[Optional[tuple[dict, Path]]] = [None] * len(specs)
     if all(accelerator == "cpu" for _, accelerator in groups):
-        sequence = RunSequence({tags[key]: RunGroup([specs[i] for i in idx]) for key, idx in groups.items()})
+        sequence = RunSequence({tags[key]: RunGroup([specs[i] for i in idx]) for key, idx in groups.items()},
+                               same_threads=same_threads)
         launched = launch(sequence, Path(out_dir), timeout=timeout, quiet=quiet)
         for key, idx in groups.items():
             for i, result in zip(idx, launched[tags[key]]["group"]):
