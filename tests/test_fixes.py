@@ -126,6 +126,23 @@ def test_batch_stats_of_a_split_batch_normalise_bitwise_as_batchnorm(sizes):
             torch.testing.assert_close(out, ref, rtol=0, atol=1e-13)
 
 
+def test_batch_stats_of_a_bfloat16_batch_are_float32_beside_float32_parameters():
+    """Under bf16 autocast a BatchNorm gets a bfloat16 input and keeps float32 parameters: the
+    statistics are float32 (torch's CPU kernel refuses bfloat16 statistics beside float32 weights,
+    'mixed dtype (CPU)', which once failed every bf16-mixed audit with BatchNorm), and the output is
+    torch's own BatchNorm's on the bfloat16 batch within bfloat16's rounding."""
+    from vae_ddp.fixes.batchnorm import batch_stats, normalize
+
+    torch.manual_seed(2)
+    x = (torch.randn(16, 8) * 3 + 1).to(torch.bfloat16)
+    w, b = torch.rand(8) + 0.5, torch.randn(8) * 0.1
+    mean, _, invstd, _ = batch_stats(list(x.split([8, 8])))
+    assert mean.dtype == invstd.dtype == torch.float32
+    out = normalize(x, mean, invstd, w, b)
+    ref = torch.nn.functional.batch_norm(x, None, None, w, b, True, 0.0, 1e-5)
+    torch.testing.assert_close(out.float(), ref.float(), rtol=0, atol=4 * torch.finfo(torch.bfloat16).eps * 4)
+
+
 def test_convert_and_revert_share_parameters_and_keep_classes():
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.BatchNorm1d(4 * 30 * 30))
     converted = GlobalSyncBatchNorm().apply(model)

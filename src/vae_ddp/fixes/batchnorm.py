@@ -36,6 +36,12 @@ def _world_size(group) -> int:
     return dist.get_world_size(group)
 
 
+def _stat_dtype(x: Tensor) -> torch.dtype:
+    """The statistics' dtype: ``x``'s, or float32 for a bfloat16/float16 input (autocast), as torch's
+    CPU kernel keeps the statistics of a reduced-precision input in float32 beside float32 parameters."""
+    return torch.float32 if x.dtype in (torch.bfloat16, torch.float16) else x.dtype
+
+
 def _reduce_dims(x: Tensor) -> list[int]:
     return [0] + list(range(2, x.dim()))
 
@@ -87,8 +93,8 @@ def batch_stats(parts: list[Tensor], eps: float = 1e-5) -> tuple[Tensor, Tensor,
     Raises:
         ValueError: every part is empty.
     """
-    mean, total = _mean(sum(_sums(p) for p in parts), parts[0].dtype)
-    var_sum, invstd = _var_invstd(sum(_centred_sums(p, mean) for p in parts), total, eps, parts[0].dtype)
+    mean, total = _mean(sum(_sums(p) for p in parts), _stat_dtype(parts[0]))
+    var_sum, invstd = _var_invstd(sum(_centred_sums(p, mean) for p in parts), total, eps, _stat_dtype(parts[0]))
     return mean, var_sum, invstd, total
 
 
@@ -109,10 +115,10 @@ def _global_stats(x: Tensor, group, eps: float) -> tuple[Tensor, Tensor, Tensor,
     """
     sums = _sums(x)
     dist.all_reduce(sums, group=group)
-    mean, total = _mean(sums, x.dtype)
+    mean, total = _mean(sums, _stat_dtype(x))
     var_sum = _centred_sums(x, mean)
     dist.all_reduce(var_sum, group=group)
-    var_sum, invstd = _var_invstd(var_sum, total, eps, x.dtype)
+    var_sum, invstd = _var_invstd(var_sum, total, eps, _stat_dtype(x))
     return mean, var_sum, invstd, total
 
 
