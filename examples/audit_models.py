@@ -400,6 +400,18 @@ class Diverging(Base):
         return loss * float("nan") if self.global_step >= 1 else loss
 
 
+class HardExamples(Base):
+    """Online hard example mining: the mean of the largest quarter of the batch's per-sample losses
+    (a loss that couples the samples of its batch), logged with `sync_dist` read from the Trainer."""
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        per_sample = (self(x) - y) ** 2
+        hard = per_sample.topk(max(1, len(per_sample) // 4)).values
+        self.log("hard_loss", hard.mean(), sync_dist=self.trainer.world_size > 1, batch_size=len(x))
+        return hard.mean()
+
+
 class OnlyCuda(Base):
     def training_step(self, batch, batch_idx):
         x, y = batch

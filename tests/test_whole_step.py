@@ -115,7 +115,7 @@ DATA = {
 def truth(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("truth") / "truth.json"
     proc = guard.run([sys.executable, str(ROOT / "tests/scripts/whole_step_truth.py"), str(out), "Plain", *CASES,
-                      *(f"Plain@{d}" for d in DATA)],
+                      "HardExamples", *(f"Plain@{d}" for d in DATA)],
                      capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text())
@@ -246,3 +246,16 @@ def test_a_precision_the_audit_does_not_compare_is_one_line(tmp_path):
     assert code == 2 and stderr.strip().splitlines() == [
         "vae-ddp audit: error: --trainer.precision '8-true' is not one the audit compares: give one of 64-true, "
         "32-true, bf16-mixed, 16-mixed"], stderr
+
+
+def test_a_step_that_reads_the_trainer_is_still_checked_for_coupled_samples(tmp_path, truth):
+    """Online hard example mining (the largest quarter of the batch's losses) that reads
+    self.trainer.world_size: the one-process check runs with a Trainer attached and names the
+    coupled loss (exit 1, with the fix), where it once skipped and the audit said 'unexplained'.
+    Plain Lightning: DDP trains another model."""
+    t = truth["HardExamples"]
+    assert t["ddp"] > 1e6 * max(t["floor"], EPS64), t
+    code, result, log = run_audit(tmp_path, "HardExamples")
+    f = {x["factor"]: x for x in result["findings"]}["reduction"]
+    assert code == 1 and not result["unexplained"] and f["exposed"] and not f["automatic_fix"], log[-3000:]
+    assert "depends on the other samples of its batch" in f["evidence"], f

@@ -294,12 +294,39 @@ def _check_model(run, model_cls: type, dm, batches: list, batch) -> tuple[list[d
         except RuntimeError as err:
             if _NO_TRAINER not in str(err):
                 raise UserError(_dry_run_error(model_cls, run, err)) from None
-            findings, notes = _static(model, dm, [], run)  # the dataset checks only
-            return findings, [f"{model_cls.__name__}.training_step needs a Trainer (e.g. self.all_gather): the "
-                              "one-process check of the loss reduction was skipped; the DDP runs compare it", *notes]
+            return _with_a_trainer(run, model_cls, model, dm, batches, batch, dtype)
         except Exception as err:  # noqa: BLE001 - the user's code: report its first line
             raise UserError(_dry_run_error(model_cls, run, err)) from None
     return _static(model, dm, batches, run)
+
+
+def _with_a_trainer(run, model_cls: type, model, dm, batches: list, batch, dtype) -> tuple[list[dict], list[str]]:
+    """The one-process checks of a ``training_step`` that reads ``self.trainer`` (its world size, an
+    ``all_gather``): with a one-device ``Trainer`` attached (``self.log`` a no-op: no loop collects it),
+    so that a loss that couples the samples is still found (a flag the DDP runs then clear for a loss
+    that gathers over the global batch). A step that needs more of a fit (its optimizers, a datamodule)
+    skips the checks with a note: the DDP runs compare it."""
+    import torch
+    from pytorch_lightning import Trainer
+
+    from vae_ddp.fixes.factor import cast_batch as _cast
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.trainer = Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                                enable_progress_bar=False, enable_model_summary=False)
+    model.log = model.log_dict = lambda *args, **kwargs: None
+    try:
+        with torch.random.fork_rng(), _no_trainer_warnings():
+            model.training_step(_cast(batch, dtype), 0)
+        return _static(model, dm, batches, run)
+    except Exception:  # noqa: BLE001 - the user's step needs a fitting Trainer: the DDP runs judge it
+        findings, notes = _static(model, dm, [], run)  # the dataset checks only
+        return findings, [f"{model_cls.__name__}.training_step needs a fitting Trainer (e.g. its optimizers): the "
+                          "one-process check of the loss reduction was skipped; the DDP runs compare it", *notes]
+    finally:
+        del model.log, model.log_dict
+        model.trainer = None
 
 
 def _static(model, dm, batches: list, run) -> tuple[list[dict], list[str]]:
