@@ -412,6 +412,38 @@ class HardExamples(Base):
         return hard.mean()
 
 
+class AttentionDropout(Base):
+    """Self-attention over the 8 features as tokens, with dropout inside
+    `scaled_dot_product_attention` (as Hugging Face's SDPA attention calls it in training)."""
+
+    p = 0.2
+
+    def __init__(self) -> None:
+        super().__init__()
+        del self.net
+        self.qkv = nn.Linear(1, 12)
+        self.head = nn.Linear(4, 1)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x.unsqueeze(-1)).unsqueeze(1).chunk(3, dim=-1)  # (b, 1, 8, 4) each
+        a = F.scaled_dot_product_attention(q, k, v, dropout_p=self.p if self.training else 0.0)
+        return self.head(a.mean(2).squeeze(1)).squeeze(-1)
+
+
+class AttentionWithoutDropout(AttentionDropout):
+    """The same attention with `dropout_p=0`: what the audit compares of `AttentionDropout`."""
+
+    p = 0.0
+
+
+class AttentionDropoutPerRank(AttentionDropout):
+    """`AttentionDropout` whose ranks seed their generators differently (`setup`): each rank draws
+    its own masks, independent as one device's rows are."""
+
+    def setup(self, stage: str) -> None:
+        torch.manual_seed(1000 + self.global_rank)
+
+
 class OnlyCuda(Base):
     def training_step(self, batch, batch_idx):
         x, y = batch

@@ -115,7 +115,7 @@ DATA = {
 def truth(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("truth") / "truth.json"
     proc = guard.run([sys.executable, str(ROOT / "tests/scripts/whole_step_truth.py"), str(out), "Plain", *CASES,
-                      "HardExamples", *(f"Plain@{d}" for d in DATA)],
+                      "HardExamples", "AttentionWithoutDropout", *(f"Plain@{d}" for d in DATA)],
                      capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text())
@@ -259,3 +259,26 @@ def test_a_step_that_reads_the_trainer_is_still_checked_for_coupled_samples(tmp_
     f = {x["factor"]: x for x in result["findings"]}["reduction"]
     assert code == 1 and not result["unexplained"] and f["exposed"] and not f["automatic_fix"], log[-3000:]
     assert "depends on the other samples of its batch" in f["evidence"], f
+
+
+@pytest.mark.parametrize("model, repeated", [("AttentionDropout", True), ("AttentionDropoutPerRank", False)])
+def test_attention_dropout_gets_a_two_part_verdict(tmp_path, truth, model, repeated):
+    """Dropout inside scaled_dot_product_attention draws masks no run can key to a sample (it was
+    'not judged', exit 1, the layers named only in a log): the rest of the step is judged with that
+    dropout off in every compared run (plain Lightning: without it DDP is one device), the layer is
+    named, and the draws are judged by whether the ranks repeat them: the same masks on every rank
+    under Lightning's seeding (exit 1, with the fix), different masks with per-rank seeds (exit 0)."""
+    t = truth["AttentionWithoutDropout"]
+    assert t["ddp"] <= 10 * max(t["floor"], EPS64), t
+    code, result, log = run_audit(tmp_path, model)
+    noise = {f["factor"]: f for f in result["findings"]}["noise"]
+    assert result["deterministic"] and result["gradient_within"] and not result["unexplained"], log[-3000:]
+    assert result["attention_draws"] == {"layers": ["the LightningModule (%s, dropout_p=0.2)" % model],
+                                         "repeated": repeated}, result["attention_draws"]
+    assert "in two parts, for the dropout inside scaled_dot_product_attention" in log
+    if repeated:
+        assert code == 1 and noise["exposed"] and not noise["automatic_fix"] and "PerRankSeed" in noise["fix"]
+        assert "the attention dropout masks are the same on every rank" in log
+    else:
+        assert code == 0 and result["within_floor"] and "different on every rank" in log, log[-3000:]
+        assert not noise["exposed"], noise

@@ -289,15 +289,32 @@ def _check_model(run, model_cls: type, dm, batches: list, batch) -> tuple[list[d
     if model.automatic_optimization:  # manual optimization needs the trainer's optimizers: no dry run
         dtype = torch.float64 if run.dtype == "float64" else torch.float32
         try:
-            with torch.random.fork_rng(), _no_trainer_warnings():
-                model.to(dtype=dtype).training_step(_cast(batch, dtype), 0)
+            layers = _dry_run(model.to(dtype=dtype), _cast(batch, dtype))
         except RuntimeError as err:
             if _NO_TRAINER not in str(err):
                 raise UserError(_dry_run_error(model_cls, run, err)) from None
             return _with_a_trainer(run, model_cls, model, dm, batches, batch, dtype)
         except Exception as err:  # noqa: BLE001 - the user's code: report its first line
             raise UserError(_dry_run_error(model_cls, run, err)) from None
+        findings, notes = _static(model, dm, batches, run)
+        return findings + _attention(layers), notes
     return _static(model, dm, batches, run)
+
+
+def _dry_run(model, batch) -> list[str]:
+    """One ``training_step`` on one batch, the caller's generator untouched; returns the layers that
+    drew attention dropout inside ``scaled_dot_product_attention`` ([`attention_dropout_layers`][vae_ddp.audit.draws.attention_dropout_layers])."""
+    import torch
+
+    from vae_ddp.audit.draws import attention_dropout_layers
+
+    with torch.random.fork_rng(), _no_trainer_warnings():
+        return attention_dropout_layers(model, lambda: model.training_step(batch, 0))
+
+
+def _attention(layers: list[str]) -> list[dict]:
+    """The audit's item for attention dropout no run can key to a sample (none without such layers)."""
+    return [{"factor": "noise", "attention_layers": layers}] if layers else []
 
 
 def _with_a_trainer(run, model_cls: type, model, dm, batches: list, batch, dtype) -> tuple[list[dict], list[str]]:
@@ -317,9 +334,9 @@ def _with_a_trainer(run, model_cls: type, model, dm, batches: list, batch, dtype
                                 enable_progress_bar=False, enable_model_summary=False)
     model.log = model.log_dict = lambda *args, **kwargs: None
     try:
-        with torch.random.fork_rng(), _no_trainer_warnings():
-            model.training_step(_cast(batch, dtype), 0)
-        return _static(model, dm, batches, run)
+        layers = _dry_run(model, _cast(batch, dtype))
+        findings, notes = _static(model, dm, batches, run)
+        return findings + _attention(layers), notes
     except Exception:  # noqa: BLE001 - the user's step needs a fitting Trainer: the DDP runs judge it
         findings, notes = _static(model, dm, [], run)  # the dataset checks only
         return findings, [f"{model_cls.__name__}.training_step needs a fitting Trainer (e.g. its optimizers): the "

@@ -154,6 +154,9 @@ class AuditRun:
         dealt_to: the DDP world size N the audit compares with (every run alike, one device's too):
             the sampler fix leaves out a global batch N does not divide (an incomplete last batch),
             in every run, so that step k is the same batch on one device and under DDP.
+        attention_dropout: False: ``scaled_dot_product_attention``'s dropout off during the run
+            ([`NoAttentionDropout`][vae_ddp.audit.draws.NoAttentionDropout]), for the compared runs of
+            a module whose attention dropout no run can key to the sample.
     """
 
     model: dict
@@ -175,6 +178,7 @@ class AuditRun:
     trainer: dict = field(default_factory=dict)
     label: str = ""
     dealt_to: int = 1
+    attention_dropout: bool = True
 
     @property
     def world_size(self) -> int:

@@ -156,7 +156,11 @@ def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, pr
 def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress: bool,
            notes: Optional[list[str]]) -> dict:
     n = base.devices
-    base = base.replace(dealt_to=n)
+    # attention dropout no run can key to a sample: every compared run without it (the second part,
+    # the draws themselves, is judged from Lightning's defaults, which keep it)
+    attention = [layer for f in static or [] for layer in f.get("attention_layers", [])]
+    static = [f for f in static or [] if not f.get("attention_layers")]
+    base = base.replace(dealt_to=n, attention_dropout=not attention)
     fixes = list(registry.audit_fixable())
     runs_dir = out_dir / "runs"
     steps_file = (runs_dir / "single-steps.pt").resolve()
@@ -177,7 +181,8 @@ def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress
     # launch for every fixable factor; only the factors found exposed below are reported (a
     # launch costs more than a few short runs). The teacher-forced runs go last: they wait for
     # the one-device run's weights.
-    ddp = [base.replace(label="ddp", devices=n, fixes=[]), base.replace(label="ddp+fixed", devices=n, fixes=fixes),
+    ddp = [base.replace(label="ddp", devices=n, fixes=[], attention_dropout=True),
+           base.replace(label="ddp+fixed", devices=n, fixes=fixes),
            base.replace(label="ddp+fixed-forced", devices=n, **forced),
            *(base.replace(label=f"ddp-{f}", devices=n, **dict(forced, fixes=[g for g in fixes if g != f]))
              for f in fixes),
@@ -295,6 +300,10 @@ def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress
     trajectory_ratio = div_fixed / max(trajectory_floor, trajectory_unit)
     trajectory_within = trajectory_ratio <= TRAJECTORY_RATIO
     within = grad_within and not (step or {}).get("differences") and trajectory_within
+    draws = _attention_draws(attention, info["findings"]) if attention else None
+    if draws is not None and draws["repeated"]:  # else independent draws of one distribution: the line says so
+        manual[noise.FACTOR.key] = found[noise.FACTOR.key] = draws["finding"]
+        within = False
     unexplained = deterministic and not within and not manual
     findings = []
     for factor in _factors():
@@ -307,7 +316,8 @@ def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress
             fixed_alone = alone[other] if f else None
         # what bites is in the user's code, which no automatic fix removes: measured by what is
         # left with every automatic fix on (shared by every such factor)
-        left = max(grad_steps, default=0.0) if factor in manual and factor not in EXTRA_PAGES else None
+        left = (max(grad_steps, default=0.0) if factor in manual and factor not in EXTRA_PAGES
+                and not manual[factor].get("attention") else None)
         if factor in manual:
             contribution = None
         if factor in manual or not deterministic:
@@ -336,6 +346,7 @@ def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress
               "trajectory_ratio": trajectory_ratio, "trajectory_within": trajectory_within,
               "trajectory_unit": trajectory_unit,
               "gradient_within": grad_within, "rounding_unit": unit,
+              "attention_draws": None if draws is None else {k: v for k, v in draws.items() if k != "finding"},
               "whole_step": None if step is None else {k: v for k, v in step.items() if k != "findings"},
               "reduction_under_ddp": reduction_ddp,
               "findings": findings, "largest_differences": _largest(fixed, single) if unexplained else [],
@@ -363,6 +374,25 @@ def rounding_unit(dtype: str, precision: Optional[str] = None) -> float:
     if str(precision or "").startswith("16"):
         return torch.finfo(torch.float16).eps
     return torch.finfo(torch.float64 if dtype == "float64" else torch.float32).eps
+
+
+def _attention_draws(layers: list[str], default_findings: list[dict]) -> dict:
+    """The second part of the verdict of a module whose ``scaled_dot_product_attention`` draws
+    dropout masks no run can key to a sample: are they the same on every rank under Lightning's
+    defaults (the ``ddp`` run's noise check: the ranks' generators alike, and the step draws)?
+    ``{"layers", "repeated", "finding"}``, the finding being the noise factor's row."""
+    repeated = any(f["factor"] == noise.FACTOR.key and not f.get("manual") for f in default_findings)
+    where = ", ".join(layers)
+    state = ("every rank draws the same masks (Lightning's seed_everything gives the ranks one generator)"
+             if repeated else "the ranks draw different masks")
+    return {"layers": layers, "repeated": repeated, "finding": {
+        "factor": noise.FACTOR.key, "manual": True, "attention": True,
+        "evidence": f"dropout inside scaled_dot_product_attention in {where} draws its masks for the whole "
+                    f"attention matrix from torch's generator, which no fix can deal to the ranks as one device's "
+                    f"rows: the rest of the step is compared with it off; under Lightning's defaults {state}",
+        "fix": "seed each rank's generator differently (vae_ddp.fixes.PerRankSeed, or seed_everything(seed + "
+               "self.global_rank) in setup): the ranks' masks are then independent, as one device's rows are; or "
+               "apply the attention dropout as an nn.Dropout on the attention weights, which the fix serves"}}
 
 
 def _largest_value(state: dict) -> float:
@@ -601,6 +631,14 @@ def render(result: dict) -> str:
                      + "every rank's parameters against "
                      f"rank 0's {step['ranks_ratio']:.2g}x (one rounding of every stored value is the least "
                      "difference counted)")
+    draws = result.get("attention_draws")
+    if draws:
+        lines.append(f"- in two parts, for the dropout inside scaled_dot_product_attention in {', '.join(draws['layers'])} "
+                     "(masks no run can key to a sample): the rest of the step, with that dropout off in every "
+                     "compared run, is judged here; the draws themselves are "
+                     + ("the same on every rank under Lightning's defaults: not one device's independent rows (see "
+                        f"{name(noise.FACTOR.key)})" if draws["repeated"] else
+                        "different on every rank: independent draws, as one device's rows are"))
     unserved = any(f["factor"] == noise.FACTOR.key and f["exposed"] and not f["automatic_fix"] for f in result["findings"])
     if not result["deterministic"]:
         why = ("the training step draws random numbers that do not follow their sample, from torch's global "
@@ -624,12 +662,17 @@ def render(result: dict) -> str:
     elif not result["within_floor"]:
         manual = [name(f["factor"]) for f in result["findings"] if f["exposed"] and not f["automatic_fix"]]
         first = ((result.get("whole_step") or {}).get("differences") or [None])[0]
-        where = ("" if first is None or result.get("gradient_within") is False else
-                 f"DDP's gradient is one device's, but its step first differs in the {first['part']} at step "
-                 f"{first['step']}; ")
-        lines.append(f"- not passed: {where}not within {FLOOR_RATIO:g}x the floor after the automatic fixes; exposed, "
-                     f"and only a change in your code fixes it: {', '.join(manual)} (see the fix above; rerun the "
-                     "audit after it to see whether it accounts for the whole difference)")
+        if first is not None and result.get("gradient_within"):
+            where = (f"DDP's gradient is one device's, but its step first differs in the {first['part']} at step "
+                     f"{first['step']}; not within {FLOOR_RATIO:g}x the floor after the automatic fixes")
+        elif result.get("gradient_within") and result.get("trajectory_within", True):
+            where = (f"the rest of the step is one device's (each part within {FLOOR_RATIO:g}x its floor), but the "
+                     "attention dropout masks are the same on every rank")
+        else:
+            where = f"not within {FLOOR_RATIO:g}x the floor after the automatic fixes"
+        lines.append(f"- not passed: {where}; exposed, and only a change in your code fixes it: {', '.join(manual)} "
+                     "(see the fix above; rerun the audit after it to see whether it accounts for the whole "
+                     "difference)")
     else:
         bite = [name(f["factor"]) for f in result["findings"] if f["bites"]]
         judged = "the update, " if (result.get("whole_step") or {}).get("update_judged", True) else ""
