@@ -299,7 +299,9 @@ def test_augmentation_with_workers(tmp_path):
     (["--model", f"{M}.Plain", "--data.init_args.batch_size", "x"], "--data.init_args.batch_size: expected int, got 'x'"),
     (["--model", "examples/audit_models.py:Plain", "--model.init_args.hidden=4"],
      "--model.init_args.hidden: Plain has no init argument 'hidden'"),
-    (["--model", f"{M}.Plain", "--trainer.precision", "16"], "it sets the devices, the precision (--dtype)"),
+    (["--model", f"{M}.Plain", "--trainer.precision", "16"],
+     "--trainer.precision '16' is not one the audit compares: give one of 64-true, 32-true, bf16-mixed, 16-mixed"),
+    (["--model", f"{M}.Plain", "--trainer.max_steps", "5"], "it sets the devices (--devices) and the steps (--steps)"),
     # a class the file does not define, named as given in both spellings (not the module made of the file)
     (["--model", "examples/audit_models.py:Nope"],
      "--model examples/audit_models.py:Nope does not import (examples/audit_models.py defines no Nope)"),

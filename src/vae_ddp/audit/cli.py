@@ -413,8 +413,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             if re.match(r"unrecognized arguments: .*--trainer\.", line):  # a Trainer argument the audit sets itself
                 from vae_ddp.audit.spec import TRAINER_ARGS
 
-                line += (f" (the audit passes on --trainer.{', --trainer.'.join(TRAINER_ARGS)}; it sets the devices,"
-                         " the precision (--dtype) and the steps (--steps) itself)")
+                line += (f" (the audit passes on --trainer.{', --trainer.'.join(TRAINER_ARGS)}; it sets the devices "
+                         "(--devices) and the steps (--steps) itself)")
             raise UserError(line) from None
         from vae_ddp.audit.spec import AuditRun, import_class
         from vae_ddp.audit.study import audit
