@@ -282,3 +282,12 @@ def test_attention_dropout_gets_a_two_part_verdict(tmp_path, truth, model, repea
     else:
         assert code == 0 and result["within_floor"] and "different on every rank" in log, log[-3000:]
         assert not noise["exposed"], noise
+
+
+def test_the_same_command_gives_the_same_audit_json(tmp_path, generated):
+    """The page's audit (registry entry audit_schedule, run by the results runner) and the same
+    command here give the same audit.json: the runs, the one-process check and the judgement take
+    every draw from the command's seed (the evidence once differed between two runs of one command)."""
+    page = generated("audit_schedule", "audit.json")
+    code, result, log = run_audit(tmp_path, "ScheduleFromLoader", "--trainer.max_epochs", "2")
+    assert code == 1 and result == page, [k for k in set(result) | set(page) if result.get(k) != page.get(k)]

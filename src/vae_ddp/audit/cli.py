@@ -224,7 +224,6 @@ def check(run, data_cls: type, model_cls: type) -> tuple[list[dict], list[str]]:
     Returns the findings of the one-process checks ([`static_findings`][vae_ddp.audit.static.static_findings])
     and notes: a ``training_step`` that needs a Trainer (``self.all_gather``, ...) skips the
     checks that call it (the DDP runs answer for it) instead of being refused."""
-    from vae_ddp.fixes.factor import cast_batch as _cast
 
     import torch
     from pytorch_lightning import LightningModule
@@ -323,7 +322,6 @@ def _with_a_trainer(run, model_cls: type, model, dm, batches: list, batch, dtype
     so that a loss that couples the samples is still found (a flag the DDP runs then clear for a loss
     that gathers over the global batch). A step that needs more of a fit (its optimizers, a datamodule)
     skips the checks with a note: the DDP runs compare it."""
-    import torch
     from pytorch_lightning import Trainer
 
     from vae_ddp.fixes.factor import cast_batch as _cast

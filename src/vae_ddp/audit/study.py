@@ -42,6 +42,7 @@ import json
 import os
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -155,11 +156,45 @@ def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, pr
 
 def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress: bool,
            notes: Optional[list[str]]) -> dict:
+    """Plan the runs, measure them in one launch, judge what they measured; write and print the report."""
+    plan = _plan(base, out_dir, static or [])
+    if progress:
+        for spec in plan.one_device + plan.ddp:
+            print(f"[audit] {spec.label}: {spec.devices} process(es), fixes: {', '.join(spec.fixes) or 'none'}"
+                  f"{', samples permuted in each batch' if spec.permute else ''}"
+                  f"{', each batch from the weights of the step before' if spec.lag else ''}"
+                  f"{', every step from the one-device weights' if spec.teacher_forced else ''}", flush=True)
+    result = _judge(plan, _measure(plan, out_dir / "runs"), notes or [])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "audit.json").write_text(json.dumps(result, indent=1))
+    text = render(result)
+    (out_dir / "tables.md").write_text(text + "\n")
+    print(text)
+    return result
+
+
+@dataclass
+class _Plan:
+    """The audit's runs: ``one_device`` (the reference, the floor draws, another batch, the permuted
+    free run, and the eval-mode reference when the loss reduction is asked again) and ``ddp`` (one
+    launch of ``base.devices`` ranks), with what the judgement needs to know of them."""
+
+    base: AuditRun
+    fixes: list[str]
+    one_device: list[AuditRun]
+    ddp: list[AuditRun]
+    lag: int  # optimizer steps between the weights and the batch of the other-batch run
+    recheck: bool  # the one-process check flagged the loss reduction: asked again under DDP's process group
+    attention: list[str]  # layers whose attention dropout no run can key to a sample (turned off)
+    static: list[dict]  # the one-process checks' findings
+
+
+def _plan(base: AuditRun, out_dir: Path, static: list[dict]) -> _Plan:
     n = base.devices
     # attention dropout no run can key to a sample: every compared run without it (the second part,
     # the draws themselves, is judged from Lightning's defaults, which keep it)
-    attention = [layer for f in static or [] for layer in f.get("attention_layers", [])]
-    static = [f for f in static or [] if not f.get("attention_layers")]
+    attention = [layer for f in static for layer in f.get("attention_layers", [])]
+    static = [f for f in static if not f.get("attention_layers")]
     base = base.replace(dealt_to=n, attention_dropout=not attention)
     fixes = list(registry.audit_fixable())
     runs_dir = out_dir / "runs"
@@ -194,38 +229,62 @@ def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress
     # per-rank there. Asked again where the collectives run: one device and DDP with every fix,
     # every step from the same weights, in eval mode as that check (no dropout, BatchNorm's
     # running statistics), so that nothing drawn or normalised in training mode is measured.
-    recheck = any(f.get("recheck") for f in static or [])
+    recheck = any(f.get("recheck") for f in static)
     if recheck:
         one_device.append(base.replace(label="single-eval", devices=1, eval_mode=True, **forced))
         ddp.append(base.replace(label="ddp+fixed-eval", devices=n, eval_mode=True, **forced))
-    if progress:
-        for spec in one_device + ddp:
-            print(f"[audit] {spec.label}: {spec.devices} process(es), fixes: {', '.join(spec.fixes) or 'none'}"
-                  f"{', samples permuted in each batch' if spec.permute else ''}"
-                  f"{', each batch from the weights of the step before' if spec.lag else ''}"
-                  f"{', every step from the one-device weights' if spec.teacher_forced else ''}", flush=True)
-    # One launch: the one-device runs in a process forked beside the DDP ranks, all forks of one
-    # process that imported torch and Lightning once (most of a launch is those imports).
-    where = {"one-device": runs_dir / "one-device", "ddp": runs_dir / "ddp"}
-    launched = launch(_Groups({"one-device": one_device, "ddp": ddp}), runs_dir, quiet=True,
-                      entry=[sys.executable, "-m", "vae_ddp.audit.run"])
-    one, first = ({s.label: (torch.load(where[tag] / f"{s.label}.pt"), launched[tag][s.label], where[tag])
-                   for s in specs}
-                  for tag, specs in (("one-device", one_device), ("ddp", ddp)))
-    single = one["single"][0]
+    return _Plan(base, fixes, one_device, ddp, lag, recheck, attention, static)
 
-    def per_step(run: tuple[dict, dict, Path], label: str, reference: str = "single") -> list[float]:
-        ref = torch.load(one[reference][2] / f"{reference}.steps.pt")["grads"]
+
+class _Runs:
+    """What the launch measured: ``one[label]`` and ``first[label]`` (one device's runs, DDP's) as
+    ``(final state, run.json entry, folder)``."""
+
+    def __init__(self, one: dict, first: dict) -> None:
+        self.one, self.first = one, first
+
+    def record(self, label: str) -> dict:
+        """The run's [`StepProbe.record()`][vae_ddp.probes.StepProbe.record]."""
+        run = self.one.get(label) or self.first[label]
+        return torch.load(run[2] / f"{label}.steps.pt")
+
+    def per_step(self, label: str, reference: str = "single") -> list[float]:
+        """Per optimizer step, the run's gradient relative to ``reference``'s.
+
+        Raises:
+            RunFailed: the two runs' steps or gradients do not line up.
+        """
         try:
-            return per_step_differences(torch.load(run[2] / f"{label}.steps.pt")["grads"], ref)
+            return per_step_differences(self.record(label)["grads"], self.record(reference)["grads"])
         except (ValueError, RuntimeError) as err:  # steps or gradients that do not line up
             raise RunFailed(f"run '{label}' cannot be compared with one device's step by step: {err}") from None
 
-    floor_draws = [per_step(one[f"floor-{k}"], f"floor-{k}") for k in range(1, FLOOR_DRAWS + 1)]
+    def largest(self, label: str, reference: str = "single") -> float:
+        return max(self.per_step(label, reference), default=0.0)
+
+
+def _measure(plan: _Plan, runs_dir: Path) -> _Runs:
+    """One launch: the one-device runs in a process forked beside the DDP ranks, all forks of one
+    process that imported torch and Lightning once (most of a launch is those imports)."""
+    where = {"one-device": runs_dir / "one-device", "ddp": runs_dir / "ddp"}
+    launched = launch(_Groups({"one-device": plan.one_device, "ddp": plan.ddp}), runs_dir, quiet=True,
+                      entry=[sys.executable, "-m", "vae_ddp.audit.run"])
+    one, first = ({s.label: (torch.load(where[tag] / f"{s.label}.pt"), launched[tag][s.label], where[tag])
+                   for s in specs}
+                  for tag, specs in (("one-device", plan.one_device), ("ddp", plan.ddp)))
+    return _Runs(one, first)
+
+
+def _gradient_verdict(plan: _Plan, runs: _Runs) -> dict:
+    """The gradient, every step from one device's weights: DDP with every fix against one device,
+    against the floor draws (the samples permuted) and one rounding unit; and the batch-to-batch
+    noise the factors are set against."""
+    base = plan.base
+    floor_draws = [runs.per_step(f"floor-{k}") for k in range(1, FLOOR_DRAWS + 1)]
+    one = runs.one
     noise_steps = _batch_noise(one["other-batch"][2] / "other-batch.steps.pt", one["single"][2] / "single.steps.pt",
-                               lag)
-    batch_noise = sum(noise_steps) / len(noise_steps) if noise_steps else None
-    grad_steps = per_step(first["ddp+fixed-forced"], "ddp+fixed-forced")
+                               plan.lag)
+    grad_steps = runs.per_step("ddp+fixed-forced")
     eps = torch.finfo(torch.float64 if base.dtype == "float64" else torch.float32).eps
     unit = rounding_unit(base.dtype, (base.trainer or {}).get("precision"))
     floor = max((max(d, default=0.0) for d in floor_draws), default=0.0)
@@ -233,20 +292,28 @@ def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress
     ratio = max(grad_steps, default=0.0) / yardstick
     # more than rounding: draws that do not follow their sample (at least 10 units of a reduced precision)
     deterministic = floor <= max(ROUNDING_EPS * eps, 10 * unit)
-    grad_within = deterministic and ratio <= FLOOR_RATIO
     reduction_ddp = None  # the reduction check under the process group: {"grad_steps", "ratio_to_floor"}
-    if recheck:
-        eval_steps = per_step(first["ddp+fixed-eval"], "ddp+fixed-eval", reference="single-eval")
+    if plan.recheck:
+        eval_steps = runs.per_step("ddp+fixed-eval", reference="single-eval")
         reduction_ddp = {"grad_steps": eval_steps, "ratio_to_floor": max(eval_steps, default=0.0) / yardstick}
-    reduced_globally = bool(deterministic and reduction_ddp and reduction_ddp["ratio_to_floor"] <= FLOOR_RATIO)
-    trajectory_floor = _diff(one["permuted"][0], single)
-    default, info = first["ddp"][:2]
-    fixed = first["ddp+fixed"][0]
+    return {"floor_draws": floor_draws, "noise_steps": noise_steps,
+            "batch_noise": sum(noise_steps) / len(noise_steps) if noise_steps else None,
+            "grad_steps": grad_steps, "eps": eps, "unit": unit, "floor": floor, "yardstick": yardstick,
+            "ratio": ratio, "deterministic": deterministic, "grad_within": deterministic and ratio <= FLOOR_RATIO,
+            "reduction_ddp": reduction_ddp,
+            "reduced_globally": bool(deterministic and reduction_ddp and reduction_ddp["ratio_to_floor"] <= FLOOR_RATIO)}
+
+
+def _exposures(plan: _Plan, runs: _Runs, v: dict) -> tuple[dict, dict, list[str]]:
+    """``(found, manual, cleared)``: the exposed factors (as the default DDP run's ``DDPAudit`` and
+    the one-process checks saw them), those only the user's code fixes, and the notes of what the
+    runs cleared (seen, but with every fix the gradient is one device's)."""
+    info = runs.first["ddp"][1]
     found = {f["factor"]: f for f in info["findings"] if not f.get("manual")}
     manual = {}  # exposed factors the audit cannot fix by itself (one-process checks)
     cleared = []
-    for f in static or []:
-        if grad_within:
+    for f in plan.static:
+        if v["grad_within"]:
             # the one-process checks run without a process group; under the real one, with
             # every fix, DDP's gradient is one device's at every step: what they saw makes no
             # difference here (a loss reduced over the global batch already, by an all-reduced
@@ -256,16 +323,16 @@ def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress
             cleared.append(f"a one-process check flagged {_name(f['factor'])} ({f['evidence'].split(':')[0]}), but "
                            f"under DDP's process group the gradient matches one device's at every step: {what}")
             continue
-        if f.get("recheck") and reduced_globally:
+        if f.get("recheck") and v["reduced_globally"]:
             # DDP still differs, but not by the reduction: in eval mode it matches one device
             cleared.append(f"a one-process check flagged {_name(f['factor'])} ({f['evidence'].split(':')[0]}), but "
                            "under DDP's process group, in eval mode (no dropout, BatchNorm's running statistics), "
                            "the gradient matches one device's at every step: the loss is already reduced over the "
                            "global batch; what DDP still changes is drawn or normalised in training mode")
             continue
-        if f.get("recheck") and reduction_ddp is not None and deterministic:
+        if f.get("recheck") and v["reduction_ddp"] is not None and v["deterministic"]:
             f = dict(f, evidence=f["evidence"] + f"; under DDP's process group too (eval mode, every fix): "
-                                                 f"{reduction_ddp['ratio_to_floor']:.3g}x the floor")
+                                                 f"{v['reduction_ddp']['ratio_to_floor']:.3g}x the floor")
         manual[f["factor"]] = f
         if f["factor"] in found:
             f = dict(f, evidence=found[f["factor"]]["evidence"] + "; " + f["evidence"],
@@ -275,9 +342,9 @@ def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress
     # draws under GlobalBatchRandomness that it does not serve, ranks padded each to its own length.
     # It replaces what the automatic fix covers, and joins what the one-process checks found
     # (e.g. the loader's draws beside the step's).
-    user_code = {f["factor"]: f for f in info["findings"] + first["ddp+fixed"][1]["findings"] if f.get("manual")}
+    user_code = {f["factor"]: f for f in info["findings"] + runs.first["ddp+fixed"][1]["findings"] if f.get("manual")}
     for key, f in user_code.items():
-        if grad_within:  # seen, but DDP with every fix computes one device's gradient: it makes no difference here
+        if v["grad_within"]:  # seen, but DDP with every fix computes one device's gradient: no difference here
             gist = re.split(r": | \(", f["evidence"], maxsplit=1)[0]
             cleared.append(f"the DDP runs saw, under {_name(key)}, that {gist}, but with every "
                            "fix the gradient matches one device's at every step: it makes no difference here")
@@ -285,27 +352,62 @@ def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress
         if key in manual:
             f = dict(f, evidence=manual[key]["evidence"] + "; " + f["evidence"], fix=manual[key]["fix"] + "; " + f["fix"])
         manual[key] = found[key] = f
-    ablated = [f for f in fixes if f in found and f not in manual]
-    contributions: dict[str, Optional[float]] = {
-        f: max(per_step(first[f"ddp-{f}"], f"ddp-{f}"), default=0.0) for f in ablated}
+    return found, manual, cleared
+
+
+def _judge(plan: _Plan, runs: _Runs, notes: list[str]) -> dict:
+    """The result (see [`audit`][vae_ddp.audit.study.audit]) from what the runs measured."""
+    base, n, one, first = plan.base, plan.base.devices, runs.one, runs.first
+    v = _gradient_verdict(plan, runs)
+    single, default, fixed = one["single"][0], first["ddp"][0], first["ddp+fixed"][0]
+    found, manual, cleared = _exposures(plan, runs, v)
+    ablated = [f for f in plan.fixes if f in found and f not in manual]
+    contributions: dict[str, Optional[float]] = {f: runs.largest(f"ddp-{f}") for f in ablated}
     # the same comparison with no fix, and with each fix alone: what that fix leaves of it
-    none_fixed = max(per_step(first["ddp-forced"], "ddp-forced"), default=0.0) if deterministic else None
-    alone = {f: max(per_step(first[f"ddp+{f}"], f"ddp+{f}"), default=0.0) for f in ablated}
+    none_fixed = runs.largest("ddp-forced") if v["deterministic"] else None
+    alone = {f: runs.largest(f"ddp+{f}") for f in ablated}
+    trajectory_floor = _diff(one["permuted"][0], single)
     div_default, div_fixed = _diff(default, single), _diff(fixed, single)
-    step = _whole_step(one, first, n, eps, grad_within, unit) if deterministic else None
+    step = _whole_step(runs, n, v["eps"], v["grad_within"], v["unit"]) if v["deterministic"] else None
     for key, f in (step or {}).get("findings", {}).items():
         manual[key] = found[key] = f
     # never a floor of 0: one rounding unit (of bfloat16 under bf16-mixed) of the largest value
-    trajectory_unit = unit * _largest_value(single)
+    trajectory_unit = v["unit"] * _largest_value(single)
     trajectory_ratio = div_fixed / max(trajectory_floor, trajectory_unit)
-    trajectory_within = trajectory_ratio <= TRAJECTORY_RATIO
-    within = grad_within and not (step or {}).get("differences") and trajectory_within
-    draws = _attention_draws(attention, info["findings"]) if attention else None
+    within = v["grad_within"] and not (step or {}).get("differences") and trajectory_ratio <= TRAJECTORY_RATIO
+    draws = _attention_draws(plan.attention, first["ddp"][1]["findings"]) if plan.attention else None
     if draws is not None and draws["repeated"]:  # else independent draws of one distribution: the line says so
         manual[noise.FACTOR.key] = found[noise.FACTOR.key] = draws["finding"]
         within = False
-    unexplained = deterministic and not within and not manual
-    findings = []
+    unexplained = v["deterministic"] and not within and not manual
+    findings = sorted(_rows(found, manual, contributions, alone, v), key=_rank)
+    result = {"devices": n, "steps": base.steps, "dtype": base.dtype, "method": "teacher-forced",
+              "floor": v["floor"], "floor_draws": v["floor_draws"], "grad_steps": v["grad_steps"],
+              "ratio_to_floor": v["ratio"], "none_fixed": none_fixed, "batch_noise": v["batch_noise"],
+              "batch_noise_steps": v["noise_steps"],
+              "deterministic": v["deterministic"], "within_floor": within, "unexplained": unexplained,
+              "trajectory_floor": trajectory_floor, "divergence_default": div_default, "divergence_fixed": div_fixed,
+              "trajectory_ratio": trajectory_ratio, "trajectory_within": trajectory_ratio <= TRAJECTORY_RATIO,
+              "trajectory_unit": trajectory_unit,
+              "gradient_within": v["grad_within"], "rounding_unit": v["unit"],
+              "attention_draws": None if draws is None else {k: val for k, val in draws.items() if k != "finding"},
+              "whole_step": None if step is None else {k: val for k, val in step.items() if k != "findings"},
+              "reduction_under_ddp": v["reduction_ddp"],
+              "findings": findings, "largest_differences": _largest(fixed, single) if unexplained else [],
+              # as the user named them (path/to/file.py:Class, not the module the audit made of the file)
+              "model": dict(base.model, class_path=shown_name(base.model, base.model_file)),
+              "data": dict(base.data, class_path=shown_name(base.data, base.data_file)),
+              "global_batch_size": base.global_batch_size, "trainer": base.trainer,
+              "model_name": shown_name(base.model, base.model_file), "data_name": shown_name(base.data, base.data_file)}
+    seen = [note for rs in (one, first) for _, i, _ in rs.values() for note in i.get("notes", [])]
+    result["notes"] = list(dict.fromkeys(list(notes) + cleared + seen))
+    return result
+
+
+def _rows(found: dict, manual: dict, contributions: dict, alone: dict, v: dict) -> list[dict]:
+    """The table's rows, one per factor (the registry's, then the audit's own), unsorted."""
+    deterministic, grad_steps, batch_noise = v["deterministic"], v["grad_steps"], v["batch_noise"]
+    rows = []
     for factor in _factors():
         f = found.get(factor)
         contribution = contributions.get(factor)
@@ -327,42 +429,17 @@ def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress
         effect = contribution if left is None else left
         # a contribution over 2x what is left with every fix bites; under that, while what is left is
         # itself over 2x the floor, the two cannot be told apart (None: not separable)
-        bites = None if contribution is None else contribution > FLOOR_RATIO * max(yardstick, *grad_steps)
-        if bites is False and not grad_within:
+        bites = None if contribution is None else contribution > FLOOR_RATIO * max(v["yardstick"], *grad_steps)
+        if bites is False and not v["grad_within"]:
             bites = None
-        findings.append({"factor": factor, "exposed": f is not None,
-                         "evidence": f["evidence"] if f else _clean(factor),
-                         "contribution": contribution, "bites": bites, "left_after_fixes": left,
-                         "fixed_alone": fixed_alone,
-                         "vs_batch_noise": None if batch_noise is None or effect is None else effect / batch_noise,
-                         "automatic_fix": f is not None and factor not in manual,
-                         "fix": f["fix"] if f else "", "page": _page(factor)})
-    findings.sort(key=_rank)
-    result = {"devices": n, "steps": base.steps, "dtype": base.dtype, "method": "teacher-forced",
-              "floor": floor, "floor_draws": floor_draws, "grad_steps": grad_steps, "ratio_to_floor": ratio,
-              "none_fixed": none_fixed, "batch_noise": batch_noise, "batch_noise_steps": noise_steps,
-              "deterministic": deterministic, "within_floor": within, "unexplained": unexplained,
-              "trajectory_floor": trajectory_floor, "divergence_default": div_default, "divergence_fixed": div_fixed,
-              "trajectory_ratio": trajectory_ratio, "trajectory_within": trajectory_within,
-              "trajectory_unit": trajectory_unit,
-              "gradient_within": grad_within, "rounding_unit": unit,
-              "attention_draws": None if draws is None else {k: v for k, v in draws.items() if k != "finding"},
-              "whole_step": None if step is None else {k: v for k, v in step.items() if k != "findings"},
-              "reduction_under_ddp": reduction_ddp,
-              "findings": findings, "largest_differences": _largest(fixed, single) if unexplained else [],
-              # as the user named them (path/to/file.py:Class, not the module the audit made of the file)
-              "model": dict(base.model, class_path=shown_name(base.model, base.model_file)),
-              "data": dict(base.data, class_path=shown_name(base.data, base.data_file)), "global_batch_size": base.global_batch_size,
-              "trainer": base.trainer,
-              "model_name": shown_name(base.model, base.model_file), "data_name": shown_name(base.data, base.data_file)}
-    seen = [n for runs in (one, first) for _, i, _ in runs.values() for n in i.get("notes", [])]
-    result["notes"] = list(dict.fromkeys(list(notes or []) + cleared + seen))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "audit.json").write_text(json.dumps(result, indent=1))
-    text = render(result)
-    (out_dir / "tables.md").write_text(text + "\n")
-    print(text)
-    return result
+        rows.append({"factor": factor, "exposed": f is not None,
+                     "evidence": f["evidence"] if f else _clean(factor),
+                     "contribution": contribution, "bites": bites, "left_after_fixes": left,
+                     "fixed_alone": fixed_alone,
+                     "vs_batch_noise": None if batch_noise is None or effect is None else effect / batch_noise,
+                     "automatic_fix": f is not None and factor not in manual,
+                     "fix": f["fix"] if f else "", "page": _page(factor)})
+    return rows
 
 
 def rounding_unit(dtype: str, precision: Optional[str] = None) -> float:
@@ -400,17 +477,14 @@ def _largest_value(state: dict) -> float:
     return max((float(t.double().abs().max()) for t in state.values() if t.numel()), default=0.0)
 
 
-def _whole_step(one: dict, first: dict, n: int, eps: float, grad_within: bool, unit: float) -> dict:
+def _whole_step(runs: "_Runs", n: int, eps: float, grad_within: bool, unit: float) -> dict:
     """[`whole_step.compare`][vae_ddp.audit.whole_step.compare] of DDP with every fix, every step
     from one device's weights, with one device's record and the floor draws', plus
     ``"findings"``: the audit's own rows (``update``, ``buffers``, ``parameters``,
     ``gradient_scale``) for what differs, each ``{"factor", "evidence", "fix", "manual": True}``.
     The update follows the gradient: it is named only when the gradient is within the floor."""
-    def record(runs: dict, label: str) -> dict:
-        return torch.load(runs[label][2] / f"{label}.steps.pt")
-
-    single, ddp = record(one, "single"), record(first, "ddp+fixed-forced")
-    floors = [record(one, f"floor-{k}") for k in range(1, FLOOR_DRAWS + 1)]
+    single, ddp = runs.record("single"), runs.record("ddp+fixed-forced")
+    floors = [runs.record(f"floor-{k}") for k in range(1, FLOOR_DRAWS + 1)]
     try:
         step = whole_step.compare(ddp, single, floors, n, eps, unit if unit > eps else 0.0)
     except ValueError as err:
@@ -439,8 +513,8 @@ def _whole_step(one: dict, first: dict, n: int, eps: float, grad_within: bool, u
             "factor": "gradient_scale", "manual": True,
             "evidence": f"DDP's gradient is one device's times {scale:.3g} at every step (the loss is {how} the "
                         f"world size, {n}), and otherwise the same",
-            "fix": f"delete the factor: DDP already averages the gradients over the ranks, so the mean loss of the "
-                   f"per-device batch gives one device's gradient of the global batch"}
+            "fix": "delete the factor: DDP already averages the gradients over the ranks, so the mean loss of the "
+                   "per-device batch gives one device's gradient of the global batch"}
     step["gradient_scale"] = scale
     return dict(step, findings=findings)
 
@@ -558,38 +632,58 @@ def shown_name(cls: dict, file: Optional[str]) -> str:
 
 def render(result: dict) -> str:
     """The Markdown the audit prints and writes: the ranked table, the verdict, the context."""
-    traj = result["trajectory_floor"]
-    dtype = result["dtype"]
-    precision = (result.get("trainer") or {}).get("precision")
-    eps = rounding_unit(dtype, precision)
-    computes_in = {torch.finfo(torch.bfloat16).eps: "bfloat16", torch.finfo(torch.float16).eps: "float16"}.get(
-        eps, dtype) if precision else dtype
-    yardstick = max(result["floor"], eps)
+    u = _Units(result)
+    lines = _render_table(result, u) + [""] + _render_measures(result, u)
+    lines.append(_render_verdict(result, u))
+    lines.append(_render_trajectory(result, u))
+    lines += [f"- note: {n}" for n in result.get("notes", [])]
+    return "\n".join(lines)
 
-    def vs_floor(v: float) -> str:  # short: the table fits 100 columns
-        return f"{v:.3g} ({v / yardstick:.2g}x floor)"
 
+class _Units:
+    """What the report's lines share: the rounding unit (of the dtype the step computes in), the
+    floor it sets, the number of steps in words."""
+
+    def __init__(self, result: dict) -> None:
+        self.dtype = result["dtype"]
+        self.precision = (result.get("trainer") or {}).get("precision")
+        self.eps = rounding_unit(self.dtype, self.precision)
+        self.computes_in = {torch.finfo(torch.bfloat16).eps: "bfloat16", torch.finfo(torch.float16).eps: "float16"}.get(
+            self.eps, self.dtype) if self.precision else self.dtype
+        self.yardstick = max(result["floor"], self.eps)
+        self.steps = result["steps"]
+        self.steps_text = f"{self.steps} step" + ("" if self.steps == 1 else "s")
+
+    def vs_floor(self, v: float) -> str:  # short: the table fits 100 columns
+        return f"{v:.3g} ({v / self.yardstick:.2g}x floor)"
+
+
+def _render_table(result: dict, u: _Units) -> list[str]:
+    """The ranked table, what its columns mean, and each factor's evidence and fix."""
     def contribution(f: dict) -> str:
         c, left = f["contribution"], f.get("left_after_fixes")
         if left is not None:
-            return f"your code: {vs_floor(left).replace(' (', ' left (', 1)}"
+            return f"your code: {u.vs_floor(left).replace(' (', ' left (', 1)}"
         if c is None:
             return "needs your code" if f["exposed"] and not f["automatic_fix"] else ""
         verdict = {True: "", False: ": does not bite", None: ": not separable"}[f["bites"]]
-        return vs_floor(c) + verdict
+        return u.vs_floor(c) + verdict
 
     def vs_noise(f: dict) -> str:
         v = f.get("vs_batch_noise")
         return "" if v is None else f"{v:.2g}x"
 
-    name = _name
-    rows = [[name(f["factor"]), "yes" if f["exposed"] else "no", contribution(f), vs_noise(f)]
+    def alone(f: dict) -> str:
+        a, none = f.get("fixed_alone"), result.get("none_fixed")
+        if a is None or none is None:
+            return ""
+        return f". With only this fix on: {u.vs_floor(a)}; with no fix: {none:.3g}"
+
+    rows = [[_name(f["factor"]), "yes" if f["exposed"] else "no", contribution(f), vs_noise(f)]
             for f in result["findings"]]
     batch_noise = result.get("batch_noise")
-    steps = result["steps"]
-    steps_text = f"{steps} step" + ("" if steps == 1 else "s")
     title = (f"Audit of {result.get('model_name') or result['model']['class_path']} on {result['devices']} devices vs one, "
-             f"global batch {result['global_batch_size']}, {steps_text}, {dtype}"
+             f"global batch {result['global_batch_size']}, {u.steps_text}, {u.dtype}"
              + "".join(f", {k}={v}" for k, v in (result.get("trainer") or {}).items()))
     lines = [format_table(["factor", "exposed", "contribution", "vs another batch"], rows, title=title), "",
              "contribution: with every fix on but this factor's, every step started from one device's weights, "
@@ -601,29 +695,25 @@ def render(result: dict) -> str:
                 else "not measured: it needs two optimizer steps)")
              + ": below 1, the factor moves the gradient less than the batch-to-batch noise of training. "
              "Evidence and fix, per factor:", ""]
-    def alone(f: dict) -> str:
-        a, none = f.get("fixed_alone"), result.get("none_fixed")
-        if a is None or none is None:
-            return ""
-        return f". With only this fix on: {vs_floor(a)}; with no fix: {none:.3g}"
+    return lines + [f"- {_name(f['factor'])}: {f['evidence']}" + (f". Fix: {f['fix']}" if f["fix"] else "") + alone(f)
+                    + f" (see {page_url(f['page'])})" for f in result["findings"]]
 
-    lines += [f"- {name(f['factor'])}: {f['evidence']}" + (f". Fix: {f['fix']}" if f["fix"] else "") + alone(f)
-              + f" (see {page_url(f['page'])})" for f in result["findings"]]
-    lines.append("")
-    draws = len(result["floor_draws"])
-    lines.append(f"- every step from one device's weights: DDP with every fix differs from one device's gradient by "
-                 f"{max(result['grad_steps'], default=0.0):.3g} relative at most ({result['ratio_to_floor']:.3g}x the "
-                 f"floor); the floor, one device with the samples inside each batch permuted ({draws} draws): "
-                 f"{result['floor']:.3g}"
-                 + (f" (below one machine epsilon of {computes_in}, {eps:.3g}, which the ratio takes instead)"
-                    if result["floor"] < eps else ""))
+
+def _render_measures(result: dict, u: _Units) -> list[str]:
+    """The gradient against its floor, the rest of the step against theirs, the two parts of attention dropout."""
+    lines = [f"- every step from one device's weights: DDP with every fix differs from one device's gradient by "
+             f"{max(result['grad_steps'], default=0.0):.3g} relative at most ({result['ratio_to_floor']:.3g}x the "
+             f"floor); the floor, one device with the samples inside each batch permuted "
+             f"({len(result['floor_draws'])} draws): {result['floor']:.3g}"
+             + (f" (below one machine epsilon of {u.computes_in}, {u.eps:.3g}, which the ratio takes instead)"
+                if result["floor"] < u.eps else "")]
     step = result.get("whole_step")
     if step is not None:
         lr = "the same" if not any(d > whole_step.LR_TOLERANCE for d in step["lr_steps"]) else "differs"
         lines.append(f"- the rest of each step, from the same weights, against the same floor: learning rate {lr}; "
                      f"update {step['update_ratio']:.2g}x its floor ({step['update_floor']:.3g} relative"
                      + ("" if step.get("update_judged", True) else
-                        f", not judged under {precision}: Adam divides each element by its own size, and a "
+                        f", not judged under {u.precision}: Adam divides each element by its own size, and a "
                         "gradient within a fraction of the rounding unit flips the sign of its smallest elements")
                      + "); "
                      + (f"buffers {step['buffer_ratio']:.2g}x ({step['buffer_floor']:.3g}); " if step.get("buffer_count")
@@ -637,30 +727,37 @@ def render(result: dict) -> str:
                      "(masks no run can key to a sample): the rest of the step, with that dropout off in every "
                      "compared run, is judged here; the draws themselves are "
                      + ("the same on every rank under Lightning's defaults: not one device's independent rows (see "
-                        f"{name(noise.FACTOR.key)})" if draws["repeated"] else
+                        f"{_name(noise.FACTOR.key)})" if draws["repeated"] else
                         "different on every rank: independent draws, as one device's rows are"))
-    unserved = any(f["factor"] == noise.FACTOR.key and f["exposed"] and not f["automatic_fix"] for f in result["findings"])
+    return lines
+
+
+def _render_verdict(result: dict, u: _Units) -> str:
+    """One line: not judged, unexplained, not passed (what differs first, what only the user's code
+    fixes) or passed."""
     if not result["deterministic"]:
+        unserved = any(f["factor"] == noise.FACTOR.key and f["exposed"] and not f["automatic_fix"]
+                       for f in result["findings"])
         why = ("the training step draws random numbers that do not follow their sample, from torch's global "
                "generator, which the audit's fix does not serve (see Random streams per rank)" if unserved else
                "most likely random draws that do not follow their sample (torch.rand in training_step, say; the "
                "audit draws dropout masks and a `noise` attribute per sample itself), or a loss that depends "
                "on the order of the samples")
-        lines.append(f"- not judged: permuting the samples inside each batch changes one device's gradient by "
-                     f"{result['floor']:.3g} relative, more than rounding ({ROUNDING_EPS:g} eps of {dtype}"
-                     + (f", 10 eps of {computes_in}" if computes_in != dtype else "") + f"): {why}. "
-                     "No comparison with one device can tell DDP's difference from that (see "
-                     f"{page_url(noise.FACTOR.page)})")
-    elif result["unexplained"]:
+        return (f"- not judged: permuting the samples inside each batch changes one device's gradient by "
+                f"{result['floor']:.3g} relative, more than rounding ({ROUNDING_EPS:g} eps of {u.dtype}"
+                + (f", 10 eps of {u.computes_in}" if u.computes_in != u.dtype else "") + f"): {why}. "
+                "No comparison with one device can tell DDP's difference from that (see "
+                f"{page_url(noise.FACTOR.page)})")
+    if result["unexplained"]:
         names = ", ".join(f"{d['name']} ({d['max_abs_diff']:.3g})" for d in result["largest_differences"])
         what = (f"more than {FLOOR_RATIO:g}x the floor after every fix" if not result.get("gradient_within", False)
-                else f"every step from one device's weights matches it, but after {steps_text} DDP with every fix "
-                     f"is {result['trajectory_ratio']:.3g}x the {steps}-step floor: something the single steps do "
+                else f"every step from one device's weights matches it, but after {u.steps_text} DDP with every fix "
+                     f"is {result['trajectory_ratio']:.3g}x the {u.steps}-step floor: something the single steps do "
                      "not carry (the optimizer's state, the module's own counters)")
-        lines.append(f"- unexplained: not one of the known factors ({what}); the parameters and buffers that differ "
-                     f"most after {steps_text}: {names}")
-    elif not result["within_floor"]:
-        manual = [name(f["factor"]) for f in result["findings"] if f["exposed"] and not f["automatic_fix"]]
+        return (f"- unexplained: not one of the known factors ({what}); the parameters and buffers that differ "
+                f"most after {u.steps_text}: {names}")
+    if not result["within_floor"]:
+        manual = [_name(f["factor"]) for f in result["findings"] if f["exposed"] and not f["automatic_fix"]]
         first = ((result.get("whole_step") or {}).get("differences") or [None])[0]
         if first is not None and result.get("gradient_within"):
             where = (f"DDP's gradient is one device's, but its step first differs in the {first['part']} at step "
@@ -670,25 +767,25 @@ def render(result: dict) -> str:
                      "attention dropout masks are the same on every rank")
         else:
             where = f"not within {FLOOR_RATIO:g}x the floor after the automatic fixes"
-        lines.append(f"- not passed: {where}; exposed, and only a change in your code fixes it: {', '.join(manual)} "
-                     "(see the fix above; rerun the audit after it to see whether it accounts for the whole "
-                     "difference)")
-    else:
-        bite = [name(f["factor"]) for f in result["findings"] if f["bites"]]
-        judged = "the update, " if (result.get("whole_step") or {}).get("update_judged", True) else ""
-        lines.append(f"- passed: with the fixes, DDP computes one device's whole step at every step: the gradient, "
-                     f"the learning rate, {judged}the buffers and every rank's parameters, each within "
-                     f"{FLOOR_RATIO:g}x its floor"
-                     + (f"; the factors whose fix makes that difference: {', '.join(bite)}" if bite
-                        else "; none of the exposed factors changes the gradient here"))
+        return (f"- not passed: {where}; exposed, and only a change in your code fixes it: {', '.join(manual)} "
+                "(see the fix above; rerun the audit after it to see whether it accounts for the whole difference)")
+    bite = [_name(f["factor"]) for f in result["findings"] if f["bites"]]
+    judged = "the update, " if (result.get("whole_step") or {}).get("update_judged", True) else ""
+    return (f"- passed: with the fixes, DDP computes one device's whole step at every step: the gradient, "
+            f"the learning rate, {judged}the buffers and every rank's parameters, each within {FLOOR_RATIO:g}x its floor"
+            + (f"; the factors whose fix makes that difference: {', '.join(bite)}" if bite
+               else "; none of the exposed factors changes the gradient here"))
+
+
+def _render_trajectory(result: dict, u: _Units) -> str:
+    """The free-running K steps: DDP with every fix judged against the K-step floor, Lightning's defaults as context."""
     judged = result.get("trajectory_ratio")
-    lines.append(f"- after {steps_text}, each run on its own, the largest parameter or buffer difference to one device: "
-                 f"DDP with every fix {result['divergence_fixed']:.3g}"
-                 + ("" if judged is None else
-                    f" ({judged:.3g}x the {steps}-step floor: one device with the samples permuted, {traj:.3g}"
-                    + (f", or one rounding unit of the largest value, {result['trajectory_unit']:.3g}, if larger"
-                       if result.get("trajectory_unit") is not None else "")
-                    + f"; more than {TRAJECTORY_RATIO:g}x would be another trajectory, not rounding carried over)")
-                 + f"; with Lightning's defaults {result['divergence_default']:.3g} (what the factors above change)")
-    lines += [f"- note: {n}" for n in result.get("notes", [])]
-    return "\n".join(lines)
+    return (f"- after {u.steps_text}, each run on its own, the largest parameter or buffer difference to one device: "
+            f"DDP with every fix {result['divergence_fixed']:.3g}"
+            + ("" if judged is None else
+               f" ({judged:.3g}x the {u.steps}-step floor: one device with the samples permuted, "
+               f"{result['trajectory_floor']:.3g}"
+               + (f", or one rounding unit of the largest value, {result['trajectory_unit']:.3g}, if larger"
+                  if result.get("trajectory_unit") is not None else "")
+               + f"; more than {TRAJECTORY_RATIO:g}x would be another trajectory, not rounding carried over)")
+            + f"; with Lightning's defaults {result['divergence_default']:.3g} (what the factors above change)")

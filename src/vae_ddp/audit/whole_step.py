@@ -30,7 +30,6 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-import torch
 from torch import Tensor
 
 from vae_ddp.probes import relative_difference
