@@ -85,7 +85,7 @@ def test_global_batchnorm_float32_output_is_bitwise_batchnorms(tmp_path, world):
     statistics are bitwise those of nn.BatchNorm2d on the concatenated batch. Before, 30-60% of
     the outputs differed in the last bits (statistics combined from per-rank float32 means and
     variances, normalised through the eval-mode kernel), enough to flip ReLU inputs within
-    rounding of zero and change a step's gradient by 7e-4 relative (issue 37)."""
+    rounding of zero and change a step's gradient by 7e-4 relative."""
     import socket
 
     with socket.socket() as s:

@@ -60,7 +60,7 @@ def test_equivalence_float64_within_the_one_device_floor(generated):
 @pytest.mark.parametrize("name, optimizer", [("equivalence32", "adam"), ("equivalence32sgd", "sgd")])
 def test_equivalence_float32_within_the_one_device_floor(generated, name, optimizer):
     r = generated(name, "equivalence.json")
-    # Before issue 37, single steps were 1e-4 to 1e-3 relative, hundreds of times the floor: a
+    # Before the GlobalBatchNorm and thread fixes, single steps were 1e-4 to 1e-3 relative, hundreds of times the floor: a
     # ReLU input within float32 rounding of zero flipped sign where DDP's forward differed from one
     # device's in its last bits, which permuting the samples on one device never does. DDP's
     # forward is now bitwise one device's (GlobalBatchNorm rounds as torch's kernel; every process
@@ -112,7 +112,7 @@ def test_run_sequence_gives_every_process_the_same_threads_when_asked(monkeypatc
 
 @pytest.mark.timeout(600)
 def test_equivalence_float32_cifar_every_step_within_the_floor_over_seeds(cifar_dir, tmp_path):
-    """Reduced float32 check on the CIFAR-10 subset (issue 37): 5 seeds, world sizes 2 and 3,
+    """Reduced float32 check on the CIFAR-10 subset: 5 seeds, world sizes 2 and 3,
     global batch 48, 5 steps, 2 permuted draws. Every step of DDP is within FLOOR_FACTOR of the
     floor (measured: 0.74-0.83x over seeds 0-9) and the BatchNorm buffers after every step are
     bitwise one device's: the forward is. Before, seeds 1 and 3 had a step at 519x and 122x: a

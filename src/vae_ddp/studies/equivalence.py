@@ -163,15 +163,6 @@ def equivalence(base: RunSpec, world_sizes: list[int], out_dir: Path, permutatio
             own seed ([`WithinBatchPermutation`][vae_ddp.harness.permutation.WithinBatchPermutation]):
             the same loss summed in another order, i.e. a draw of rounding alone at every step.
 
-    Every process of every run computes with the same intra-op threads (cores // the largest world
-    size; [`RunSequence`][vae_ddp.harness.launch.RunSequence] ``same_threads``), so that DDP's
-    forward is bitwise one device's and only the grouping of the sums differs (on CPU with MKL:
-    per-device batches of 16 samples or more; below, its float32 matrix product takes another
-    kernel and rounds the linear layers differently, measured on the small VAE's ``fc_mu``, batch
-    24 split 12/12 or 8/8/8); permuting the
-    samples leaves one device's forward bitwise unchanged, so the floor has no draw of a forward
-    difference (a ReLU input within rounding of zero flipping sign moves a float32 step's gradient
-    by about 1e-3 relative, issue 37).
 
     The floor is the largest per-step difference over all permuted runs and steps;
     ``ratio_to_floor`` is DDP's largest per-step gradient difference over it, and DDP matches
@@ -202,9 +193,9 @@ def equivalence(base: RunSpec, world_sizes: list[int], out_dir: Path, permutatio
             for n in world_sizes]
     reference.parent.mkdir(parents=True, exist_ok=True)
     # one launch: single (the reference, first) and the permuted runs share one process, then each world size
-    # every process with the same intra-op threads: one device and each rank then compute each
-    # layer's forward bitwise alike (MKL's float32 matrix product rounds differently at another
-    # thread count, and a last-bit difference can flip a ReLU input within rounding of zero)
+    # the same intra-op threads everywhere: each rank's forward is then one device's bit for bit (MKL's
+    # float32 product rounds otherwise at another thread count, or below 16 rows); a ReLU input within
+    # rounding of zero flipped by a forward difference moves a step by 1e-3, which no permuted draw shows
     launched = launch_by_world_size([single, *permuted, *ddps], out_dir / "runs", same_threads=True)
     try:
         result, text = _compare(base, single, permuted, ddps, launched)
