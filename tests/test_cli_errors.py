@@ -1,6 +1,7 @@
 """Bad input: one line on stderr saying what is wrong and what to do, exit code 2, no traceback,
 before any training starts (no output folder is written)."""
 
+import os
 import pytest
 import torch
 
@@ -169,3 +170,26 @@ def test_field_names_become_flags():
     assert in_flags("use data='imagefolder' with data_dir") == "use --data imagefolder with --data_dir"
     assert in_flags("out_dir runs/x is a file") == "--out runs/x is a file"
     assert in_flags("too few steps of data") == "too few steps of data"
+
+
+def test_a_second_run_into_a_folder_in_use_is_refused_in_one_line(tmp_path, capsys):
+    """One run per output folder: while a run holds --out (an flock the kernel releases when the run
+    ends, however it ends), another `vae-ddp` into it is refused before any work, naming the run that
+    holds it; the audit likewise. A lock file left behind without a live holder is taken over."""
+    from vae_ddp.cli import main
+    from vae_ddp.utils import LOCK_NAME, FolderInUse, out_folder_lock
+
+    out = tmp_path / "out"
+    with out_folder_lock(out, "vae-ddp compare --steps 2"):
+        with pytest.raises(FolderInUse):
+            with out_folder_lock(out, "another"):
+                pass
+        code = main(["compare", "--steps", "1", "--out", str(out)])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and err == [f"vae-ddp: error: --out {out} is in use by another run (PID {os.getpid()}: "
+                                     "vae-ddp compare --steps 2): wait for it to end, or choose another --out"], err
+        assert not (out / "results.json").exists()
+    assert not (out / LOCK_NAME).exists()  # the run that held it removed it
+    (out / LOCK_NAME).write_text('{"pid": 999999999, "command": "killed with -9"}')  # left by a killed run
+    with out_folder_lock(out, "this one"):
+        assert '"command": "this one"' in (out / LOCK_NAME).read_text()

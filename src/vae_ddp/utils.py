@@ -2,11 +2,63 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import warnings
 from pathlib import Path
+from typing import Iterator
 
-__all__ = ["quiet", "close_process_group", "check_writable"]
+from vae_ddp.errors import UserError
+
+__all__ = ["quiet", "close_process_group", "check_writable", "out_folder_lock", "FolderInUse"]
+
+
+class FolderInUse(UserError):
+    """Another live run holds the output folder (its PID and command in the message): bad input, exit 2."""
+
+
+@contextlib.contextmanager
+def out_folder_lock(out_dir: "str | Path", command: str) -> Iterator[Path]:
+    """Hold ``out_dir`` for this run: an exclusive ``fcntl.flock`` on ``out_dir/.vae-ddp.lock``,
+    which names this process and ``command``. The kernel releases the lock when every process
+    holding it has ended (the ranks and workers forked from this one inherit it), so a lock left by
+    a run that was killed is taken over at once; the file is removed when this run ends.
+
+    Raises:
+        FolderInUse: a live run holds the folder: the message names its PID and command.
+    """
+    import fcntl
+    import json
+    import os
+
+    path = Path(out_dir) / LOCK_NAME
+    path.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                other = json.loads(os.read(fd, 65536) or b"{}")
+            except ValueError:
+                other = {}
+            os.close(fd)
+            raise FolderInUse(f"--out {out_dir} is in use by another run (PID {other.get('pid', '?')}: "
+                              f"{other.get('command', '?')}): wait for it to end, or choose another --out") from None
+        if os.path.exists(path) and os.stat(path).st_ino == os.fstat(fd).st_ino:
+            break  # still the file at that path (not one a finishing run removed meanwhile)
+        os.close(fd)
+    os.ftruncate(fd, 0)
+    os.write(fd, json.dumps({"pid": os.getpid(), "command": command}).encode())
+    try:
+        yield Path(out_dir)
+    finally:
+        path.unlink(missing_ok=True)  # still ours: the lock is held until the close below
+        os.close(fd)
+
+
+#: The lock file of a run's output folder (``out_folder_lock``).
+LOCK_NAME = ".vae-ddp.lock"
 
 
 def quiet() -> None:

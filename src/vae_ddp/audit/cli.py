@@ -416,6 +416,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             raise UserError(line) from None
         from vae_ddp.audit.spec import AuditRun, import_class
         from vae_ddp.audit.study import audit
+        from vae_ddp.utils import out_folder_lock
 
         d = cfg.as_dict()
         model = {"class_path": d["model"]["class_path"], "init_args": dict(d["model"].get("init_args") or {})}
@@ -440,7 +441,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             probe.unlink()
         except OSError as err:
             raise UserError(f"--out {out} is not writable ({err.strerror}): choose another folder") from None
-        result = audit(run, out, static=static, notes=notes)
+        with out_folder_lock(out, "vae-ddp audit " + " ".join(argv)):
+            result = audit(run, out, static=static, notes=notes)
     except UserError as err:
         print(f"vae-ddp audit: error: {err}", file=sys.stderr)
         return 2

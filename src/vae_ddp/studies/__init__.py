@@ -41,10 +41,11 @@ def run_study(name: str, options: dict) -> None:
     folder and the output folder before any work (``UserError``, ``ValueError``, ``OSError``)."""
     import dataclasses
     import inspect
+    import sys
 
     from vae_ddp.data import check_data
     from vae_ddp.harness.configs import RunSpec
-    from vae_ddp.utils import check_writable
+    from vae_ddp.utils import check_writable, out_folder_lock
 
     function = study_function(name)
     params = inspect.signature(function).parameters
@@ -55,4 +56,6 @@ def run_study(name: str, options: dict) -> None:
         kwargs["base"] = base = base.exact() if options.get("exact") and "exact" not in params else base
         base.validate()
         check_data(base.data, base.data_dir)
-    function(**kwargs, out_dir=check_writable(options["out"]))
+    out = check_writable(options["out"])
+    with out_folder_lock(out, f"vae-ddp {name} " + " ".join(sys.argv[2:])):
+        function(**kwargs, out_dir=out)
