@@ -276,8 +276,13 @@ def test_a_hung_ddp_rank_is_named_with_its_frame(tmp_path):
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL], ids=lambda s: s.name)
 def test_no_process_of_an_audit_outlives_its_top_process(tmp_path, sig):
     """A 2-rank audit, its top ``vae-ddp`` process ended mid-run by TERM, INT or KILL (what
-    ``subprocess.run(timeout=...)`` sends): 15 s later no process of the launch is alive."""
+    ``subprocess.run(timeout=...)`` sends): 15 s later no process of the launch is alive; TERM
+    and INT are said in the last line (``vae-ddp: terminated``, exit 143; ``interrupted``, 130) and
+    the output folder's lock is gone with the run."""
+    from vae_ddp.utils import LOCK_NAME
+
     out, beats = tmp_path / "audit", tmp_path / "beats"
+    stderr = open(tmp_path / "stderr.txt", "w")
     beats.mkdir()
     events = beats_in(beats)
     # this test as the outer guard (its heartbeat folder): the audit's guard passes its runs' beats on to it

@@ -57,9 +57,44 @@ def _flags(p, name: str, defaults: dict, hide: tuple, spec_cls: Optional[type]):
     return p
 
 
+class Terminated(BaseException):
+    """SIGTERM reached ``vae-ddp``: raised in the main thread so that every guard ends its tree."""
+
+
+@contextlib.contextmanager
+def _sigterm_says_terminated():
+    """While ``vae-ddp`` runs in the main thread, SIGTERM raises [`Terminated`][vae_ddp.cli.Terminated]
+    (Python's default would end the process without a word); the previous handler is restored."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminated(signum, frame):
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     """``vae-ddp ARGV`` (default ``sys.argv[1:]``); returns the exit code: 1 a run failed, 2 bad
-    input (one line: a jsonargparse error, or [`input_error`][vae_ddp.errors.input_error]), 130 Ctrl-C."""
+    input (one line: a jsonargparse error, or [`input_error`][vae_ddp.errors.input_error]), 130 Ctrl-C,
+    143 SIGTERM (``vae-ddp: terminated`` on stderr; every rank and worker it started ended)."""
+    try:
+        with _sigterm_says_terminated():
+            return _main(argv)
+    except Terminated:
+        print("vae-ddp: terminated", file=sys.stderr, flush=True)
+        return 143
+
+
+def _main(argv: Optional[list[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["audit"]:  # its own parser: the user's class paths and their init args
         from vae_ddp.audit.cli import main as audit_main
