@@ -313,7 +313,7 @@ def _dry_run(model, batch) -> list[str]:
 
 def _attention(layers: list[str]) -> list[dict]:
     """The audit's item for attention dropout no run can key to a sample (none without such layers)."""
-    return [{"factor": "noise", "attention_layers": layers}] if layers else []
+    return [{"attention_layers": layers}] if layers else []
 
 
 def _with_a_trainer(run, model_cls: type, model, dm, batches: list, batch, dtype) -> tuple[list[dict], list[str]]:
