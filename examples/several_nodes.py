@@ -69,7 +69,10 @@ def run_layout(name: str, global_batch: int, steps: int, out: Path) -> tuple[lis
     run_dir = out / name
     shutil.rmtree(run_dir, ignore_errors=True)
     args = fit_args(nodes, devices, global_batch, steps, run_dir)
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    # one intra-op thread in every process of every layout: torchrun with one process per node leaves
+    # the thread count to Lightning (the cores), Lightning's own launcher of 2 ranks gives each half;
+    # MKL's matrix products round differently at another thread count, and 2 x 1 would differ from 1 x 2
+    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
     if nodes == 1:
         cmd = [sys.executable, str(VAE_SCRIPT), *args]
         procs = [subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)]
