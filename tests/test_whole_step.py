@@ -42,7 +42,7 @@ def test_a_step_within_its_floor_has_no_difference():
     single = record([vec(1e-2, -1e-2), vec(1e-2, 1e-2)], buffers=[vec(0.1), vec(0.2)])
     ddp = record([vec(1e-2 + 1e-17, -1e-2), vec(1e-2, 1e-2)], buffers=[vec(0.1), vec(0.2 + 1e-17)])
     floor = record([vec(1e-2, -1e-2 + 1e-17), vec(1e-2 + 1e-17, 1e-2)], buffers=[vec(0.1 + 1e-17), vec(0.2)])
-    out = whole_step.compare(ddp, single, [floor], 2, EPS64)
+    out = whole_step.compare(ddp, single, [floor], EPS64)
     assert out["differences"] == [] and out["update_ratio"] <= 2 and out["buffer_ratio"] <= 2, out
     assert out["buffer_count"] == 1
 
@@ -54,7 +54,7 @@ def test_each_part_is_named_at_the_first_step_where_it_differs():
     ddp = record([vec(1e-2, -1e-2), vec(2e-2, -2e-2), vec(2e-2, -2e-2)], buffers=[vec(0.1), vec(0.1), vec(0.3)],
                  lrs=[[0.01], [0.02], [0.02]], ranks=[1e-3, 0.0, 0.0],
                  names=[[["emb.weight", 1e-3, "Embedding(max_norm=1.0)"]], [], []])
-    out = whole_step.compare(ddp, single, [floor], 2, EPS64)
+    out = whole_step.compare(ddp, single, [floor], EPS64)
     parts = [(d["part"], d["step"]) for d in out["differences"]]
     assert parts == [("ranks", 0), ("learning rate", 1), ("update", 1), ("buffers", 2)], parts
     lr = out["differences"][1]
@@ -71,14 +71,14 @@ def test_float32_rounding_of_the_stored_parameters_is_not_a_difference():
     single = record([vec(1e-3, 1e-3)], norms=[[0.7, 0.0]])
     floor = record([vec(1e-3, 1e-3)], norms=[[0.7, 0.0]])
     flipped = record([vec(1e-3 + eps * 0.5, 1e-3)], norms=[[0.7, 0.0]])
-    assert whole_step.compare(flipped, single, [floor], 2, eps)["differences"] == []
+    assert whole_step.compare(flipped, single, [floor], eps)["differences"] == []
     ten = record([vec(1e-3 + 10 * eps * 0.5, 1e-3)], norms=[[0.7, 0.0]])
-    assert [d["part"] for d in whole_step.compare(ten, single, [floor], 2, eps)["differences"]] == ["update"]
+    assert [d["part"] for d in whole_step.compare(ten, single, [floor], eps)["differences"]] == ["update"]
 
 
 def test_records_of_other_lengths_are_refused():
     with pytest.raises(ValueError, match="2 training batches compared with one device's 1"):
-        whole_step.compare(record([vec(1.0)] * 2), record([vec(1.0)]), [], 2, EPS64)
+        whole_step.compare(record([vec(1.0)] * 2), record([vec(1.0)]), [], EPS64)
 
 
 def test_a_gradient_scaled_by_the_world_size_is_recognised():

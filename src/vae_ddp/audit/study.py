@@ -486,7 +486,7 @@ def _whole_step(runs: "_Runs", n: int, eps: float, grad_within: bool, unit: floa
     single, ddp = runs.record("single"), runs.record("ddp+fixed-forced")
     floors = [runs.record(f"floor-{k}") for k in range(1, FLOOR_DRAWS + 1)]
     try:
-        step = whole_step.compare(ddp, single, floors, n, eps, unit if unit > eps else 0.0)
+        step = whole_step.compare(ddp, single, floors, eps, unit if unit > eps else 0.0)
     except ValueError as err:
         raise RunFailed(f"run 'ddp+fixed-forced' cannot be compared with one device's step by step: {err}") from None
     # The update follows the gradient, and what the forward writes into buffers follows its inputs and

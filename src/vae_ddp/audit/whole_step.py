@@ -45,7 +45,7 @@ PARTS = ("gradient", "learning rate", "update", "buffers", "ranks")
 LR_TOLERANCE = 1e-9
 
 
-def compare(ddp: dict, single: dict, floors: list[dict], world_size: int, eps: float, unit: float = 0.0) -> dict:
+def compare(ddp: dict, single: dict, floors: list[dict], eps: float, unit: float = 0.0) -> dict:
     """Compare the whole step of DDP's record with one device's.
 
     Args:
@@ -54,7 +54,6 @@ def compare(ddp: dict, single: dict, floors: list[dict], world_size: int, eps: f
             ``lrs``, ``ranks_apart`` (and ``ranks_apart_names``), ``param_names``, ``buffer_names``.
         single: the one-device reference's record (the same keys; no ``ranks_apart``).
         floors: the records of one device with the samples of each batch permuted.
-        world_size: N, to name a learning rate scaled by it.
         eps: the machine epsilon of the parameters' dtype.
         unit: the least relative floor: one rounding unit of the dtype the step computes in (under
             ``bf16-mixed``, bfloat16's ``eps``, where a permuted batch can give exactly the same
@@ -77,7 +76,7 @@ def compare(ddp: dict, single: dict, floors: list[dict], world_size: int, eps: f
         raise ValueError(f"{len(ddp['updates'])} training batches compared with one device's {n}")
     update_floor = max(_floor(floors, single, "updates"), unit)
     buffer_floor = max(_floor(floors, single, "buffer_updates"), unit)
-    scale = [max(float(s.norm()), 0.0) for s in single["updates"]]
+    scale = [float(s.norm()) for s in single["updates"]]
     updates = [_ratio(a, b, update_floor, eps * norm[0])
                for a, b, norm in zip(ddp["updates"], single["updates"], single["norms"])]
     buffers = [_ratio(a, b, buffer_floor, eps * norm[1])
