@@ -77,18 +77,22 @@ def main(argv=None) -> dict:
 
 
 def render(result: dict) -> str:
-    """The table and the count of ``audit_false_alarms.json`` (what ``--out`` writes into ``tables.md``)."""
+    """The table and the count of ``audit_false_alarms.json`` (what ``--out`` writes into ``tables.md``):
+    a row per module, a column per dtype, each cell the exit codes of the seeds and the largest ratio."""
     audits = result["audits"]
-    cell = lambda a: (f"{a['exit_code']} ({a['ratio_to_floor']:.2f})" if a["ratio_to_floor"] is not None  # noqa: E731
-                      else f"{a['exit_code']}")
-    head = [f"{d}, seed {s}" for d in result["dtypes"] for s in result["seeds"]]
-    lines = ["| module | " + " | ".join(head) + " |", "|---|" + "---|" * len(head)]
+    seeds = ", ".join(map(str, result["seeds"]))
+
+    def cell(model: str, dtype: str) -> str:
+        row = [a for s in result["seeds"] for a in audits if (a["model"], a["dtype"], a["seed"]) == (model, dtype, s)]
+        ratios = [a["ratio_to_floor"] for a in row if a["ratio_to_floor"] is not None]
+        return ", ".join(str(a["exit_code"]) for a in row) + (f" ({max(ratios):.2f})" if ratios else "")
+
+    lines = ["| module | " + " | ".join(result["dtypes"]) + " |", "|---|" + "---|" * len(result["dtypes"])]
     for model in result["models"]:
-        row = {(a["dtype"], a["seed"]): a for a in audits if a["model"] == model}
-        lines.append(f"| {model} | " + " | ".join(cell(row[(d, s)]) for d in result["dtypes"] for s in result["seeds"])
-                     + " |")
+        lines.append(f"| {model} | " + " | ".join(cell(model, d) for d in result["dtypes"]) + " |")
     ratios = [a["ratio_to_floor"] for a in audits if a["ratio_to_floor"] is not None]
-    lines += ["", f"- exit code (in parentheses: DDP's largest per-step gradient difference over the floor); "
+    lines += ["", f"- exit codes of seeds {seeds} (in parentheses: DDP's largest per-step gradient difference over "
+                  f"the floor, the largest of the seeds); "
                   f"false alarms: {result['false_alarms']} of {len(audits)} audits"
                   + (f"; the largest ratio {max(ratios):.2f}" if ratios else "")]
     rest = {k: [a[k] for a in audits if a.get(k) is not None and (k != "update_ratio" or judged(a))]

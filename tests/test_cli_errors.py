@@ -190,6 +190,10 @@ def test_a_second_run_into_a_folder_in_use_is_refused_in_one_line(tmp_path, caps
                                      "vae-ddp compare --steps 2): wait for it to end, or choose another --out"], err
         assert not (out / "results.json").exists()
     assert not (out / LOCK_NAME).exists()  # the run that held it removed it
+    with out_folder_lock(tmp_path / "new" / "deeper", "writes nothing"):
+        pass
+    assert not (tmp_path / "new").exists()  # the folders the lock made, empty: removed with it
+    out.mkdir()
     (out / LOCK_NAME).write_text('{"pid": 999999999, "command": "killed with -9"}')  # left by a killed run
     with out_folder_lock(out, "this one"):
         assert '"command": "this one"' in (out / LOCK_NAME).read_text()

@@ -22,7 +22,9 @@ def out_folder_lock(out_dir: "str | Path", command: str) -> Iterator[Path]:
     """Hold ``out_dir`` for this run: an exclusive ``fcntl.flock`` on ``out_dir/.vae-ddp.lock``,
     which names this process and ``command``. The kernel releases the lock when every process
     holding it has ended (the ranks and workers forked from this one inherit it), so a lock left by
-    a run that was killed is taken over at once; the file is removed when this run ends.
+    a run that was killed is taken over at once; the file is removed when this run ends, and so
+    are the folders the lock created if the run wrote nothing into them (bad input found by the
+    study leaves no folder behind).
 
     Raises:
         FolderInUse: a live run holds the folder: the message names its PID and command.
@@ -32,6 +34,10 @@ def out_folder_lock(out_dir: "str | Path", command: str) -> Iterator[Path]:
     import os
 
     path = Path(out_dir) / LOCK_NAME
+    created, p = [], path.parent
+    while not p.exists():
+        created.append(p)
+        p = p.parent
     path.parent.mkdir(parents=True, exist_ok=True)
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -55,6 +61,11 @@ def out_folder_lock(out_dir: "str | Path", command: str) -> Iterator[Path]:
     finally:
         path.unlink(missing_ok=True)  # still ours: the lock is held until the close below
         os.close(fd)
+        for folder in created:  # deepest first; one the run wrote into stays
+            try:
+                folder.rmdir()
+            except OSError:
+                break
 
 
 #: The lock file of a run's output folder (``out_folder_lock``).
