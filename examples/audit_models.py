@@ -137,6 +137,37 @@ class NoisyStep(Base):
         return F.mse_loss(self(x + 0.1 * torch.randn_like(x)), y)
 
 
+class NoisyStepPerRank(NoisyStep):
+    """`NoisyStep` whose ranks seed their generators differently (`setup`): each rank draws its own
+    noise, independent as one device's rows are."""
+
+    def setup(self, stage: str) -> None:
+        torch.manual_seed(1000 + self.global_rank)
+
+
+class MaskInForward(Base):
+    """A hand-made dropout inside a submodule's `forward` (`torch.rand_like`), the same masks on every rank."""
+
+    class Mask(nn.Module):
+        def forward(self, h):
+            return h * (torch.rand_like(h) > 0.25) / 0.75 if self.training else h
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), self.Mask(), nn.Linear(16, 1))
+
+
+class NumpyNoise(Base):
+    """Input noise drawn with NumPy in `training_step`: nothing torch draws, so nothing the audit can key."""
+
+    def training_step(self, batch, batch_idx):
+        import numpy as np
+
+        x, y = batch
+        noise = torch.as_tensor(np.random.standard_normal(tuple(x.shape)), dtype=x.dtype)
+        return F.mse_loss(self(x + 0.1 * noise), y)
+
+
 class Clipped(Base):
     """Gradient clipping by the global norm, through Lightning's own hook."""
 

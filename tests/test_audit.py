@@ -110,9 +110,10 @@ def test_a_run_that_needs_unused_parameters_says_how(capsys, monkeypatch, tmp_pa
 
 
 def test_random_draws_in_the_step_are_not_judged(tmp_path):
-    """`torch.randn_like` in training_step: permuting the samples changes one device's step by
-    far more than rounding, so the audit says so and does not pass the model (exit 1)."""
-    code, result, log = audit(tmp_path, f"{M}.NoisyStep")
+    """NumPy's generator in training_step (nothing torch draws, which the audit could key to the
+    samples): permuting the samples changes one device's step by far more than rounding, so the audit
+    says so and does not pass the model (exit 1)."""
+    code, result, log = audit(tmp_path, f"{M}.NumpyNoise")
     assert code == 1 and not result["deterministic"] and not result["within_floor"], log[-3000:]
     assert result["floor"] > 1e-6 and not result["unexplained"]
     assert "not judged: permuting the samples" in log
@@ -440,7 +441,9 @@ def test_the_reduction_check_is_not_fooled_by_draws_in_the_step(monkeypatch):
     run = AuditRun(model={"class_path": f"{M}.NoisyStep"}, data={"class_path": f"{M}.Regression"}, devices=2,
                    global_batch_size=16)
     findings, notes = check(run, Regression, NoisyStep)
-    assert findings == [] and len(notes) == 1 and "changes with torch's seed" in notes[0], (findings, notes)
+    # the draw itself is named for the compared runs to key (not a finding of a factor)
+    assert findings == [{"attention_layers": [], "torch_draws": ["torch.randn_like in the LightningModule (NoisyStep)"]}]
+    assert len(notes) == 1 and "changes with torch's seed" in notes[0], (findings, notes)
 
 
 def test_random_draws_in_the_collate_fn_are_named(monkeypatch):

@@ -273,12 +273,13 @@ def test_attention_dropout_gets_a_two_part_verdict(tmp_path, truth, model, repea
     code, result, log = run_audit(tmp_path, model)
     noise = {f["factor"]: f for f in result["findings"]}["noise"]
     assert result["deterministic"] and result["gradient_within"] and not result["unexplained"], log[-3000:]
-    assert result["attention_draws"] == {"layers": ["the LightningModule (%s, dropout_p=0.2)" % model],
-                                         "repeated": repeated}, result["attention_draws"]
-    assert "in two parts, for the dropout inside scaled_dot_product_attention" in log
+    assert result["unkeyed_draws"] == {"attention": ["the LightningModule (%s, dropout_p=0.2)" % model],
+                                       "torch": [], "repeated": repeated}, result["unkeyed_draws"]
+    assert "in two parts, for draws no run can key to a sample as your code makes them, the dropout inside " \
+           "scaled_dot_product_attention" in log
     if repeated:
         assert code == 1 and noise["exposed"] and not noise["automatic_fix"] and "PerRankSeed" in noise["fix"]
-        assert "the attention dropout masks are the same on every rank" in log
+        assert "the draws no fix keys to a sample are the same on every rank" in log
     else:
         assert code == 0 and result["within_floor"] and "different on every rank" in log, log[-3000:]
         assert not noise["exposed"], noise
@@ -291,3 +292,68 @@ def test_the_same_command_gives_the_same_audit_json(tmp_path, generated):
     page = generated("audit_schedule", "audit.json")
     code, result, log = run_audit(tmp_path, "ScheduleFromLoader", "--trainer.max_epochs", "2")
     assert code == 1 and result == page, [k for k in set(result) | set(page) if result.get(k) != page.get(k)]
+
+
+@pytest.mark.parametrize("model, repeated", [("NoisyStep", True), ("NoisyStepPerRank", False)])
+def test_torch_draws_in_the_step_get_a_two_part_verdict(tmp_path, truth, model, repeated):
+    """`torch.randn_like` in training_step (it was 'not judged', exit 1): every compared run keys the
+    draw to the samples, the rest of the step is judged (plain Lightning: without the draw, DDP is one
+    device), the call is named, and the draws are judged by whether the ranks repeat them."""
+    t = truth["Plain"]
+    assert t["ddp"] <= 10 * max(t["floor"], EPS64), t
+    code, result, log = run_audit(tmp_path, model)
+    noise = {f["factor"]: f for f in result["findings"]}["noise"]
+    assert result["deterministic"] and result["gradient_within"] and not result["unexplained"], log[-3000:]
+    assert result["unkeyed_draws"] == {"attention": [], "torch": [f"torch.randn_like in the LightningModule ({model})"],
+                                       "repeated": repeated}, result["unkeyed_draws"]
+    if repeated:
+        assert code == 1 and noise["exposed"] and "global_batch_draw" in noise["fix"], log[-3000:]
+    else:
+        assert code == 0 and "- passed, in two parts: with the draws named above made alike" in log, log[-3000:]
+
+
+def test_torch_draws_are_named_where_they_are_made():
+    """The one-process check names each of torch's random functions by the innermost module running;
+    a draw with its own generator is the caller's stream and is left alone."""
+    from examples.audit_models import MaskInForward
+    from vae_ddp.audit.draws import unkeyed_draws
+
+    model = MaskInForward()
+    x = torch.randn(4, 8)
+    assert unkeyed_draws(model, lambda: model(x)) == ([], ["torch.rand_like in net.2 (Mask)"])
+    g = torch.Generator().manual_seed(0)
+    assert unkeyed_draws(model, lambda: torch.rand(3, generator=g)) == ([], [])
+
+
+def test_keyed_torch_draws_give_each_rank_one_devices_rows():
+    """The draws the compared runs make: a batch-shaped draw on rank r of N is rows [r*b, (r+1)*b) of one
+    device's draw of the global batch, a draw of another shape is one device's whole draw, in-place and
+    `_like` spellings alike; a permuted floor run reorders the rows with their samples."""
+    from vae_ddp.audit.draws import _Keyed
+    from vae_ddp.fixes.randomness import GlobalBatchStream
+
+    def draws(rank, world, b, permutation=None):
+        stream = GlobalBatchStream(5, rank, world)
+        stream.step = 3
+        with _Keyed(stream, b, permutation):
+            x = torch.zeros(b, 2, dtype=torch.float64)
+            return [torch.randn_like(x), torch.rand(b, 3), torch.rand(7), torch.empty(b, 2).uniform_(-1, 1),
+                    torch.bernoulli(torch.full((b, 4), 0.5))]
+
+    one = draws(0, 1, 4)
+    ranks = [draws(r, 2, 2) for r in range(2)]
+    for i, d in enumerate(one):
+        if i == 2:  # no batch dimension: the same numbers on every rank
+            assert all(torch.equal(r[i], d) for r in ranks)
+        else:
+            assert torch.equal(torch.cat([r[i] for r in ranks]), d), i
+    assert one[0].dtype == torch.float64 and torch.equal(one[0], draws(0, 1, 4)[0])  # repeatable
+
+    class Perm:  # what WithinBatchPermutation.follow does with its permutation
+        perm = torch.tensor([2, 0, 3, 1])
+
+        def follow(self, t):
+            return t[self.perm] if len(t) == 4 else t
+
+    permuted = draws(0, 1, 4, Perm())
+    assert torch.equal(permuted[1], one[1][Perm.perm]) and torch.equal(permuted[2], one[2])

@@ -300,20 +300,22 @@ def _check_model(run, model_cls: type, dm, batches: list, batch) -> tuple[list[d
     return _static(model, dm, batches, run)
 
 
-def _dry_run(model, batch) -> list[str]:
-    """One ``training_step`` on one batch, the caller's generator untouched; returns the layers that
-    drew attention dropout inside ``scaled_dot_product_attention`` ([`attention_dropout_layers`][vae_ddp.audit.draws.attention_dropout_layers])."""
+def _dry_run(model, batch) -> tuple[list[str], list[str]]:
+    """One ``training_step`` on one batch, the caller's generator untouched; returns the draws no fix
+    keys to a sample, ``(attention layers, torch draws)`` ([`unkeyed_draws`][vae_ddp.audit.draws.unkeyed_draws])."""
     import torch
 
-    from vae_ddp.audit.draws import attention_dropout_layers
+    from vae_ddp.audit.draws import unkeyed_draws
 
     with torch.random.fork_rng(), _no_trainer_warnings():
-        return attention_dropout_layers(model, lambda: model.training_step(batch, 0))
+        return unkeyed_draws(model, lambda: model.training_step(batch, 0))
 
 
-def _attention(layers: list[str]) -> list[dict]:
-    """The audit's item for attention dropout no run can key to a sample (none without such layers)."""
-    return [{"attention_layers": layers}] if layers else []
+def _attention(layers: tuple[list[str], list[str]]) -> list[dict]:
+    """The audit's item for the draws no fix keys to a sample (none without such draws):
+    ``{"attention_layers": [...], "torch_draws": [...]}``."""
+    attention, torch_draws = layers
+    return [{"attention_layers": attention, "torch_draws": torch_draws}] if attention or torch_draws else []
 
 
 def _with_a_trainer(run, model_cls: type, model, dm, batches: list, batch, dtype) -> tuple[list[dict], list[str]]:

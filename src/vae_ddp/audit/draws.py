@@ -1,4 +1,5 @@
-"""Random draws the audit cannot key to a sample: dropout inside ``scaled_dot_product_attention``.
+"""Random draws the audit cannot key to a sample: dropout inside ``scaled_dot_product_attention``,
+and torch's random functions (``torch.randn_like``, ``torch.rand``, ...) called in the training step.
 
 ``torch.nn.functional.scaled_dot_product_attention(..., dropout_p=p)`` (what Hugging Face's
 SDPA attention, timm's and PyTorch's ``nn.MultiheadAttention`` call) draws its dropout mask
@@ -9,18 +10,31 @@ then judges in two parts: the rest of the step with that dropout off in every co
 ([`NoAttentionDropout`][vae_ddp.audit.draws.NoAttentionDropout]), and the draws themselves,
 which must at least differ across ranks (Lightning's ``seed_everything`` gives every rank the
 same generator: each draws the same masks).
+
+``torch.rand(...)``, ``torch.randn_like(x)`` and the other random functions of torch called in
+``forward`` or ``training_step`` draw from torch's generator in call order, not per sample: one
+device's sample i and the rank that holds it draw other numbers, so neither the comparison with
+one device nor the permuted floor measures rounding. For the compared runs only,
+[`KeyedTorchDraws`][vae_ddp.audit.draws.KeyedTorchDraws] keys those draws to the samples (a draw
+whose first dimension is the per-device batch size takes this rank's rows of a draw for the whole
+global batch; any other draw is the same on every rank), and the draws themselves are judged
+apart, as attention dropout's: they must at least differ across ranks.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import torch
 from pytorch_lightning import Callback, LightningModule, Trainer
-from torch import nn
+from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
 
-__all__ = ["attention_dropout_layers", "NoAttentionDropout"]
+from vae_ddp.fixes.factor import batch_tensors
+from vae_ddp.fixes.randomness import GlobalBatchStream
+
+__all__ = ["attention_dropout_layers", "unkeyed_draws", "KeyedTorchDraws", "NoAttentionDropout", "TORCH_DRAWS"]
 
 
 @contextlib.contextmanager
@@ -33,21 +47,53 @@ def _sdpa(replacement) -> Iterator[None]:
         torch.nn.functional.scaled_dot_product_attention = original
 
 
-def attention_dropout_layers(module: nn.Module, step: Any) -> list[str]:
-    """The layers of ``module`` that call ``scaled_dot_product_attention`` with ``dropout_p > 0``
-    while ``step()`` runs (a training step), as ``["name (Class, dropout_p=p)", ...]``, found by
-    forward hooks that track the innermost module running (the call goes through
-    ``torch.nn.functional``'s attribute, as PyTorch's and Hugging Face's code make it)."""
+#: torch's random functions the audit keys to samples (``generator=`` given: the caller's own stream, left alone)
+TORCH_DRAWS: dict[Any, str] = {
+    torch.rand: "torch.rand", torch.randn: "torch.randn", torch.rand_like: "torch.rand_like",
+    torch.randn_like: "torch.randn_like", torch.randint: "torch.randint", torch.randint_like: "torch.randint_like",
+    torch.bernoulli: "torch.bernoulli", torch.normal: "torch.normal", Tensor.uniform_: "Tensor.uniform_",
+    Tensor.normal_: "Tensor.normal_", Tensor.bernoulli_: "Tensor.bernoulli_",
+}
+
+
+class _Recording(TorchFunctionMode):
+    """Records which of ``TORCH_DRAWS`` run without a ``generator=``, in which module."""
+
+    def __init__(self, where) -> None:
+        super().__init__()
+        self.where, self.found = where, {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = TORCH_DRAWS.get(func)
+        if name is not None and kwargs.get("generator") is None:
+            self.found[f"{name} in {self.where()}"] = None
+        return func(*args, **kwargs)
+
+
+def unkeyed_draws(module: nn.Module, step: Any) -> tuple[list[str], list[str]]:
+    """The random draws of ``module`` that no fix keys to a sample while ``step()`` runs (a
+    training step): ``(attention, torch_draws)``, the layers that call
+    ``scaled_dot_product_attention`` with ``dropout_p > 0`` as ``["name (Class, dropout_p=p)", ...]``
+    and the calls of torch's random functions without a ``generator=`` as
+    ``["torch.randn_like in name (Class)", ...]`` ("the LightningModule" for a call outside any
+    submodule's ``forward``). Found by forward hooks that track the innermost module running (the
+    attention call goes through ``torch.nn.functional``'s attribute, as PyTorch's and Hugging
+    Face's code make it) and a ``TorchFunctionMode`` that sees torch's functions."""
     names = {id(m): n for n, m in module.named_modules()}
     running: list[nn.Module] = []
     found: dict[str, None] = {}
+
+    def where(p: Optional[float] = None) -> str:
+        m = running[-1] if running else module
+        inner = "" if p is None else f", dropout_p={p:g}"
+        return f"{names.get(id(m), '') or 'the LightningModule'} ({type(m).__name__}{inner})"
 
     def recording(original):
         def sdpa(*args, **kwargs):
             p = kwargs.get("dropout_p", args[4] if len(args) > 4 else 0.0)
             if p and running:
-                m = running[-1]
-                found[f"{names.get(id(m), '') or 'the LightningModule'} ({type(m).__name__}, dropout_p={p:g})"] = None
+                found[where(p)] = None
             return original(*args, **kwargs)
         return sdpa
 
@@ -59,13 +105,128 @@ def attention_dropout_layers(module: nn.Module, step: Any) -> list[str]:
 
     hooks = [m.register_forward_pre_hook(enter) for m in module.modules()]
     hooks += [m.register_forward_hook(leave) for m in module.modules()]
+    mode = _Recording(where)
     try:
-        with _sdpa(recording):
+        with _sdpa(recording), mode:
             step()
     finally:
         for h in hooks:
             h.remove()
-    return list(found)
+    return list(found), list(mode.found)
+
+
+def attention_dropout_layers(module: nn.Module, step: Any) -> list[str]:
+    """The first part of [`unkeyed_draws`][vae_ddp.audit.draws.unkeyed_draws]: the layers of
+    ``module`` that call ``scaled_dot_product_attention`` with ``dropout_p > 0`` while ``step()`` runs,
+    as ``["name (Class, dropout_p=p)", ...]``."""
+    return unkeyed_draws(module, step)[0]
+
+
+def _size(args: tuple) -> list[int]:
+    return list(args[0]) if len(args) == 1 and isinstance(args[0], (tuple, list, torch.Size)) else list(args)
+
+
+class _Keyed(TorchFunctionMode):
+    """Serves ``TORCH_DRAWS`` called without ``generator=`` from a
+    [`GlobalBatchStream`][vae_ddp.fixes.randomness.GlobalBatchStream]: a draw whose dimension 0 is
+    the per-device batch size ``b`` is this rank's rows of the global batch's draw (permuted with the
+    samples under [`WithinBatchPermutation`][vae_ddp.harness.permutation.WithinBatchPermutation]),
+    any other draw the same on every rank."""
+
+    def __init__(self, stream: GlobalBatchStream, b: int, permutation: Any) -> None:
+        super().__init__()
+        self.stream, self.b, self.permutation = stream, b, permutation
+
+    def _draw(self, fn, size, dtype, device) -> Tensor:
+        size, device = list(size), torch.device(device if device is not None else "cpu")
+        if size and size[0] == self.b:
+            out = self.stream.draw(fn, size, dtype=dtype, device=device)
+            return out if self.permutation is None else self.permutation.follow(out)
+        return fn(size, generator=self.stream.generator(device), dtype=dtype, device=device)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func not in TORCH_DRAWS or kwargs.get("generator") is not None:
+            return func(*args, **kwargs)
+        keyed = self._keyed(func, args, kwargs)
+        return func(*args, **kwargs) if keyed is None else keyed
+
+    def _keyed(self, func, args: tuple, kw: dict) -> Optional[Tensor]:
+        if func in (torch.rand, torch.randn) and not kw.get("out"):
+            out = self._draw(func, _size(args), kw.get("dtype"), kw.get("device"))
+            return out.requires_grad_(bool(kw.get("requires_grad")))
+        if func in (torch.rand_like, torch.randn_like):
+            x = args[0]
+            fn = torch.rand if func is torch.rand_like else torch.randn
+            return self._draw(fn, x.shape, kw.get("dtype") or x.dtype, kw.get("device") or x.device)
+        if func is torch.bernoulli and len(args) == 1 and not kw:
+            p = args[0]
+            return (self._draw(torch.rand, p.shape, p.dtype, p.device) < p).to(p.dtype)
+        if func is torch.normal and len(args) == 2 and isinstance(args[0], Tensor) and not kw:
+            mean, std = args
+            shape = torch.broadcast_shapes(mean.shape, std.shape if isinstance(std, Tensor) else ())
+            return mean + std * self._draw(torch.randn, shape, mean.dtype, mean.device)
+        if func is Tensor.uniform_:
+            t, (lo, hi) = args[0], (list(args[1:]) + [kw.get("from", 0.0), kw.get("to", 1.0)][len(args) - 1:])[:2]
+            with torch.no_grad():
+                return t.copy_(lo + (hi - lo) * self._draw(torch.rand, t.shape, t.dtype, t.device))
+        if func is Tensor.normal_:
+            t, (mu, sd) = args[0], (list(args[1:]) + [kw.get("mean", 0.0), kw.get("std", 1.0)][len(args) - 1:])[:2]
+            with torch.no_grad():
+                return t.copy_(mu + sd * self._draw(torch.randn, t.shape, t.dtype, t.device))
+        if func is Tensor.bernoulli_ and len(args) <= 2 and not kw:
+            t, p = args[0], (args[1] if len(args) > 1 else 0.5)
+            with torch.no_grad():
+                return t.copy_(self._draw(torch.rand, t.shape, t.dtype, t.device) < p)
+        return None  # randint and the other spellings: drawn as the user's code draws them
+
+
+class KeyedTorchDraws(Callback):
+    """For the audit's compared runs only: torch's random functions called during each training
+    batch (without ``generator=``: ``torch.rand``, ``torch.randn``, their ``_like`` forms,
+    ``torch.bernoulli(p)``, ``torch.normal(mean, std)``, ``Tensor.uniform_``/``normal_``/
+    ``bernoulli_``) draw from a [`GlobalBatchStream`][vae_ddp.fixes.randomness.GlobalBatchStream]
+    seeded with ``seed`` and the batch's index, so that sample i meets the same numbers on one device
+    and under DDP whatever the world size: a draw whose dimension 0 is the per-device batch size
+    takes this rank's rows of the global batch's draw, any other draw is the same on every rank
+    (as one device draws it once for the global batch). A permuted floor run
+    ([`WithinBatchPermutation`][vae_ddp.harness.permutation.WithinBatchPermutation]) permutes the
+    rows with their samples. ``torch.randint`` and other spellings are left as drawn.
+
+    Args:
+        seed: the stream's base seed (the same in every compared run and rank).
+    """
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self._batch = 0
+        self._mode: Optional[_Keyed] = None
+        self._permutation: Any = None
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        from vae_ddp.harness.permutation import WithinBatchPermutation
+
+        self._batch = 0
+        self._permutation = next((c for c in trainer.callbacks if isinstance(c, WithinBatchPermutation)), None)
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        stream = GlobalBatchStream(self.seed, trainer.global_rank, trainer.world_size)
+        stream.step = self._batch  # its own generators, never the fixes' current stream
+        self._mode = _Keyed(stream, len(batch_tensors(batch)[0]), self._permutation)
+        self._mode.__enter__()
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        self._leave()
+        self._batch += 1
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self._leave()
+
+    def _leave(self) -> None:
+        if self._mode is not None:
+            self._mode.__exit__(None, None, None)
+            self._mode = None
 
 
 class NoAttentionDropout(Callback):

@@ -28,7 +28,7 @@ from pytorch_lightning.strategies import Strategy
 from torch.utils.data import DataLoader
 
 from vae_ddp.audit.callback import DDPAudit
-from vae_ddp.audit.draws import NoAttentionDropout
+from vae_ddp.audit.draws import KeyedTorchDraws, NoAttentionDropout
 from vae_ddp.audit.spec import AuditRun, failed_marker, import_class
 from vae_ddp.fixes import registry
 from vae_ddp.guard import beat
@@ -74,6 +74,8 @@ def build(run: AuditRun,
         callbacks.append(EvalModeSteps())
     if not run.attention_dropout:
         callbacks.append(NoAttentionDropout())
+    if run.keyed_draws:
+        callbacks.append(KeyedTorchDraws(run.seed * 1009 + 17))
     callbacks.append(DDPAudit(warn=False))
     plugins = parts.plugins + cluster_plugins()  # cluster_plugins: a forked rank (the environment vae_ddp.ranks set)
     user = dict(run.trainer)

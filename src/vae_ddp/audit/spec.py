@@ -157,6 +157,9 @@ class AuditRun:
         attention_dropout: False: ``scaled_dot_product_attention``'s dropout off during the run
             ([`NoAttentionDropout`][vae_ddp.audit.draws.NoAttentionDropout]), for the compared runs of
             a module whose attention dropout no run can key to the sample.
+        keyed_draws: True: torch's random functions called in the training step keyed to the samples
+            ([`KeyedTorchDraws`][vae_ddp.audit.draws.KeyedTorchDraws]), for the compared runs of a
+            module that draws with them.
     """
 
     model: dict
@@ -179,6 +182,7 @@ class AuditRun:
     label: str = ""
     dealt_to: int = 1
     attention_dropout: bool = True
+    keyed_draws: bool = False
 
     @property
     def world_size(self) -> int:

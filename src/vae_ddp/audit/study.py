@@ -186,16 +186,19 @@ class _Plan:
     lag: int  # optimizer steps between the weights and the batch of the other-batch run
     recheck: bool  # the one-process check flagged the loss reduction: asked again under DDP's process group
     attention: list[str]  # layers whose attention dropout no run can key to a sample (turned off)
+    torch_draws: list[str]  # torch's random functions called in the step (keyed to the samples)
     static: list[dict]  # the one-process checks' findings
 
 
 def _plan(base: AuditRun, out_dir: Path, static: list[dict]) -> _Plan:
     n = base.devices
-    # attention dropout no run can key to a sample: every compared run without it (the second part,
-    # the draws themselves, is judged from Lightning's defaults, which keep it)
+    # attention dropout no run can key to a sample: every compared run without it; torch's random
+    # functions in the step: every compared run with them keyed to the samples (the second part, the
+    # draws themselves, is judged from Lightning's defaults, which keep them as the user draws them)
     attention = [layer for f in static for layer in f.get("attention_layers", [])]
-    static = [f for f in static if not f.get("attention_layers")]
-    base = base.replace(dealt_to=n, attention_dropout=not attention)
+    torch_draws = [site for f in static for site in f.get("torch_draws", [])]
+    static = [f for f in static if not (f.get("attention_layers") or f.get("torch_draws"))]
+    base = base.replace(dealt_to=n, attention_dropout=not attention, keyed_draws=bool(torch_draws))
     fixes = list(registry.audit_fixable())
     runs_dir = out_dir / "runs"
     steps_file = (runs_dir / "single-steps.pt").resolve()
@@ -216,7 +219,7 @@ def _plan(base: AuditRun, out_dir: Path, static: list[dict]) -> _Plan:
     # launch for every fixable factor; only the factors found exposed below are reported (a
     # launch costs more than a few short runs). The teacher-forced runs go last: they wait for
     # the one-device run's weights.
-    ddp = [base.replace(label="ddp", devices=n, fixes=[], attention_dropout=True),
+    ddp = [base.replace(label="ddp", devices=n, fixes=[], attention_dropout=True, keyed_draws=False),
            base.replace(label="ddp+fixed", devices=n, fixes=fixes),
            base.replace(label="ddp+fixed-forced", devices=n, **forced),
            *(base.replace(label=f"ddp-{f}", devices=n, **dict(forced, fixes=[g for g in fixes if g != f]))
@@ -233,7 +236,7 @@ def _plan(base: AuditRun, out_dir: Path, static: list[dict]) -> _Plan:
     if recheck:
         one_device.append(base.replace(label="single-eval", devices=1, eval_mode=True, **forced))
         ddp.append(base.replace(label="ddp+fixed-eval", devices=n, eval_mode=True, **forced))
-    return _Plan(base, fixes, one_device, ddp, lag, recheck, attention, static)
+    return _Plan(base, fixes, one_device, ddp, lag, recheck, attention, torch_draws, static)
 
 
 class _Runs:
@@ -375,7 +378,8 @@ def _judge(plan: _Plan, runs: _Runs, notes: list[str]) -> dict:
     trajectory_unit = v["unit"] * _largest_value(single)
     trajectory_ratio = div_fixed / max(trajectory_floor, trajectory_unit)
     within = v["grad_within"] and not (step or {}).get("differences") and trajectory_ratio <= TRAJECTORY_RATIO
-    draws = _attention_draws(plan.attention, first["ddp"][1]["findings"]) if plan.attention else None
+    draws = (_unkeyed_draws(plan.attention, plan.torch_draws, first["ddp"][1]["findings"])
+             if plan.attention or plan.torch_draws else None)
     if draws is not None and draws["repeated"]:  # else independent draws of one distribution: the line says so
         manual[noise.FACTOR.key] = found[noise.FACTOR.key] = draws["finding"]
         within = False
@@ -390,7 +394,7 @@ def _judge(plan: _Plan, runs: _Runs, notes: list[str]) -> dict:
               "trajectory_ratio": trajectory_ratio, "trajectory_within": trajectory_ratio <= TRAJECTORY_RATIO,
               "trajectory_unit": trajectory_unit,
               "gradient_within": v["grad_within"], "rounding_unit": v["unit"],
-              "attention_draws": None if draws is None else {k: val for k, val in draws.items() if k != "finding"},
+              "unkeyed_draws": None if draws is None else {k: val for k, val in draws.items() if k != "finding"},
               "whole_step": None if step is None else {k: val for k, val in step.items() if k != "findings"},
               "reduction_under_ddp": v["reduction_ddp"],
               "findings": findings, "largest_differences": _largest(fixed, single) if unexplained else [],
@@ -419,7 +423,7 @@ def _rows(found: dict, manual: dict, contributions: dict, alone: dict, v: dict) 
         # what bites is in the user's code, which no automatic fix removes: measured by what is
         # left with every automatic fix on (shared by every such factor)
         left = (max(grad_steps, default=0.0) if factor in manual and factor not in EXTRA_PAGES
-                and not manual[factor].get("attention") else None)
+                and not manual[factor].get("unkeyed") else None)
         if factor in manual:
             contribution = None
         if factor in manual or not deterministic:
@@ -453,23 +457,33 @@ def rounding_unit(dtype: str, precision: Optional[str] = None) -> float:
     return torch.finfo(torch.float64 if dtype == "float64" else torch.float32).eps
 
 
-def _attention_draws(layers: list[str], default_findings: list[dict]) -> dict:
-    """The second part of the verdict of a module whose ``scaled_dot_product_attention`` draws
-    dropout masks no run can key to a sample: are they the same on every rank under Lightning's
-    defaults (the ``ddp`` run's noise check: the ranks' generators alike, and the step draws)?
-    ``{"layers", "repeated", "finding"}``, the finding being the noise factor's row."""
+def _unkeyed_draws(attention: list[str], torch_draws: list[str], default_findings: list[dict]) -> dict:
+    """The second part of the verdict of a module whose draws no fix keys to a sample (dropout inside
+    ``scaled_dot_product_attention``; torch's random functions in the step): are they the same on every
+    rank under Lightning's defaults (the ``ddp`` run's noise check: the ranks' generators alike, and
+    the step draws)? ``{"attention", "torch", "repeated", "finding"}``, the finding being the noise
+    factor's row."""
     repeated = any(f["factor"] == noise.FACTOR.key and not f.get("manual") for f in default_findings)
-    where = ", ".join(layers)
-    state = ("every rank draws the same masks (Lightning's seed_everything gives the ranks one generator)"
-             if repeated else "the ranks draw different masks")
-    return {"layers": layers, "repeated": repeated, "finding": {
-        "factor": noise.FACTOR.key, "manual": True, "attention": True,
-        "evidence": f"dropout inside scaled_dot_product_attention in {where} draws its masks for the whole "
-                    f"attention matrix from torch's generator, which no fix can deal to the ranks as one device's "
-                    f"rows: the rest of the step is compared with it off; under Lightning's defaults {state}",
+    state = ("every rank draws the same numbers (Lightning's seed_everything gives the ranks one generator)"
+             if repeated else "the ranks draw different numbers")
+    what, fix = [], []
+    if attention:
+        what.append(f"dropout inside scaled_dot_product_attention in {', '.join(attention)} draws its masks for the "
+                    "whole attention matrix from torch's generator, which no fix can deal to the ranks as one "
+                    "device's rows: the rest of the step is compared with it off")
+        fix.append("apply the attention dropout as an nn.Dropout on the attention weights, which the fix serves")
+    if torch_draws:
+        verb = "draws" if len(torch_draws) == 1 else "draw"
+        what.append(f"{', '.join(torch_draws)} {verb} from torch's generator in call order, not per sample: the rest "
+                    "of the step is compared with those draws keyed to the samples")
+        fix.append("draw them per sample with vae_ddp.fixes.global_batch_draw (e.g. global_batch_draw(torch.randn, "
+                   "x.shape, x.dtype, x.device) for torch.randn_like(x)) under vae_ddp.fixes.GlobalBatchRandomness")
+    return {"attention": attention, "torch": torch_draws, "repeated": repeated, "finding": {
+        "factor": noise.FACTOR.key, "manual": True, "unkeyed": True,
+        "evidence": "; ".join(what) + f"; under Lightning's defaults {state}",
         "fix": "seed each rank's generator differently (vae_ddp.fixes.PerRankSeed, or seed_everything(seed + "
-               "self.global_rank) in setup): the ranks' masks are then independent, as one device's rows are; or "
-               "apply the attention dropout as an nn.Dropout on the attention weights, which the fix serves"}}
+               "self.global_rank) in setup): the ranks' draws are then independent, as one device's rows are; or "
+               + "; or ".join(fix)}}
 
 
 def _largest_value(state: dict) -> float:
@@ -721,11 +735,13 @@ def _render_measures(result: dict, u: _Units) -> list[str]:
                      + "every rank's parameters against "
                      f"rank 0's {step['ranks_ratio']:.2g}x (one rounding of every stored value is the least "
                      "difference counted)")
-    draws = result.get("attention_draws")
+    draws = result.get("unkeyed_draws")
     if draws:
-        lines.append(f"- in two parts, for the dropout inside scaled_dot_product_attention in {', '.join(draws['layers'])} "
-                     "(masks no run can key to a sample): the rest of the step, with that dropout off in every "
-                     "compared run, is judged here; the draws themselves are "
+        parts = ([f"the dropout inside scaled_dot_product_attention in {', '.join(draws['attention'])} (off in every "
+                  "compared run)"] if draws["attention"] else [])
+        parts += ([f"{', '.join(draws['torch'])} (keyed to the samples in every compared run)"] if draws["torch"] else [])
+        lines.append(f"- in two parts, for draws no run can key to a sample as your code makes them, {' and '.join(parts)}: "
+                     "the rest of the step is judged here; the draws themselves are "
                      + ("the same on every rank under Lightning's defaults: not one device's independent rows (see "
                         f"{_name(noise.FACTOR.key)})" if draws["repeated"] else
                         "different on every rank: independent draws, as one device's rows are"))
@@ -740,8 +756,9 @@ def _render_verdict(result: dict, u: _Units) -> str:
                        for f in result["findings"])
         why = ("the training step draws random numbers that do not follow their sample, from torch's global "
                "generator, which the audit's fix does not serve (see Random streams per rank)" if unserved else
-               "most likely random draws that do not follow their sample (torch.rand in training_step, say; the "
-               "audit draws dropout masks and a `noise` attribute per sample itself), or a loss that depends "
+               "most likely random draws that do not follow their sample (NumPy's or Python's random in "
+               "training_step, say; the audit keys torch's random functions, dropout masks and a `noise` attribute "
+               "to the samples itself), or a loss that depends "
                "on the order of the samples")
         return (f"- not judged: permuting the samples inside each batch changes one device's gradient by "
                 f"{result['floor']:.3g} relative, more than rounding ({ROUNDING_EPS:g} eps of {u.dtype}"
@@ -764,17 +781,20 @@ def _render_verdict(result: dict, u: _Units) -> str:
                      f"{first['step']}; not within {FLOOR_RATIO:g}x the floor after the automatic fixes")
         elif result.get("gradient_within") and result.get("trajectory_within", True):
             where = (f"the rest of the step is one device's (each part within {FLOOR_RATIO:g}x its floor), but the "
-                     "attention dropout masks are the same on every rank")
+                     "draws no fix keys to a sample are the same on every rank")
         else:
             where = f"not within {FLOOR_RATIO:g}x the floor after the automatic fixes"
         return (f"- not passed: {where}; exposed, and only a change in your code fixes it: {', '.join(manual)} "
                 "(see the fix above; rerun the audit after it to see whether it accounts for the whole difference)")
     bite = [_name(f["factor"]) for f in result["findings"] if f["bites"]]
     judged = "the update, " if (result.get("whole_step") or {}).get("update_judged", True) else ""
-    return (f"- passed: with the fixes, DDP computes one device's whole step at every step: the gradient, "
+    two = ("in two parts: with the draws named above made alike in both runs, " if result.get("unkeyed_draws")
+           else "")
+    return (f"- passed{',' if two else ':'} {two}with the fixes, DDP computes one device's whole step at every step: the gradient, "
             f"the learning rate, {judged}the buffers and every rank's parameters, each within {FLOOR_RATIO:g}x its floor"
             + (f"; the factors whose fix makes that difference: {', '.join(bite)}" if bite
-               else "; none of the exposed factors changes the gradient here"))
+               else "; none of the exposed factors changes the gradient here")
+            + ("; and the draws differ across ranks, independent as one device's rows are" if two else ""))
 
 
 def _render_trajectory(result: dict, u: _Units) -> str:

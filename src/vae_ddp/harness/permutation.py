@@ -104,6 +104,15 @@ class WithinBatchPermutation(Callback):
         self._inner = None
         self._batch += 1
 
+    def follow(self, draw: Tensor, batch_dim: int = 0) -> Tensor:
+        """``draw`` (a random draw of this batch, ``(B, ...)`` along ``batch_dim``) with its rows
+        reordered as the samples were: row ``i`` becomes row ``perm[i]``; a draw of another size,
+        or outside a training batch, unchanged."""
+        perm = self._perm
+        if perm is None or draw.dim() == 0 or draw.shape[batch_dim] != len(perm):
+            return draw
+        return draw.index_select(batch_dim, perm.to(draw.device))
+
     def __call__(self, mu: Tensor) -> Tensor:
         """``eps`` for the permuted rows: the unpermuted ``noise(mu)[perm]``, ``mu: (B, latent_dim)``."""
         eps = self._inner(mu)
