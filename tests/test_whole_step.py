@@ -237,6 +237,23 @@ def test_bf16_mixed_is_judged_against_a_floor_that_is_never_zero(tmp_path):
     assert "machine epsilon of bfloat16" in log or result["floor"] >= result["rounding_unit"]
 
 
+def test_16_mixed_on_a_cpu_is_judged_as_the_bf16_mixed_that_runs(tmp_path):
+    """Lightning runs ``precision="16-mixed"`` as bf16-mixed on a CPU (measured here with plain
+    Lightning); judged in float16's smaller unit, a clean module was "unexplained" (exit 1). The audit
+    compares what runs, in bfloat16's unit, and says so in a note."""
+    import warnings
+
+    from pytorch_lightning import Trainer
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert Trainer(accelerator="cpu", precision="16-mixed", logger=False).precision == "bf16-mixed"
+    code, result, log = run_audit(tmp_path, "Plain", "--trainer.precision", "16-mixed")
+    assert code == 0 and result["within_floor"] and result["trainer"] == {"precision": "bf16-mixed"}, log[-3000:]
+    assert result["rounding_unit"] == torch.finfo(torch.bfloat16).eps
+    assert any(n.startswith("--trainer.precision 16-mixed runs as bf16-mixed on a CPU") for n in result["notes"])
+
+
 def test_a_precision_the_audit_does_not_compare_is_one_line(tmp_path):
     from vae_ddp.cli import main_captured
 

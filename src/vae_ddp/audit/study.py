@@ -157,6 +157,13 @@ def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, pr
 def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress: bool,
            notes: Optional[list[str]]) -> dict:
     """Plan the runs, measure them in one launch, judge what they measured; write and print the report."""
+    notes = list(notes or [])
+    if base.accelerator == "cpu" and (base.trainer or {}).get("precision") == "16-mixed":
+        # Lightning 2.x (AcceleratorConnector) runs 16-mixed as bf16-mixed on a CPU, with a warning:
+        # the audit compares what runs, in bfloat16's rounding unit
+        base = base.replace(trainer=dict(base.trainer, precision="bf16-mixed"))
+        notes.append("--trainer.precision 16-mixed runs as bf16-mixed on a CPU (Lightning 2.x: float16 autocast is "
+                     "not supported there), so the audit compares bf16-mixed, in bfloat16's rounding unit")
     plan = _plan(base, out_dir, static or [])
     if progress:
         for spec in plan.one_device + plan.ddp:
