@@ -36,10 +36,14 @@ EXPECTED: dict[str, tuple[str, frozenset]] = {
     "SimCLR, seeded, keys by a transpose": ("1 unexplained", frozenset()),  # unexplained: torch's gloo all_gather backward
     "DCGAN": ("1 your code", frozenset({"noise"})),
     "DCGAN, z for the global batch": ("0 passed", frozenset({"noise", "batchnorm"})),
-    "GPT-2": ("1 not judged", frozenset({"noise", "reduction", "sampler"})),
+    "GPT-2": ("1 your code", frozenset({"noise", "reduction", "sampler"})),
     "GPT-2, global token mean, no attention dropout": ("0 passed", frozenset({"noise", "sampler"})),
     "GPT-2, as above, padded per batch": ("1 your code", frozenset({"sampler"})),
-    "BERT (masked LM)": ("1 not judged", frozenset({"noise", "reduction", "sampler"})),
+    "BERT (masked LM)": ("1 your code", frozenset({"noise", "reduction", "sampler"})),
+    "VQ-VAE, EMA codebook": ("1 your code", frozenset({"buffers"})),
+    "GPT-2 fixed, learning rate x world size": ("1 your code", frozenset({"noise", "sampler", "update"})),
+    "GPT-2 fixed, OneCycleLR sized by the loader": ("1 your code", frozenset({"noise", "sampler", "update"})),
+    "GPT-2 fixed, bf16-mixed": ("0 passed", frozenset({"noise", "sampler"})),
 }
 
 
@@ -109,8 +113,9 @@ def main(argv=None) -> dict:
     return result
 
 
-#: factors shown as columns (the optimizer's row follows the noise check; parameters: the audit's own check)
-COLUMNS = ("batchnorm", "noise", "sampler", "reduction", "logging")
+#: factors shown as columns (the optimizer's row follows the noise check), then the audit's own rows of the
+#: rest of the step; a column shows only when some audit exposes it
+COLUMNS = ("batchnorm", "noise", "sampler", "reduction", "logging", "gradient_scale", "update", "buffers", "parameters")
 
 
 def cell(f: dict) -> str:
@@ -142,9 +147,10 @@ def fixes(f: dict) -> list[str]:
 
 def render(result: dict) -> str:
     """The page's table and the fixes per architecture, from ``audit_gallery.json``."""
+    from vae_ddp.audit.study import EXTRA_NAMES
     from vae_ddp.fixes import registry
 
-    names = {k: (registry.get(k).name if k in {f.key for f in registry.factors()} else k) for k in COLUMNS}
+    names = {k: (registry.get(k).name if k in {f.key for f in registry.factors()} else EXTRA_NAMES[k]) for k in COLUMNS}
     cols = [k for k in COLUMNS if any(f["factor"] == k and f["exposed"] for a in result["audits"] for f in a["findings"])]
     lines = ["| architecture | " + " | ".join(names[k] for k in cols) + " | exit code | audit time |",
              "|---|" + "---|" * len(cols) + "---|---:|"]

@@ -311,6 +311,47 @@ class DCGANGlobalNoise(DCGAN):
 # --8<-- [end:dcgan-noise]
 
 
+class VQVAE(LightningModule):
+    """A VQ-VAE (van den Oord et al., 2017, arXiv:1711.00937) whose codebook is learned by
+    exponential moving averages of the batch's assignments (the paper's appendix A.1; Sonnet's
+    `VectorQuantizerEMA`): `forward` writes the codebook buffers in training mode, from the
+    batch it sees; the straight-through estimator and the commitment loss (beta 0.25), Adam."""
+
+    def __init__(self, codes: int = 16, dim: int = 8, decay: float = 0.9) -> None:
+        super().__init__()
+        self.codes, self.dim, self.decay = codes, dim, decay
+        self.enc = nn.Sequential(nn.Conv2d(3, 16, 4, 2, 1), nn.ReLU(), nn.Conv2d(16, dim, 4, 2, 1))
+        self.dec = nn.Sequential(nn.ConvTranspose2d(dim, 16, 4, 2, 1), nn.ReLU(), nn.ConvTranspose2d(16, 3, 4, 2, 1))
+        self.register_buffer("codebook", torch.randn(codes, dim))
+        self.register_buffer("cluster_size", torch.ones(codes))
+        self.register_buffer("embed_sum", self.codebook.clone())
+
+    def quantize(self, z):
+        """``z: (B, dim, H, W)`` -> (the straight-through quantized ``z``, the codes it took)."""
+        b, d, h, w = z.shape
+        flat = z.permute(0, 2, 3, 1).reshape(-1, d)
+        idx = torch.cdist(flat, self.codebook).argmin(1)
+        q = self.codebook[idx].view(b, h, w, d).permute(0, 3, 1, 2)
+        if self.training:
+            with torch.no_grad():
+                onehot = F.one_hot(idx, self.codes).to(flat.dtype)
+                self.cluster_size.mul_(self.decay).add_(onehot.sum(0), alpha=1 - self.decay)
+                self.embed_sum.mul_(self.decay).add_(onehot.T @ flat, alpha=1 - self.decay)
+                self.codebook.copy_(self.embed_sum / (self.cluster_size.unsqueeze(1) + 1e-5))
+        return z + (q - z).detach(), q
+
+    def training_step(self, batch, batch_idx):
+        x, _ = batch
+        z = self.enc(x)
+        zq, q = self.quantize(z)
+        loss = F.mse_loss(self.dec(zq), x) + 0.25 * F.mse_loss(z, q.detach())
+        self.log("train_loss", loss, sync_dist=True, batch_size=len(x))
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=1e-3)
+
+
 # ------------------------------------------------------------------ language
 
 
@@ -361,6 +402,26 @@ class GPT2Fixed(GPT2):
 # --8<-- [end:gpt2-fixed]
 
 
+class GPT2ScaledLearningRate(GPT2Fixed):
+    """`GPT2Fixed` with the "linear scaling rule" applied at the same global batch: AdamW's learning
+    rate multiplied by `self.trainer.world_size`."""
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-3 * self.trainer.world_size)
+
+
+class GPT2OneCycle(GPT2Fixed):
+    """`GPT2Fixed` with a OneCycleLR whose length is counted from the loader, a common pattern:
+    `len(self.trainer.datamodule.train_dataloader()) * self.trainer.max_epochs` (under DDP the
+    loader is per-device: N times the batches, a schedule N times as long)."""
+
+    def configure_optimizers(self):
+        opt = torch.optim.AdamW(self.parameters(), lr=1e-3)
+        total = len(self.trainer.datamodule.train_dataloader()) * self.trainer.max_epochs
+        sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-3, total_steps=total)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
 class BertMLM(GPT2):
     """Hugging Face's BERT for masked LM, 2 layers; the loss is the mean over the masked tokens."""
 
@@ -387,4 +448,9 @@ GALLERY = {
     "GPT-2, global token mean, no attention dropout": ("GPT2Fixed", "Text", {"pad_to_multiple_of": 32}, {}),
     "GPT-2, as above, padded per batch": ("GPT2Fixed", "Text", {}, {}),
     "BERT (masked LM)": ("BertMLM", "Text", {"mlm": True}, {}),
+    "VQ-VAE, EMA codebook": ("VQVAE", "Images", {}, {}),
+    "GPT-2 fixed, learning rate x world size": ("GPT2ScaledLearningRate", "Text", {"pad_to_multiple_of": 32}, {}),
+    "GPT-2 fixed, OneCycleLR sized by the loader": ("GPT2OneCycle", "Text", {"pad_to_multiple_of": 32},
+                                                    {"max_epochs": 2}),
+    "GPT-2 fixed, bf16-mixed": ("GPT2Fixed", "Text", {"pad_to_multiple_of": 32}, {"precision": "bf16-mixed"}),
 }

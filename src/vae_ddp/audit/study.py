@@ -84,7 +84,7 @@ _EXTRA_CLEAN = {"gradient_scale": "the gradient is not one device's times the wo
                 "update": "the same learning rate and update as one device at every step",
                 "buffers": "the same buffers as one device after every step",
                 "parameters": "the same parameters on every rank, at the start and after every step"}
-_EXTRA_NAMES = {"gradient_scale": "Loss scaled by ranks", "update": "Learning rate, update",
+EXTRA_NAMES = {"gradient_scale": "Loss scaled by ranks", "update": "Learning rate, update",
                 "buffers": "Buffers after the step", "parameters": "Parameters across ranks"}
 
 
@@ -100,7 +100,7 @@ def _clean(key: str) -> str:
 
 def _name(key: str) -> str:
     """The registry's name of a factor (one name everywhere); the audit's own checks by key."""
-    return registry.get(key).name if key in {f.key for f in registry.factors()} else _EXTRA_NAMES.get(key, key)
+    return registry.get(key).name if key in {f.key for f in registry.factors()} else EXTRA_NAMES.get(key, key)
 
 
 def _page(key: str) -> str:
