@@ -276,6 +276,8 @@ def test_a_step_that_reads_the_trainer_is_still_checked_for_coupled_samples(tmp_
     f = {x["factor"]: x for x in result["findings"]}["reduction"]
     assert code == 1 and not result["unexplained"] and f["exposed"] and not f["automatic_fix"], log[-3000:]
     assert "depends on the other samples of its batch" in f["evidence"], f
+    # the advice tells outputs that meet (gather with gradients) from a statistic of the batch (all-reduce it)
+    assert "self.all_gather(z, sync_grads=True)" in f["fix"] and "all-reduce that statistic" in f["fix"], f
 
 
 @pytest.mark.parametrize("model, repeated", [("AttentionDropout", True), ("AttentionDropoutPerRank", False)])

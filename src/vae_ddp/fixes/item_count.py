@@ -216,8 +216,11 @@ _REDUCTIONS = {
                  "vae_ddp.fixes.global_item_mean(summed_loss, item_count) for any per-item loss"),
     "coupled": ("the loss of a sample depends on the other samples of its batch (in-batch negatives, a contrastive "
                 "or ranking loss): each rank's loss sees only its own b samples, one device's all B",
-                "gather the embeddings of every rank with gradients, self.all_gather(z, sync_grads=True), and "
-                "compute the loss over the global batch (see the in-batch negatives question page)"),
+                "when the samples meet through their outputs (in-batch negatives, a ranking, the hardest examples of "
+                "the batch), gather the embeddings of every rank with gradients, self.all_gather(z, sync_grads=True), "
+                "and compute the loss over the global batch (see the in-batch negatives question page); when they "
+                "meet only through a statistic of the batch (class weights from its label counts, a normaliser), "
+                "all-reduce that statistic instead (torch.distributed.all_reduce of the counts), no gradient needed"),
 }
 
 
