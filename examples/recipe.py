@@ -46,7 +46,8 @@ class BottleneckClassifier(pl.LightningModule):
         self.head = nn.Linear(16, 10)
 
     def noise(self, mu):  # change 4: one generator per global batch, this rank's rows of it
-        g = torch.Generator(mu.device).manual_seed(self.hparams.seed * 1_000_003 + self.global_step)
+        batch = self.trainer.fit_loop.total_batch_idx  # not global_step: accumulated batches share a step
+        g = torch.Generator(mu.device).manual_seed(self.hparams.seed * 1_000_003 + batch)
         world, rank = self.trainer.world_size, self.global_rank
         eps = torch.randn((world * len(mu), *mu.shape[1:]), generator=g, dtype=mu.dtype, device=mu.device)
         return eps[rank::world]  # DistributedSampler deals the rows of a global batch round-robin

@@ -88,3 +88,30 @@ def test_recipe_changes_heading_counts_the_rows():
     assert len(rows) == len(mod.CHANGES)
     n_changes = len({ln.split("|")[1].strip() for ln in rows} - {"-"})
     assert table.startswith(f"{n_changes} changes cover the {len(rows)} factors")
+
+
+def test_the_recipe_draws_new_noise_for_every_accumulated_batch(monkeypatch):
+    """Under ``accumulate_grad_batches=2`` the micro-batches of one optimizer step share its
+    ``global_step``: change 4 seeded from it drew the same noise for both (a noise shared across
+    the global batch's halves, the factor the recipe removes). Seeded from the batch counter, every
+    training batch draws its own, on one device as on any world size."""
+    import pytorch_lightning as pl
+    import torch
+
+    monkeypatch.syspath_prepend(str(ROOT / "examples"))
+    from recipe import BottleneckClassifier, Digits
+
+    draws = []
+
+    class Recorded(BottleneckClassifier):
+        def noise(self, mu):
+            eps = super().noise(mu)
+            draws.append(eps.detach().clone())
+            return eps
+
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=2, accumulate_grad_batches=2, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         use_distributed_sampler=False)
+    trainer.fit(Recorded(), datamodule=Digits())
+    assert len(draws) == 4 and trainer.global_step == 2
+    assert not any(torch.equal(draws[i], draws[j]) for i in range(4) for j in range(i)), "a micro-batch repeats noise"
