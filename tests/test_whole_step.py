@@ -342,6 +342,11 @@ def test_torch_draws_are_named_where_they_are_made():
     assert unkeyed_draws(model, lambda: model(x)) == ([], ["torch.rand_like in net.2 (Mask)"])
     g = torch.Generator().manual_seed(0)
     assert unkeyed_draws(model, lambda: torch.rand(3, generator=g)) == ([], [])
+    # the dropout and drop-path layers the fixes serve draw with torch too: not the user's own draws
+    from torchvision.ops import StochasticDepth
+
+    served = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5), StochasticDepth(0.5, "row"))
+    assert unkeyed_draws(served, lambda: served(x)) == ([], [])
 
 
 def test_keyed_torch_draws_give_each_rank_one_devices_rows():

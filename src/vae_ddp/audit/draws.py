@@ -56,17 +56,48 @@ TORCH_DRAWS: dict[Any, str] = {
 }
 
 
-class _Recording(TorchFunctionMode):
-    """Records which of ``TORCH_DRAWS`` run without a ``generator=``, in which module."""
+def _served_layers(module: nn.Module) -> set[int]:
+    """``id``s of the layers whose draws the fixes serve already (``nn.Dropout`` and its 1d/2d/3d
+    forms, drop-path: [`GlobalBatchRandomness`][vae_ddp.fixes.randomness.GlobalBatchRandomness]
+    swaps them): the torch calls inside them are not the user's own draws."""
+    from vae_ddp.fixes.dropout import SWAPPABLE, drop_path_layers
 
-    def __init__(self, where) -> None:
+    served = {id(layer) for _, _, layer in drop_path_layers(module)}
+    return served | {id(m) for m in module.modules() if isinstance(m, SWAPPABLE)}
+
+
+class _Inside:
+    """Counts how deep the running forward is inside the layers of ``ids`` (forward hooks on them)."""
+
+    def __init__(self, module: nn.Module, ids: set[int]) -> None:
+        self.depth = 0
+        layers = [m for m in module.modules() if id(m) in ids]
+        self.hooks = [m.register_forward_pre_hook(self._enter) for m in layers]
+        self.hooks += [m.register_forward_hook(self._leave) for m in layers]
+
+    def _enter(self, m: nn.Module, args: Any) -> None:
+        self.depth += 1
+
+    def _leave(self, m: nn.Module, args: Any, out: Any) -> None:
+        self.depth -= 1
+
+    def remove(self) -> None:
+        for h in self.hooks:
+            h.remove()
+
+
+class _Recording(TorchFunctionMode):
+    """Records which of ``TORCH_DRAWS`` run without a ``generator=``, in which module (none inside a
+    layer the fixes serve)."""
+
+    def __init__(self, where, inside: _Inside) -> None:
         super().__init__()
-        self.where, self.found = where, {}
+        self.where, self.inside, self.found = where, inside, {}
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = TORCH_DRAWS.get(func)
-        if name is not None and kwargs.get("generator") is None:
+        if name is not None and kwargs.get("generator") is None and not self.inside.depth:
             self.found[f"{name} in {self.where()}"] = None
         return func(*args, **kwargs)
 
@@ -77,7 +108,7 @@ def unkeyed_draws(module: nn.Module, step: Any) -> tuple[list[str], list[str]]:
     ``scaled_dot_product_attention`` with ``dropout_p > 0`` as ``["name (Class, dropout_p=p)", ...]``
     and the calls of torch's random functions without a ``generator=`` as
     ``["torch.randn_like in name (Class)", ...]`` ("the LightningModule" for a call outside any
-    submodule's ``forward``). Found by forward hooks that track the innermost module running (the
+    submodule's ``forward``; none inside the dropout and drop-path layers the fixes serve). Found by forward hooks that track the innermost module running (the
     attention call goes through ``torch.nn.functional``'s attribute, as PyTorch's and Hugging
     Face's code make it) and a ``TorchFunctionMode`` that sees torch's functions."""
     names = {id(m): n for n, m in module.named_modules()}
@@ -105,11 +136,13 @@ def unkeyed_draws(module: nn.Module, step: Any) -> tuple[list[str], list[str]]:
 
     hooks = [m.register_forward_pre_hook(enter) for m in module.modules()]
     hooks += [m.register_forward_hook(leave) for m in module.modules()]
-    mode = _Recording(where)
+    inside = _Inside(module, _served_layers(module))
+    mode = _Recording(where, inside)
     try:
         with _sdpa(recording), mode:
             step()
     finally:
+        inside.remove()
         for h in hooks:
             h.remove()
     return list(found), list(mode.found)
@@ -133,9 +166,9 @@ class _Keyed(TorchFunctionMode):
     samples under [`WithinBatchPermutation`][vae_ddp.harness.permutation.WithinBatchPermutation]),
     any other draw the same on every rank."""
 
-    def __init__(self, stream: GlobalBatchStream, b: int, permutation: Any) -> None:
+    def __init__(self, stream: GlobalBatchStream, b: int, permutation: Any, inside: Optional[_Inside] = None) -> None:
         super().__init__()
-        self.stream, self.b, self.permutation = stream, b, permutation
+        self.stream, self.b, self.permutation, self.inside = stream, b, permutation, inside
 
     def _draw(self, fn, size, dtype, device) -> Tensor:
         size, device = list(size), torch.device(device if device is not None else "cpu")
@@ -146,7 +179,7 @@ class _Keyed(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
-        if func not in TORCH_DRAWS or kwargs.get("generator") is not None:
+        if func not in TORCH_DRAWS or kwargs.get("generator") is not None or (self.inside and self.inside.depth):
             return func(*args, **kwargs)
         keyed = self._keyed(func, args, kwargs)
         return func(*args, **kwargs) if keyed is None else keyed
@@ -191,7 +224,9 @@ class KeyedTorchDraws(Callback):
     takes this rank's rows of the global batch's draw, any other draw is the same on every rank
     (as one device draws it once for the global batch). A permuted floor run
     ([`WithinBatchPermutation`][vae_ddp.harness.permutation.WithinBatchPermutation]) permutes the
-    rows with their samples. ``torch.randint`` and other spellings are left as drawn.
+    rows with their samples. ``torch.randint`` and other spellings are left as drawn, and so are the
+    draws inside the dropout and drop-path layers the fixes serve (a run without those fixes keeps
+    them as Lightning's defaults draw them).
 
     Args:
         seed: the stream's base seed (the same in every compared run and rank).
@@ -202,17 +237,24 @@ class KeyedTorchDraws(Callback):
         self._batch = 0
         self._mode: Optional[_Keyed] = None
         self._permutation: Any = None
+        self._inside: Optional[_Inside] = None
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         from vae_ddp.harness.permutation import WithinBatchPermutation
 
         self._batch = 0
         self._permutation = next((c for c in trainer.callbacks if isinstance(c, WithinBatchPermutation)), None)
+        self._inside = _Inside(pl_module, _served_layers(pl_module))
+
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._inside is not None:
+            self._inside.remove()
+            self._inside = None
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         stream = GlobalBatchStream(self.seed, trainer.global_rank, trainer.world_size)
         stream.step = self._batch  # its own generators, never the fixes' current stream
-        self._mode = _Keyed(stream, len(batch_tensors(batch)[0]), self._permutation)
+        self._mode = _Keyed(stream, len(batch_tensors(batch)[0]), self._permutation, self._inside)
         self._mode.__enter__()
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
