@@ -84,8 +84,9 @@ _EXTRA_CLEAN = {"gradient_scale": "the gradient is not one device's times the wo
                 "update": "the same learning rate and update as one device at every step",
                 "buffers": "the same buffers as one device after every step",
                 "parameters": "the same parameters on every rank, at the start and after every step"}
+#: the table's names of the audit's own rows (the registry names the factors)
 EXTRA_NAMES = {"gradient_scale": "Loss scaled by ranks", "update": "Learning rate, update",
-                "buffers": "Buffers after the step", "parameters": "Parameters across ranks"}
+               "buffers": "Buffers after the step", "parameters": "Parameters across ranks"}
 
 
 def _factors() -> tuple[str, ...]:
