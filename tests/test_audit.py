@@ -17,8 +17,8 @@ import torch
 
 from vae_ddp import guard
 from vae_ddp.audit.study import FLOOR_DRAWS, FLOOR_RATIO
+from helpers import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 M = "examples.audit_models"
 
 
@@ -242,7 +242,6 @@ def test_all_gather_with_gradients(tmp_path):
     assert "not attached" not in log and "self.log()" not in log
 
 
-
 def test_unsynced_logging(tmp_path):
     code, result, log = audit(tmp_path, f"{M}.Unsynced")
     f = by_factor(result)
@@ -387,7 +386,6 @@ def test_a_missing_file_is_one_line_in_both_spellings(tmp_path, capsys, monkeypa
     code = main(["audit", *spelling, "--data", f"{M}.Regression", "--out", str(tmp_path / "a")])
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1 and "nowhere.py does not exist" in err, err
-
 
 
 def test_the_reduction_check_reads_several_seeded_batches(monkeypatch):

@@ -7,6 +7,7 @@ import torch
 
 from conftest import run_cli
 from vae_ddp.cli import main
+from helpers import ROOT
 
 
 def _run(capsys, *args):
@@ -124,11 +125,10 @@ def test_cifar10_without_network_says_how_to_get_it(tmp_path, capsys, monkeypatc
 
 def test_lightningcli_example_with_a_missing_data_folder(tmp_path):
     import sys
-    from pathlib import Path
 
     from vae_ddp import guard
 
-    root = Path(__file__).resolve().parents[1]
+    root = ROOT
     proc = guard.run([sys.executable, str(root / "examples" / "vae.py"), "fit", "--data.data_dir",
                       str(tmp_path / "missing")], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr

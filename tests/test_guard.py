@@ -17,8 +17,7 @@ import pytest
 
 from vae_ddp import guard
 from vae_ddp.harness.launch import RunFailed, launch
-
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
 
 
 def alive(marker: str) -> list[int]:

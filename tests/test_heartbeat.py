@@ -4,9 +4,8 @@ installing vae-ddp changes no other ``Trainer`` (no ``pytorch_lightning.callback
 from __future__ import annotations
 
 import tomllib
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
 
 
 def test_the_package_registers_no_lightning_callbacks():
