@@ -353,6 +353,27 @@ def test_the_init_arguments_of_a_class_in_a_file(spelling, capsys, monkeypatch):
     assert "examples/audit_models.py:WithDropout" in out and "_vae_ddp_user" not in out, out
 
 
+def test_print_config_of_a_class_in_a_file_reads_back(tmp_path, capsys, monkeypatch):
+    """``--print_config`` names a class made of a file by its file (absolute: a config's relative
+    paths are read from its own folder), and ``--config`` reads that file back; a file a config
+    names that does not exist is one line."""
+    from vae_ddp.cli import main
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    code = main(["audit", "--model", "examples/audit_models.py:Plain", "--data", f"{M}.Regression", "--print_config"])
+    printed = capsys.readouterr().out
+    assert code == 0 and f"class_path: {ROOT / 'examples' / 'audit_models.py'}:Plain" in printed, printed
+    assert "_vae_ddp_user" not in printed
+    (tmp_path / "c.yaml").write_text(printed)
+    code = main(["audit", "--config", str(tmp_path / "c.yaml"), "--steps", "0", "--out", str(tmp_path / "a")])
+    assert code == 2 and capsys.readouterr().err.strip() == "vae-ddp audit: error: --steps must be at least 1, got 0"
+    (tmp_path / "c.yaml").write_text("model:\n  class_path: nowhere.py:Net\n")
+    code = main(["audit", "--config", str(tmp_path / "c.yaml"), "--data", f"{M}.Regression", "--out", str(tmp_path / "a")])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "nowhere.py does not exist" in err, err
+
+
 def test_a_failed_run_is_exit_code_3_not_a_verdict(tmp_path, capsys, monkeypatch):
     """A run that fails (or hangs) says so in one line with exit code 3; 1 means the audit's verdict."""
     from vae_ddp.audit import study

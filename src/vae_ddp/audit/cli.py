@@ -7,12 +7,10 @@
 MODEL and DATA are ``package.module.Class`` or ``path/to/file.py:Class``. DATA's ``batch_size``
 is the global batch size (one device's batch); each DDP rank gets ``batch_size / devices``. The
 checks of the input before any training live in [`vae_ddp.audit.preflight`][vae_ddp.audit.preflight];
-every bad input is one line ([`one_line`][vae_ddp.errors.one_line] for jsonargparse's). Exit codes:
-0 DDP with the fixes, started at every step from one device's weights, computes a gradient within
-2x the one-device floor; 1 it does not (something unexplained, a factor the audit cannot fix by
-itself, such as a loss averaged over a variable number of items, or random draws that do not
-follow their sample), 2 bad input (one line, before any training), 3 a training run failed (its
-first error line, and where every rank's log is).
+every bad input is one line ([`one_line`][vae_ddp.errors.one_line] for jsonargparse's). Exit codes
+(``EPILOG``): 0 DDP with the fixes computes one device's whole step within 2x the one-device floor;
+1 it does not; 2 bad input (one line, before any training); 3 a training run failed (its first
+error line, and where every rank's log is).
 """
 
 from __future__ import annotations
@@ -52,17 +50,28 @@ class AuditParser(ArgumentParser):
     def format_help(self) -> str:
         return preflight.as_given(super().format_help())
 
+    def dump(self, *args: Any, **kwargs: Any) -> str:  # --print_config: a config --config reads back
+        return preflight.as_given(super().dump(*args, **kwargs), absolute=True)
+
 
 def _class_flag(action: argparse.Action, key: str) -> None:
-    """``--KEY VALUE`` and ``--KEY.help VALUE`` take their own value through
-    [`class_arg`][vae_ddp.audit.preflight.class_arg] (``path/to/file.py:Class`` imported, the
-    class checked) before jsonargparse reads it; ``--KEY.init_args.NAME`` values are left alone."""
+    """``--KEY VALUE`` and ``--KEY.help VALUE`` take their own value, and a config file's
+    ``KEY: {class_path: ...}``, through [`class_arg`][vae_ddp.audit.preflight.class_arg]
+    (``path/to/file.py:Class`` imported, the class checked) before jsonargparse reads it;
+    ``--KEY.init_args.NAME`` values are left alone."""
 
-    class ClassFlag(type(action)):  # jsonargparse's action of the flag, called by argparse with the value
-        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    class ClassFlag(type(action)):  # jsonargparse's action of the flag
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:  # argparse's call with the command line's value
             if len(args) == 4 and args[3] in self.option_strings and isinstance(args[2], str):
                 args = (*args[:2], preflight.class_arg(key, args[2]), args[3])
             return super().__call__(*args, **kwargs)
+
+        def _check_type_(self, value: Any, **kwargs: Any) -> Any:  # a value of a config file too
+            path = value.get("class_path") if hasattr(value, "get") else None
+            if isinstance(path, str) and preflight.class_arg(key, path) != path:
+                value = value.clone() if hasattr(value, "clone") else dict(value)
+                value["class_path"] = preflight.class_arg(key, path)
+            return super()._check_type_(value, **kwargs)
 
     action.__class__ = ClassFlag
 

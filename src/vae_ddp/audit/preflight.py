@@ -77,12 +77,14 @@ _GIVEN: dict[str, str] = {}
 _FILES: dict[str, str] = {}
 
 
-def as_given(text: str) -> str:
+def as_given(text: str, absolute: bool = False) -> str:
     """``text`` with each class made of a file and its module named as the user did
-    (``path/to/file.py:Class``, ``path/to/file.py``)."""
-    for path, value in _GIVEN.items():  # the classes first: a module's name is the start of its classes'
+    (``path/to/file.py:Class``, ``path/to/file.py``); ``absolute``: with the file's absolute path
+    (a config file's relative paths are read from its own folder)."""
+    given = {path: f"{_FILES[path]}:{path.rpartition('.')[2]}" if absolute else value for path, value in _GIVEN.items()}
+    for path, value in given.items():  # the classes first: a module's name is the start of its classes'
         text = text.replace(path, value)
-    for path, value in _GIVEN.items():
+    for path, value in given.items():
         text = text.replace(path.rpartition(".")[0], value.rpartition(":")[0])
     return text
 
