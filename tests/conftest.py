@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import ROOT, load_script
 
-ROOT = Path(__file__).resolve().parents[1]
 CIFAR_SUBSET = Path(os.environ.get("VAE_DDP_CIFAR_SUBSET", ROOT.parent / "shared" / "data" / "cifar10-jpg-subset"))
 FULL = os.environ.get("VAE_DDP_FULL") == "1"
 
@@ -55,12 +55,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 def _runner():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("vae_ddp_results", ROOT / "tools" / "results.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("tools/results.py", "vae_ddp_results")
 
 
 def needs_cifar(entry: dict) -> bool:

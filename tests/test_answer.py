@@ -8,7 +8,7 @@ import random
 import re
 
 import pytest
-from conftest import ROOT
+from helpers import ROOT
 
 REPORT_SCALE = ROOT / "docs" / "results" / "report-scale"
 

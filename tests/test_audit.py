@@ -17,8 +17,8 @@ import torch
 
 from vae_ddp import guard
 from vae_ddp.audit.study import FLOOR_DRAWS, FLOOR_RATIO
+from helpers import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 M = "examples.audit_models"
 
 
@@ -243,7 +243,6 @@ def test_all_gather_with_gradients(tmp_path):
     assert "not attached" not in log and "self.log()" not in log
 
 
-
 def test_unsynced_logging(tmp_path):
     code, result, log = audit(tmp_path, f"{M}.Unsynced")
     f = by_factor(result)
@@ -295,14 +294,19 @@ def test_augmentation_with_workers(tmp_path):
     (["--model", f"{M}.Plain", "--steps", "ten"], "--steps: expected int, got 'ten'"),
     (["--model", f"{M}.Plain", "--dtype", "float16"], "unknown --dtype 'float16': use one of float64, float32"),
     (["--model", f"{M}.Plain", "--trainer.gradient_clip_val", "abc"],
-     "--trainer.gradient_clip_val: expected float or null, got 'abc'"),
+     "--trainer.gradient_clip_val: expected int or float or null, got 'abc'"),  # Trainer's own type
     (["--model", f"{M}.Plain", "--model.init_args.hidden", "4"], "--model.init_args.hidden: Plain has no init argument 'hidden'"),
     (["--model", f"{M}.Plain", "--data.init_args.batch_size", "x"], "--data.init_args.batch_size: expected int, got 'x'"),
     (["--model", "examples/audit_models.py:Plain", "--model.init_args.hidden=4"],
      "--model.init_args.hidden: Plain has no init argument 'hidden'"),
     (["--model", f"{M}.Plain", "--trainer.precision", "16"],
      "--trainer.precision '16' is not one the audit compares: give one of 64-true, 32-true, bf16-mixed, 16-mixed"),
-    (["--model", f"{M}.Plain", "--trainer.max_steps", "5"], "it sets the devices (--devices) and the steps (--steps)"),
+    (["--model", f"{M}.Plain", "--trainer.max_steps", "5"], "--trainer.max_steps: the audit sets it (--steps); the "
+                                                           "audit accepts --trainer.strategy, --trainer.precision"),
+    (["--model", f"{M}.Plain", "--trainer.devices", "4"], "--trainer.devices: the audit sets it (--devices)"),
+    (["--model", f"{M}.Plain", "--trainer.callbacks", "[]"], "--trainer.callbacks: the audit sets it"),
+    (["--model", f"{M}.Plain", "--trainer.max_stepz", "5"], "--trainer.max_stepz: Trainer takes no such argument"),
+    (["--model", f"{M}.Plain", "--trainer.limit_train_batches", "x"], "--trainer.limit_train_batches: expected"),
     # a class the file does not define, named as given in both spellings (not the module made of the file)
     (["--model", "examples/audit_models.py:Nope"],
      "--model examples/audit_models.py:Nope does not import (examples/audit_models.py defines no Nope)"),
@@ -310,6 +314,12 @@ def test_augmentation_with_workers(tmp_path):
      "--model examples/audit_models.py:Nope does not import (examples/audit_models.py defines no Nope)"),
     (["--model=no.such.Module"], "--model no.such.Module does not import"),
     (["--data", f"{M}.Regression"], "the following arguments are required: --model"),
+    # a flag typed with dashes (another command line's spelling) is answered with this one's
+    (["--model", f"{M}.Plain", "--data.init-args.batch-size", "15"],
+     "--data.init-args.batch-size: flags are the Python names, with underscores: --data.init_args.batch_size"),
+    (["--model", f"{M}.Plain", "--data.batch-size", "15"], "with underscores: --data.batch_size"),
+    (["--model", f"{M}.Plain", "--trainer.max-steps", "5"], "with underscores: --trainer.max_steps"),
+    (["--model", f"{M}.Plain", "--global-batch-size", "8"], "with underscores: --global_batch_size; see -h"),
 ])
 def test_bad_input(tmp_path, args, message, capsys, monkeypatch):
     """In this process (each is found before anything is launched): exit code 2, one line."""
@@ -342,6 +352,27 @@ def test_the_init_arguments_of_a_class_in_a_file(spelling, capsys, monkeypatch):
     out = capsys.readouterr().out
     assert code == 0 and out.startswith("usage: vae-ddp audit ") and "--model.p P" in out, out
     assert "examples/audit_models.py:WithDropout" in out and "_vae_ddp_user" not in out, out
+
+
+def test_print_config_of_a_class_in_a_file_reads_back(tmp_path, capsys, monkeypatch):
+    """``--print_config`` names a class made of a file by its file (absolute: a config's relative
+    paths are read from its own folder), and ``--config`` reads that file back; a file a config
+    names that does not exist is one line."""
+    from vae_ddp.cli import main
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    code = main(["audit", "--model", "examples/audit_models.py:Plain", "--data", f"{M}.Regression", "--print_config"])
+    printed = capsys.readouterr().out
+    assert code == 0 and f"class_path: {ROOT / 'examples' / 'audit_models.py'}:Plain" in printed, printed
+    assert "_vae_ddp_user" not in printed
+    (tmp_path / "c.yaml").write_text(printed)
+    code = main(["audit", "--config", str(tmp_path / "c.yaml"), "--steps", "0", "--out", str(tmp_path / "a")])
+    assert code == 2 and capsys.readouterr().err.strip() == "vae-ddp audit: error: --steps must be at least 1, got 0"
+    (tmp_path / "c.yaml").write_text("model:\n  class_path: nowhere.py:Net\n")
+    code = main(["audit", "--config", str(tmp_path / "c.yaml"), "--data", f"{M}.Regression", "--out", str(tmp_path / "a")])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "nowhere.py does not exist" in err, err
 
 
 def test_a_failed_run_is_exit_code_3_not_a_verdict(tmp_path, capsys, monkeypatch):
@@ -390,13 +421,12 @@ def test_a_missing_file_is_one_line_in_both_spellings(tmp_path, capsys, monkeypa
     assert code == 2 and len(err.strip().splitlines()) == 1 and "nowhere.py does not exist" in err, err
 
 
-
 def test_the_reduction_check_reads_several_seeded_batches(monkeypatch):
     """A mean over tokens per rank equals the global mean on a batch whose chunks hold as many
     tokens each (one random first batch in 8 here: the check flickered). The one-process check
     reads the first global batches of the loader, drawn from the audit's seed."""
     from examples.audit_models import MaskedTokens, Plain, Regression
-    from vae_ddp.audit.cli import check
+    from vae_ddp.audit.preflight import check
     from vae_ddp.audit.spec import AuditRun
 
     monkeypatch.chdir(ROOT)
@@ -418,7 +448,7 @@ def test_the_reduction_check_names_the_fix_of_its_kind(model, kind, evidence, fi
     apart, and each gets the fix that reproduces one device (the summed-loss and in-batch
     negatives question pages measure those)."""
     import examples.audit_models as models
-    from vae_ddp.audit.cli import check
+    from vae_ddp.audit.preflight import check
     from vae_ddp.audit.spec import AuditRun
 
     monkeypatch.chdir(ROOT)
@@ -434,7 +464,7 @@ def test_the_reduction_check_is_not_fooled_by_draws_in_the_step(monkeypatch):
     different noise, so their gradients differ whatever the reduction (it was flagged as an
     in-batch loss, "coupled"). Two seeds tell: a note that the check was skipped, no finding."""
     from examples.audit_models import NoisyStep, Regression
-    from vae_ddp.audit.cli import check
+    from vae_ddp.audit.preflight import check
     from vae_ddp.audit.spec import AuditRun
 
     monkeypatch.chdir(ROOT)
@@ -450,7 +480,7 @@ def test_random_draws_in_the_collate_fn_are_named(monkeypatch):
     """Mixup in the loader's collate_fn: the one-process check names it (the training step
     itself draws nothing, so DDPAudit's draw check cannot see it)."""
     from examples.audit_models import Mixup, Plain, Regression
-    from vae_ddp.audit.cli import check
+    from vae_ddp.audit.preflight import check
     from vae_ddp.audit.spec import AuditRun
 
     monkeypatch.chdir(ROOT)
@@ -492,25 +522,64 @@ def test_help_answers_without_torch():
 
 
 def test_the_help_parser_has_every_option_of_the_parser():
-    """The help's parser and the parsing one differ only in how they take --model and --data
-    (jsonargparse's subclass arguments add `--model.help CLASS`); the Trainer arguments have
-    Lightning's defaults (strategy: the audit's own `ddp`, given as unset)."""
+    """One parser answers --help and parses (no second parser for the help): every option it
+    parses is in its help; the Trainer arguments the help names are Lightning's, and those it
+    refuses are not among them."""
     import inspect
+    import io
 
     from pytorch_lightning import Trainer
 
-    from vae_ddp.audit.cli import _parser
-    from vae_ddp.audit.spec import TRAINER_ARGS
+    from vae_ddp.audit.cli import build_parser
+    from vae_ddp.audit.spec import TRAINER_ARGS, TRAINER_SET
 
-    def options(p):
-        return {o: a.default for a in p._actions for o in a.option_strings}
-
-    light, full = options(_parser(light=True)), options(_parser())
-    assert set(full) - set(light) == {"--model.help", "--data.help"} and set(light) <= set(full)
-    assert all(light[o] == full[o] for o in light if not o.startswith(("--model", "--data", "-h", "--help")))
+    parser, text = build_parser(), io.StringIO()
+    parser.print_help(text)
+    flat = " ".join(text.getvalue().split())
+    options = {o for a in parser._actions for o in a.option_strings if o.startswith("--")}
+    assert {"--model", "--data", "--model.help", "--config", "--trainer", "--steps"} <= options
+    assert all(o in flat for o in options), [o for o in options if o not in flat]
     lightning = inspect.signature(Trainer).parameters
-    for name, (_, default, _) in TRAINER_ARGS.items():
-        assert default == (None if name == "strategy" else lightning[name].default), name
+    assert set(TRAINER_ARGS) <= set(lightning) and set(TRAINER_SET) <= set(lightning)
+    assert not set(TRAINER_ARGS) & set(TRAINER_SET)
+    assert all(f"--trainer.{k}" in flat for k in [*TRAINER_ARGS, *TRAINER_SET])
+
+
+def test_the_trainer_arguments_the_audit_refuses_are_those_its_runs_set(monkeypatch):
+    """Every keyword the audit's runs give ``Trainer`` (``vae_ddp.audit.run.build``, with every fix
+    on) is refused as ``--trainer.NAME`` but the three it takes from the user (strategy, precision,
+    max_epochs); of the other refused ones, a fix sets one on GPUs (sync_batchnorm) and the rest
+    change which or how many steps are compared."""
+    from vae_ddp.audit import run as audit_run
+    from vae_ddp.audit.spec import TRAINER_SET, AuditRun
+    from vae_ddp.fixes import registry
+
+    seen = {}
+    monkeypatch.setattr(audit_run, "Trainer", lambda **kwargs: seen.update(kwargs))
+    monkeypatch.chdir(ROOT)
+    run = AuditRun(model={"class_path": f"{M}.Plain"}, data={"class_path": f"{M}.Regression"}, devices=2,
+                   global_batch_size=16, steps=1, fixes=list(registry.audit_fixable()))
+    audit_run.build(run)
+    set_by_runs = set(seen) - {"strategy", "precision", "max_epochs"}
+    assert set_by_runs <= set(TRAINER_SET), set_by_runs - set(TRAINER_SET)
+    steps = {"num_nodes", "min_steps", "max_time", "fast_dev_run", "overfit_batches", "sync_batchnorm"}
+    assert set(TRAINER_SET) - set_by_runs == steps, set(TRAINER_SET) - set_by_runs
+
+
+def test_the_other_trainer_arguments_reach_every_run(monkeypatch):
+    """A Trainer argument the audit does not set (``--trainer.limit_train_batches``) goes through
+    as LightningCLI spells it, typed by ``Trainer``'s signature, into the runs' Trainer."""
+    from vae_ddp.audit import preflight
+    from vae_ddp.audit.cli import build_parser
+    from vae_ddp.audit.run import build
+
+    monkeypatch.chdir(ROOT)
+    cfg = build_parser().parse_args(["--model", f"{M}.Plain", "--data", f"{M}.Regression", "--trainer.benchmark",
+                                     "true", "--trainer.limit_train_batches", "3", "--trainer.max_epochs", "2"])
+    run, _, _ = preflight.audit_run(cfg.as_dict())
+    assert run.trainer == {"benchmark": True, "limit_train_batches": 3, "max_epochs": 2}, run.trainer
+    trainer = build(run.replace(devices=1))[2]
+    assert trainer.limit_train_batches == 3 and trainer.max_epochs == 2
 
 
 def test_the_audit_deals_global_batches_through_the_strategy_hook(monkeypatch):
@@ -554,7 +623,7 @@ def test_the_one_process_check_is_repeatable(monkeypatch):
     global generator stands: the same command gives the same evidence numbers (they differed between
     two runs of one command before), and the caller's generator is left where it was."""
     import examples.audit_models as models
-    from vae_ddp.audit.cli import check
+    from vae_ddp.audit.preflight import check
     from vae_ddp.audit.spec import AuditRun
 
     monkeypatch.chdir(ROOT)

@@ -2,11 +2,9 @@
 
 import json
 import sys
-from pathlib import Path
 
 from vae_ddp import guard
-
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
 
 
 def _findings(tmp_path, mode):

@@ -1,20 +1,14 @@
 """The step-time benchmark's summary: paired ratios per round and a verdict only where every
 round agrees (the arithmetic on given run medians; timing itself is a benchmark, not a test)."""
 
-import importlib.util
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT, load_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("step_time_bench", ROOT / "benchmarks" / "step_time.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return _load("step_time")
 
 
 def test_verdicts_need_every_round(bench):
@@ -37,10 +31,7 @@ def test_verdicts_need_every_round(bench):
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"{name}_bench", ROOT / "benchmarks" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(f"benchmarks/{name}.py", f"{name}_bench")
 
 
 @pytest.mark.parametrize("name, folder, page", [("step_time", "step-time", "recipe.md"),

@@ -9,6 +9,7 @@ import pytest
 from vae_ddp.cli import build_parser, main
 from vae_ddp.fixes import registry
 from vae_ddp.harness.configs import flag
+from helpers import ROOT
 
 
 @pytest.mark.parametrize("command", ["compare", "equivalence", "ablation", "seeds"])
@@ -57,11 +58,9 @@ def _documented_commands() -> list[tuple[str, list[str]]]:
     continuation lines joined, and inline code), as (file, argv after ``vae-ddp``)."""
     import re
     import shlex
-    from pathlib import Path
-
     from vae_ddp.studies import COMMANDS
 
-    root = Path(__file__).resolve().parents[1]
+    root = ROOT
     files = [root / "README.md", root / "CONTRIBUTING.md",
              *(p for p in sorted((root / "docs").rglob("*.md")) if "generated" not in p.parts)]
     found = []

@@ -7,6 +7,7 @@ import torch
 
 from conftest import run_cli
 from vae_ddp.cli import main
+from helpers import ROOT
 
 
 def _run(capsys, *args):
@@ -27,6 +28,9 @@ def _run(capsys, *args):
                                     "with underscores: --global_batch_size"),
     (["--configs", "single", "ddp"], "--configs: expected list, got 'single' (write a list as '[a, b]'"),
     (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    # the hint names the flag the user typed, in underscores (it named --global_batch_size for any)
+    (["--data-dir", "/tmp"], "unrecognized arguments: --data-dir /tmp (flags are the Python names, with underscores: "
+                             "--data_dir; see -h)"),
     (["--config", "/nonexistent/c.yaml"], "--config: File does not exist"),
 ])
 def test_bad_input_is_one_clear_line(args, message, tmp_path, capsys):
@@ -124,11 +128,10 @@ def test_cifar10_without_network_says_how_to_get_it(tmp_path, capsys, monkeypatc
 
 def test_lightningcli_example_with_a_missing_data_folder(tmp_path):
     import sys
-    from pathlib import Path
 
     from vae_ddp import guard
 
-    root = Path(__file__).resolve().parents[1]
+    root = ROOT
     proc = guard.run([sys.executable, str(root / "examples" / "vae.py"), "fit", "--data.data_dir",
                       str(tmp_path / "missing")], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
@@ -197,3 +200,22 @@ def test_a_second_run_into_a_folder_in_use_is_refused_in_one_line(tmp_path, caps
     (out / LOCK_NAME).write_text('{"pid": 999999999, "command": "killed with -9"}')  # left by a killed run
     with out_folder_lock(out, "this one"):
         assert '"command": "this one"' in (out / LOCK_NAME).read_text()
+
+
+@pytest.mark.parametrize("command", [["compare"], ["audit", "--model", "examples.audit_models.Plain", "--data",
+                                                   "examples.audit_models.Regression"]], ids=["compare", "audit"])
+def test_a_config_file_error_names_the_file_the_line_and_what_to_do(command, tmp_path, capsys, monkeypatch):
+    """YAML that does not parse, and a value of the wrong type in a config file: one line naming
+    the file (the line and column for YAML), exit 2, no traceback, in both command lines."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr("sys.path", list(__import__("sys").path))  # the audit puts the working directory on it
+    bad, typed = tmp_path / "bad.yaml", tmp_path / "typed.yaml"
+    bad.write_text("steps: 3\n  devices: [\n")
+    typed.write_text("steps: ten\n")
+    code, err = _run(capsys, *command, "--config", str(bad), "--out", str(tmp_path / "o"))
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert (f"--config {bad} is not valid YAML (line 2, column 10: mapping values are not allowed in this context): "
+            "fix that line, or start from the file --print_config writes") in err, err
+    code, err = _run(capsys, *command, "--config", str(typed), "--out", str(tmp_path / "o"))
+    assert code == 2 and err.strip().endswith(f"--config {typed}: --steps: expected int, got 'ten'"), err
+    assert not (tmp_path / "o").exists()

@@ -15,15 +15,14 @@ from __future__ import annotations
 
 import functools
 import http.server
-import importlib.util
 import os
 import re
 import threading
 from pathlib import Path
 
 import pytest
+from helpers import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 CHROMIUM = "/usr/bin/chromium"
 
@@ -109,10 +108,9 @@ def test_notebook_page_is_executed_and_downloadable(site):
 # --------------------------------------------------------------------------- the results runner (tools/results.py)
 
 def _runner():
-    spec = importlib.util.spec_from_file_location("vae_ddp_results", ROOT / "tools" / "results.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from conftest import _runner
+
+    return _runner()
 
 
 def _project(tmp_path: Path, scripts: dict[str, str], registry: str) -> Path:

@@ -8,7 +8,7 @@ import json
 import math
 
 import pytest
-from conftest import ROOT
+from helpers import ROOT, load_script
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
@@ -155,7 +155,7 @@ def test_committed_seed_study_figure_is_its_final_values(tmp_path, captured):
     dot per seed and one mean ±1 SD bar per configuration, every text inside the figure."""
     import json
 
-    from conftest import ROOT
+    from helpers import ROOT
     from vae_ddp.studies.seeds import plot_finals
 
     r = json.loads((ROOT / "docs" / "results" / "seeds-full" / "seeds.json").read_text())
@@ -167,31 +167,24 @@ def test_committed_seed_study_figure_is_its_final_values(tmp_path, captured):
     assert (ROOT / "docs" / "results" / "seeds-full" / "seeds-finals.png").stat().st_size > 10_000
 
 
-def _example(name: str):
+def _example(name: str, monkeypatch):
     """``examples/<name>.py`` as a module (the factor scripts import ``vae_ddp`` only)."""
-    import importlib.util
-    import sys
-
-    sys.path.insert(0, str(ROOT / "examples"))
-    spec = importlib.util.spec_from_file_location(f"figure_{name}", ROOT / "examples" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(f"examples/{name}.py", f"figure_{name}", monkeypatch)
 
 
 @pytest.mark.parametrize("factor", ["batchnorm", "sampler", "reduction", "logging", "optimizer"])
-def test_factor_figures(factor, generated, tmp_path, captured):
+def test_factor_figures(factor, generated, tmp_path, captured, monkeypatch):
     """Each factor page's figure, drawn from the JSON of the run the page shows."""
-    _example(f"factor_{factor}").plot(generated(f"factor_{factor}"), tmp_path / "f.png")
+    _example(f"factor_{factor}", monkeypatch).plot(generated(f"factor_{factor}"), tmp_path / "f.png")
     check_readable(_single(captured))
 
 
-def test_noise_figure(tmp_path, captured):
+def test_noise_figure(tmp_path, captured, monkeypatch):
     """The noise page's figure plots the draws themselves, which its JSON does not keep: drawn on
     made-up draws of the same shape (two ranks per noise mode)."""
     import torch
 
-    mod = _example("factor_noise")
+    mod = _example("factor_noise", monkeypatch)
     g = torch.Generator().manual_seed(0)
     eps = {m: [torch.randn(3, 32, 16, generator=g), torch.randn(3, 32, 16, generator=g)] for m in mod.MODES}
     mod.plot(eps, tmp_path / "f.png")

@@ -9,11 +9,10 @@ written and with its fix: torchvision and the project only) gets its expected di
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
+from helpers import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results" / "audit-gallery"
 
 

@@ -17,8 +17,7 @@ import pytest
 
 from vae_ddp import guard
 from vae_ddp.harness.launch import RunFailed, launch
-
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
 
 
 def alive(marker: str) -> list[int]:
@@ -253,15 +252,18 @@ HUNG_RANK = textwrap.dedent("""
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
+    from vae_ddp import heartbeat  # a script's own Trainer under a guard: its heartbeat, asked for
+
     trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_steps=6, logger=False,
-                         enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False)
+                         enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False,
+                         callbacks=heartbeat.callbacks())
     trainer.fit(Net(), DataLoader(TensorDataset(torch.randn(64, 4)), batch_size=4))
 """)
 
 
 def test_a_hung_ddp_rank_is_named_with_its_frame(tmp_path):
-    """Real Lightning DDP (2 gloo ranks): the heartbeat reaches the guard through Lightning's
-    callback entry point, without a line in the script."""
+    """Real Lightning DDP (2 gloo ranks): the heartbeat (``callbacks=heartbeat.callbacks()``) reaches
+    the guard, whose watchdog names the hung rank and the frame it is stuck in."""
     script = tmp_path / "hung_rank.py"
     script.write_text(HUNG_RANK)
     proc = guard.run([sys.executable, str(script)], stall=10, startup=300, capture_output=True, text=True,

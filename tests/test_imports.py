@@ -6,8 +6,9 @@ import importlib
 from pathlib import Path
 
 import pytest
+from helpers import ROOT
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = ROOT / "src"
 FIXES = SRC / "vae_ddp" / "fixes"
 
 

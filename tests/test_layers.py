@@ -3,8 +3,8 @@ audit. Read from the source (every import statement, lazy ones inside functions 
 
 import ast
 from pathlib import Path
+from helpers import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "vae_ddp"
 
 

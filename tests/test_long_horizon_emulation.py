@@ -95,7 +95,7 @@ def test_committed_long_horizon_is_what_the_command_renders():
     """docs/results/long-horizon/ is the output folder of the full run shown on the site."""
     import json
 
-    from conftest import ROOT
+    from helpers import ROOT
     from vae_ddp.studies.long_horizon import overall, render
     from vae_ddp.harness.stats import compare_metrics
 

@@ -2,16 +2,13 @@
 mkdocs.yml and the name in the tables that list the factors (Home's, the recipe's)."""
 
 import ast
-import importlib.util
 import re
-import sys
 from pathlib import Path
 
 import yaml
 
 from vae_ddp.fixes import registry
-
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT, load_script
 
 
 def _nav() -> dict[str, str]:
@@ -73,11 +70,8 @@ def test_factor_examples_take_the_name_from_the_registry():
         assert found == [f'registry.get({f.key!r}).name'], (script.name, found)
 
 
-def test_recipe_table_uses_the_registry_names():
-    spec = importlib.util.spec_from_file_location("recipe_names", ROOT / "examples" / "recipe_check.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(ROOT / "examples"))  # recipe_check imports recipe
-    spec.loader.exec_module(mod)
+def test_recipe_table_uses_the_registry_names(monkeypatch):
+    mod = load_script("examples/recipe_check.py", "recipe_names", monkeypatch)  # it imports recipe
     table = mod.changes_table()
     linked = re.findall(r"\| \[([^\]]+)\]\(([^)]+)\) \|", table)
     assert sorted(linked) == sorted((f.name, f.page) for f in registry.factors()), linked

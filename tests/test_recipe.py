@@ -7,30 +7,24 @@ recipe page show whole) and with vae_ddp's helpers, in float64 and float32, ever
 from one device's weights. The site shows that same execution.
 """
 
-import importlib.util
 import json
 import re
 import sys
-from pathlib import Path
 
 import pytest
 
 from vae_ddp.studies.equivalence import FLOOR_FACTOR, verdict
+from helpers import ROOT, load_script
 
 
-ROOT = Path(__file__).resolve().parents[1]
 #: What the recipe test accepts: each step of DDP, started from one device's weights, within
 #: 2x the largest permuted one-device draw (FLOOR_FACTOR) is the goal; measured 0.75x-1.07x (float64
 #: and float32, world sizes 2 and 3, 3 steps); the test fails beyond this bound.
 RECIPE_BOUND = FLOOR_FACTOR
 
 
-def _recipe():
-    spec = importlib.util.spec_from_file_location("recipe_example", ROOT / "examples" / "recipe_check.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(ROOT / "examples"))  # recipe_check imports recipe
-    spec.loader.exec_module(mod)
-    return mod
+def _recipe(monkeypatch):
+    return load_script("examples/recipe_check.py", "recipe_example", monkeypatch)  # it imports recipe
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
@@ -53,9 +47,9 @@ def test_recipe_on_a_foreign_module_reaches_the_one_device_floor(generated, dtyp
         assert d["ratio_to_floor"] <= RECIPE_BOUND, (dtype, n, variant, d)
 
 
-def test_the_recipe_check_refuses_a_world_size_that_does_not_divide_the_global_batch(capsys):
+def test_the_recipe_check_refuses_a_world_size_that_does_not_divide_the_global_batch(capsys, monkeypatch):
     with pytest.raises(SystemExit) as e:
-        _recipe().main(["--check", "--world-sizes", "5"])
+        _recipe(monkeypatch).main(["--check", "--world-sizes", "5"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and "--world-sizes 5: a DDP world size from 2 that divides the global batch 96" in err
 
@@ -72,17 +66,17 @@ def test_the_whole_recipe_script_runs_as_shown_on_two_processes(tmp_path):
     assert {"train_ce", "train_kl"} <= set(metrics) and (tmp_path / "model.pt").stat().st_size > 0
 
 
-def test_recipe_changes_table_matches_the_script():
+def test_recipe_changes_table_matches_the_script(monkeypatch):
     """Every `# change N` marked in the script is a row of the table, and the counts in the
     table's heading are the table's own."""
-    mod = _recipe()
+    mod = _recipe(monkeypatch)
     marked = {int(n) for n in re.findall(r"# change (\d+)", (ROOT / "examples" / "recipe.py").read_text())}
     numbers = {c[0] for c in mod.CHANGES if c[0] is not None}
     assert marked == numbers == set(range(1, len(numbers) + 1))
 
 
-def test_recipe_changes_heading_counts_the_rows():
-    mod = _recipe()
+def test_recipe_changes_heading_counts_the_rows(monkeypatch):
+    mod = _recipe(monkeypatch)
     table = mod.changes_table()
     rows = [ln for ln in table.splitlines() if ln.startswith("| ") and not ln.startswith("| Change")]
     assert len(rows) == len(mod.CHANGES)

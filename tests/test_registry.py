@@ -4,8 +4,6 @@ given Trainer/module/datamodule is exposed to."""
 
 import ast
 import dataclasses
-import importlib.util
-from pathlib import Path
 from typing import Literal
 
 import pytest
@@ -13,18 +11,15 @@ import pytest
 from vae_ddp.fixes import registry
 from vae_ddp.fixes.registry import Factor, FixParts
 from vae_ddp.harness.configs import RunSpec
+from helpers import ROOT, load_script
 
-ROOT = Path(__file__).resolve().parents[1]
 #: the files that enumerate the fixes: none of them may name a factor's switch
 DERIVED = ["src/vae_ddp/cli.py", "src/vae_ddp/harness/runner.py", "src/vae_ddp/studies/ablation.py", "src/vae_ddp/audit/run.py",
            "benchmarks/step_time.py"]
 
 
 def _step_time():
-    spec = importlib.util.spec_from_file_location("step_time_bench", ROOT / "benchmarks" / "step_time.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/step_time.py", "step_time_bench")
 
 
 def test_six_factors_each_with_a_page():

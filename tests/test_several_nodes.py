@@ -5,8 +5,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 TORCHRUN = shutil.which("torchrun") or str(Path(sys.executable).with_name("torchrun"))
 
 

@@ -285,7 +285,7 @@ def test_committed_full_seed_study_is_what_the_study_renders():
     """docs/results/seeds-full/ is the output folder of the full study shown on the site:
     its tables must be the ones the study renders from its own seeds.json, at full settings,
     and its statistics those the study computes from the per-seed values it holds."""
-    from conftest import ROOT
+    from helpers import ROOT
     from vae_ddp.studies.seeds import analyse, render
 
     folder = ROOT / "docs" / "results" / "seeds-full"

@@ -12,6 +12,7 @@ import pytest
 
 from vae_ddp.harness.configs import RunSpec
 from vae_ddp.harness.launch import launch
+from helpers import ROOT
 
 #: the registry's studies that launch through vae_ddp.harness.launch (1, 2 and 4 processes): their JSON
 STUDIES = {"equivalence": "equivalence.json", "equivalence32": "equivalence.json", "equivalence32sgd": "equivalence.json",
@@ -24,8 +25,6 @@ def _clean(stderr: str) -> None:
 
 
 def test_the_studies_ddp_launches_exit_without_terminate_message(generated):
-    from conftest import ROOT
-
     logs, ddp_groups = [], []
     for name, result in STUDIES.items():
         generated(name, result)  # the build's run of the study (waited for, not run twice)
@@ -53,9 +52,7 @@ def test_every_process_group_opened_by_hand_is_destroyed():
     also destroys it (``destroy_process_group``, or ``close_process_group`` which barriers
     first): without it the same abort happens at exit (seen in CI on the BatchNorm check of
     tests/test_fixes.py, 1 run in about 7)."""
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
+    root = ROOT
     opened = [p for d in ("src", "tests", "examples", "benchmarks", "tools") for p in (root / d).rglob("*.py")
               if "init_process_group(" in p.read_text() and p.name != "test_teardown.py"]
     assert opened, "the scan found no script that opens a process group"
@@ -69,9 +66,7 @@ def test_every_script_that_fits_under_ddp_closes_its_group():
     """The examples and test scripts that run ``Trainer(strategy="ddp").fit`` themselves (not
     through the harness, whose runner closes the group) call ``close_process_group`` once their
     ranks are done: Lightning 2.6 leaves the group open after ``fit``."""
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
+    root = ROOT
     scripts = [p for d in ("examples", "tests/scripts") for p in (root / d).glob("*.py")
                if 'strategy="ddp"' in p.read_text() and ".fit(" in p.read_text()]
     assert len(scripts) >= 10, scripts

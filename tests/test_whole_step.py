@@ -18,8 +18,8 @@ import torch
 
 from vae_ddp import guard
 from vae_ddp.audit import whole_step
+from helpers import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 EPS64 = torch.finfo(torch.float64).eps
 
 

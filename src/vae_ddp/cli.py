@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from vae_ddp.errors import UserError, input_error, one_line
+from vae_ddp.errors import UserError, config_action, input_error, one_line
 from vae_ddp.studies import COMMANDS, INTERNAL, run_study, study_function
 
 __all__ = ["build_parser", "main", "main_captured"]
@@ -39,7 +39,7 @@ def _flags(p, name: str, defaults: dict, hide: tuple, spec_cls: Optional[type]):
     from vae_ddp.harness.configs import RunSpec
 
     function = study_function(name)
-    p.add_argument("--config", action="config", help="read the options from this YAML file (see --print_config)")
+    p.add_argument("--config", action=config_action(), help="read the options from this YAML file (see --print_config)")
     params = inspect.signature(function).parameters
     if "base" in params:
         skip = INTERNAL | set(hide) | ({f.field for f in registry.switches()} if "switches" in hide else set())

@@ -1,17 +1,16 @@
 """The heartbeat of a Lightning run under a guard (see [`vae_ddp.guard`][vae_ddp.guard]).
 
-Lightning adds the callbacks that ``pytorch_lightning.callbacks_factory`` entry points return
-to every ``Trainer`` (``_configure_external_callbacks`` in Lightning 2.x's callback
-connector); this package registers [`callbacks`][vae_ddp.heartbeat.callbacks], which returns a
-[`Heartbeat`][vae_ddp.heartbeat.Heartbeat] when the process runs under a guard and nothing otherwise.
-So every rank of every run the project launches (studies, audit, examples, tests) reports
-its progress to the guard's watchdog and dumps its stacks on request, without a line in the
-training script.
+The ``Trainer``s this project builds for its own launches (a study's runs,
+``vae_ddp.harness.runner.build_trainer``; the audit's runs, ``vae_ddp.audit.run.build``) take
+[`callbacks`][vae_ddp.heartbeat.callbacks]: a [`Heartbeat`][vae_ddp.heartbeat.Heartbeat] when the
+process runs under a guard, nothing otherwise. So every rank of those runs reports its progress
+to the guard's watchdog and dumps its stacks on request. A script of one's own under a guard adds
+``callbacks=heartbeat.callbacks()`` to its ``Trainer``. Nothing is registered with Lightning (no
+``pytorch_lightning.callbacks_factory`` entry point): installing vae-ddp changes no other
+``Trainer``.
 """
 
 from __future__ import annotations
-
-import logging
 
 from pytorch_lightning import Callback, LightningModule, Trainer
 
@@ -41,19 +40,6 @@ class Heartbeat(Callback):
         beat(trainer.global_rank)
 
 
-class _QuietAddition(logging.Filter):
-    """Drops Lightning's "Adding 1 callbacks from entry point ..." line for this entry point:
-    the heartbeat is plumbing, not part of the run a reader sees."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "vae_ddp_heartbeat" not in record.getMessage()
-
-
 def callbacks() -> list[Callback]:
-    """Lightning's external-callback factory: ``[Heartbeat()]`` under a guard, else ``[]``."""
-    if not under_guard():
-        return []
-    logger = logging.getLogger("lightning_fabric.utilities.registry")
-    if not any(isinstance(f, _QuietAddition) for f in logger.filters):
-        logger.addFilter(_QuietAddition())
-    return [Heartbeat()]
+    """``[Heartbeat()]`` under a guard, else ``[]``: the callbacks of a ``Trainer`` this project launches."""
+    return [Heartbeat()] if under_guard() else []

@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader
 from vae_ddp.audit.callback import DDPAudit
 from vae_ddp.audit.draws import KeyedTorchDraws, NoAttentionDropout
 from vae_ddp.audit.spec import AuditRun, failed_marker, import_class
+from vae_ddp import heartbeat
 from vae_ddp.fixes import registry
 from vae_ddp.guard import beat
 from vae_ddp.harness.permutation import WithinBatchPermutation
@@ -77,6 +78,7 @@ def build(run: AuditRun,
     if run.keyed_draws:
         callbacks.append(KeyedTorchDraws(run.seed * 1009 + 17))
     callbacks.append(DDPAudit(warn=False))
+    callbacks += heartbeat.callbacks()  # the guard's watchdog sees the run's progress
     plugins = parts.plugins + cluster_plugins()  # cluster_plugins: a forked rank (the environment vae_ddp.ranks set)
     user = dict(run.trainer)
     max_epochs = user.pop("max_epochs", None)  # the user's, else Lightning's default (-1 with max_steps set)

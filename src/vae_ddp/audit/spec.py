@@ -17,35 +17,43 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, Optional
 
-__all__ = ["AuditRun", "import_class", "resolve_class_arg", "failed_marker", "TRAINER_ARGS", "DDP_STRATEGIES"]
+__all__ = ["AuditRun", "import_class", "resolve_class_arg", "failed_marker", "TRAINER_ARGS", "TRAINER_SET", "DDP_STRATEGIES"]
 
 DDP_STRATEGIES = ("ddp", "ddp_find_unused_parameters_true", "ddp_find_unused_parameters_false")
 """``--trainer.strategy`` values: Lightning's registered DDP strategies that launch by
 re-running the command (``find_unused_parameters=True`` for modules that leave parameters
 out of a loss, such as a GAN's two optimizers)."""
 
-TRAINER_ARGS: dict[str, tuple[Any, Any, str]] = {
-    "strategy": (Optional[str], None, f"the DDP runs' strategy, one of {', '.join(DDP_STRATEGIES)} (default: ddp; "
-                 "ddp_find_unused_parameters_true for a module whose losses leave parameters out, such as a GAN's "
-                 "two optimizers)"),
-    "accumulate_grad_batches": (int, 1, "accumulate gradients over k batches before each optimizer step"),
-    "gradient_clip_val": (Optional[float], None, "clip gradients at this value (default: no clipping)"),
-    "gradient_clip_algorithm": (Optional[str], None, "norm or value (default: norm)"),
-    "deterministic": (Optional[Union[bool, Literal["warn"]]], None, "torch's deterministic algorithms: true, false or warn"),
-    "detect_anomaly": (bool, False, "autograd's anomaly detection"),
-    "precision": (Optional[str], None, "the runs' precision: 64-true, 32-true, bf16-mixed (CPU and GPU) or 16-mixed "
-                  "(GPU); default from --dtype. Under *-mixed the parameters are float32 and the least difference "
-                  "counted is one rounding unit of the autocast dtype (torch.finfo(torch.bfloat16).eps)"),
-    "max_epochs": (Optional[int], None, "what self.trainer.max_epochs reads in your module (a schedule's length); "
-                   "the runs stop after --steps optimizer steps, or at the end of this many epochs if sooner "
-                   "(default: Lightning's, -1 once the steps are set)"),
+TRAINER_ARGS: dict[str, str] = {
+    "strategy": f"one of {', '.join(DDP_STRATEGIES)} (default: ddp; ddp_find_unused_parameters_true for a module "
+                "whose losses leave parameters out, such as a GAN's two optimizers)",
+    "precision": "64-true, 32-true, bf16-mixed (CPU and GPU) or 16-mixed (GPU); default from --dtype. Under *-mixed "
+                 "the parameters are float32 and the least difference counted is one rounding unit of the autocast "
+                 "dtype (torch.finfo(torch.bfloat16).eps)",
+    "max_epochs": "what self.trainer.max_epochs reads in your module (a schedule's length); the runs stop after "
+                  "--steps optimizer steps, or at the end of this many epochs if sooner",
+    "accumulate_grad_batches": "gradients accumulated over k batches before each optimizer step",
+    "gradient_clip_val": "gradients clipped at this value (gradient_clip_algorithm: norm or value)",
+    "gradient_clip_algorithm": "norm (default) or value",
+    "deterministic": "torch's deterministic algorithms: true, false or warn",
+    "detect_anomaly": "autograd's anomaly detection",
 }
-"""``Trainer`` arguments the audit passes through (``--trainer.NAME`` as LightningCLI spells
-them): name -> (type, default, help), the defaults being Lightning 2.x's (``strategy``: the
-audit's ``ddp``); the audit sets the others (devices, precision from ``--dtype``, steps,
-samplers, ...). Lightning checks the values (``vae_ddp.audit.cli``)."""
+"""``Trainer`` arguments whose meaning in the audit its help states (name -> text); every other
+argument of ``Trainer`` goes through as well (``--trainer.NAME VALUE``, LightningCLI's spelling),
+except those of ``TRAINER_SET``."""
+
+TRAINER_SET: dict[str, str] = {
+    "accelerator": "--accelerator", "devices": "--devices", "num_nodes": "--devices, on one node",
+    "max_steps": "--steps", "min_steps": "--steps", "max_time": "--steps", "fast_dev_run": "--steps",
+    "overfit_batches": "the batches each step trains on", "use_distributed_sampler": "the sampler fix",
+    "sync_batchnorm": "the BatchNorm fix", "plugins": "the fixes", "callbacks": "its probes and fixes",
+    "logger": "no logger", "enable_checkpointing": "no checkpoints", "enable_progress_bar": "no progress bar",
+    "enable_model_summary": "no summary", "limit_val_batches": "no validation", "num_sanity_val_steps": "no validation",
+}
+"""``Trainer`` arguments the audit sets itself in every run (``vae_ddp.audit.run.build``), each
+with what sets it: refused as ``--trainer.NAME``."""
 
 
 def _module_name(path: Path) -> str:
@@ -148,7 +156,7 @@ class AuditRun:
             does: a forced pair of these (one device, DDP) tells whether the loss reduces over
             the global batch under the real process group.
         trainer: Trainer arguments of the user's training that every run takes alike
-            (``TRAINER_ARGS``: ``strategy`` for the DDP runs, ``accumulate_grad_batches``,
+            (any but ``TRAINER_SET``: ``strategy`` for the DDP runs, ``accumulate_grad_batches``,
             ``gradient_clip_val``, ...).
         label: the run's name in the report.
         dealt_to: the DDP world size N the audit compares with (every run alike, one device's too):

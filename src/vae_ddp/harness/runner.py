@@ -23,6 +23,7 @@ from vae_ddp.data import make_datamodule
 from vae_ddp.fixes import registry
 from vae_ddp.fixes.registry import FixParts
 from vae_ddp.model import VAE
+from vae_ddp import heartbeat
 from vae_ddp.ranks import cluster_plugins, fork, run_ranks
 from vae_ddp.harness.configs import RunSpec
 from vae_ddp.dp import DataParallelVAE
@@ -64,7 +65,7 @@ def build_trainer(spec: RunSpec, seed: int, callbacks: Optional[list] = None) ->
     """Lightning ``Trainer`` of ``spec`` with the callbacks, plugins and arguments of the fixes
     it asks for (from the factor registry)."""
     parts = fix_parts(spec, seed)
-    callbacks = list(callbacks or []) + parts.callbacks
+    callbacks = list(callbacks or []) + parts.callbacks + heartbeat.callbacks()  # the guard's watchdog sees progress
     extra: dict[str, Any] = dict(parts.trainer)
     plugins = parts.plugins + cluster_plugins()  # a forked rank: the environment vae_ddp.ranks set
     if plugins:

@@ -191,6 +191,31 @@ def long_horizon(out_dir: Path, num_seeds: int = 10, steps: int = 2000, global_b
     Raises:
         UserError: bad settings (one line, before any training).
     """
+    _check(num_seeds, world_size, global_batch_size, margin_sd, jobs, window)
+    spec = RunSpec(config="single", sampler="global", steps=steps, global_batch_size=global_batch_size, data=data,
+                   data_dir=data_dir, max_samples=max_samples, lr=lr, val_every=steps, label="long-horizon").validate()
+    out = Path(out_dir)
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    settings = dataclasses.asdict(spec) | {"config": None, "seeds": list(range(num_seeds)),
+                                           "world_size": world_size, "window": window}
+    runs = _train_all(spec, settings, out, num_seeds, world_size, jobs, window, resume)
+    by_noise = {n: [runs[s, n] for s in range(num_seeds)] for n in NOISE}
+    values = {n: {q: [r["final"][q] for r in rs] for q in QUANTITIES} for n, rs in by_noise.items()}
+    margins = {q: margin_sd * statistics.stdev(values["independent"][q]) for q in QUANTITIES}
+    comparison = compare_metrics(values["shared"], values["independent"], margins, pair=True)
+    result = {"settings": settings, "num_seeds": num_seeds, "margin_sd": margin_sd, "runs": by_noise,
+              "comparison": comparison, "train_seconds": sum(r["seconds"] for r in runs.values())}
+    result["verdict"], result["summary"] = overall(comparison, world_size, steps)
+    (out / "long-horizon.json").write_text(json.dumps(result, indent=1))
+    write_tables(out, render(result))
+    plot(result, out / "long-horizon.png")
+    print(render(result))
+    return result
+
+
+def _check(num_seeds: int, world_size: int, global_batch_size: int, margin_sd: float, jobs: int,
+           window: int) -> None:
+    """Bad settings: one ``UserError`` line, before any training."""
     if num_seeds < 3:
         raise UserError(f"--num_seeds must be at least 3 for a paired test, got {num_seeds}")
     if world_size < 2:
@@ -201,12 +226,13 @@ def long_horizon(out_dir: Path, num_seeds: int = 10, steps: int = 2000, global_b
         raise UserError(f"--margin_sd must be positive, got {margin_sd}")
     if jobs < 1 or window < 1:
         raise UserError(f"--jobs and --window must be at least 1, got {jobs} and {window}")
-    spec = RunSpec(config="single", sampler="global", steps=steps, global_batch_size=global_batch_size, data=data,
-                   data_dir=data_dir, max_samples=max_samples, lr=lr, val_every=steps, label="long-horizon").validate()
-    out = Path(out_dir)
-    (out / "runs").mkdir(parents=True, exist_ok=True)
-    settings = dataclasses.asdict(spec) | {"config": None, "seeds": list(range(num_seeds)),
-                                           "world_size": world_size, "window": window}
+
+
+def _train_all(spec: RunSpec, settings: dict, out: Path, num_seeds: int, world_size: int, jobs: int, window: int,
+               resume: bool) -> dict[tuple[int, str], dict]:
+    """Every (seed, noise) run: reused from ``out/runs/<noise>-<seed>.json`` when written with the
+    same ``settings`` (and ``resume``), else trained, ``jobs`` at a time, and saved there."""
+    steps, global_batch_size = spec.steps, spec.global_batch_size
     threads = max(1, (os.cpu_count() or 1) // jobs)
     tasks = [(s, n) for s in range(num_seeds) for n in NOISE]
     runs: dict[tuple[int, str], dict] = {}
@@ -231,18 +257,7 @@ def long_horizon(out_dir: Path, num_seeds: int = 10, steps: int = 2000, global_b
                 elapsed = time.perf_counter() - t0
                 print(f"   {n} seed {s}: {runs[s, n]['seconds']:.0f} s; {elapsed / 60:.1f} min so far, about "
                       f"{elapsed / (i + 1) * (len(todo) - i - 1) / 60:.1f} min to go", flush=True)
-    by_noise = {n: [runs[s, n] for s in range(num_seeds)] for n in NOISE}
-    values = {n: {q: [r["final"][q] for r in rs] for q in QUANTITIES} for n, rs in by_noise.items()}
-    margins = {q: margin_sd * statistics.stdev(values["independent"][q]) for q in QUANTITIES}
-    comparison = compare_metrics(values["shared"], values["independent"], margins, pair=True)
-    result = {"settings": settings, "num_seeds": num_seeds, "margin_sd": margin_sd, "runs": by_noise,
-              "comparison": comparison, "train_seconds": sum(r["seconds"] for r in runs.values())}
-    result["verdict"], result["summary"] = overall(comparison, world_size, steps)
-    (out / "long-horizon.json").write_text(json.dumps(result, indent=1))
-    write_tables(out, render(result))
-    plot(result, out / "long-horizon.png")
-    print(render(result))
-    return result
+    return runs
 
 
 def overall(comparison: dict[str, dict], world_size: int, steps: int) -> tuple[str, str]:

@@ -295,8 +295,33 @@ def report_scale(
         UserError: bad settings (before any run starts), ``data="imagefolder"`` without a
             ``data_dir`` included.
     """
+    names = _check(variants, grad_steps, spread_batches)
+    out = Path(out_dir)
+    base = RunSpec(data=data, data_dir=data_dir, model=model, global_batch_size=global_batch_size, devices=devices,
+                   steps=grad_steps, seeds=[seed], max_samples=max_samples, accelerator=accelerator).exact()
+    ref_spec = dataclasses.replace(base, config="single", label="single").validate()
+    specs = {n: dataclasses.replace(base, config=VARIANTS[n][0], label=n, **VARIANTS[n][1]).validate() for n in names}
+    n_train = _train_size(ref_spec)
+    if n_train < (grad_steps + 1) * global_batch_size:
+        from vae_ddp.errors import UserError
+
+        raise UserError(f"{n_train} training images are too few for {grad_steps} steps of {global_batch_size}: "
+                        "lower --grad_steps or use more data")
+    runs = _run_all([(ref_spec, "single", 0)] + [(specs[name], f"variant{i}", spread_batches if name == DEFAULT_VARIANT else 0)
+                                                 for i, name in enumerate(names)], out, base.accelerator)
+    result = _compare(runs, specs, names)
+    result["settings"] = {**dataclasses.asdict(ref_spec), "grad_steps": grad_steps, "spread_batches": spread_batches,
+                          "train_samples": n_train, "world_size": devices, "variants": names}
+    result = {key: result[key] for key in ("settings", "grad_norm", "batch_noise", "variants", "logging", "spread")}
+    result["reduction"] = _reduction(n_train, global_batch_size, devices)
+    result["ranking"] = ranking(result)
+    _write(result, out)
+    return result
+
+
+def _check(variants: list[str] | None, grad_steps: int, spread_batches: int) -> list[str]:
+    """The variants' names (default: all); bad settings raise ``UserError`` before any run."""
     from vae_ddp.errors import UserError
-    from vae_ddp.harness.launch import RunGroup, RunSequence, launch
 
     names = list(VARIANTS) if variants is None else list(variants)
     unknown = [n for n in names if n not in VARIANTS]
@@ -306,59 +331,52 @@ def report_scale(
         raise UserError(f"--grad_steps must be at least 2 (batch-to-batch noise needs two batches), got {grad_steps}")
     if spread_batches < 0:
         raise UserError(f"--spread_batches must be 0 or more, got {spread_batches}")
-    out = Path(out_dir)
-    base = RunSpec(data=data, data_dir=data_dir, model=model, global_batch_size=global_batch_size, devices=devices,
-                   steps=grad_steps, seeds=[seed], max_samples=max_samples, accelerator=accelerator).exact()
-    ref_spec = dataclasses.replace(base, config="single", label="single").validate()
-    specs = {n: dataclasses.replace(base, config=VARIANTS[n][0], label=n, **VARIANTS[n][1]).validate() for n in names}
-    n_train = _train_size(ref_spec)
-    if n_train < (grad_steps + 1) * global_batch_size:
-        raise UserError(f"{n_train} training images are too few for {grad_steps} steps of {global_batch_size}: "
-                        "lower --grad_steps or use more data")
+    return names
 
-    def run_all(jobs: list[tuple[RunSpec, str, int]]) -> dict[str, tuple[list, dict]]:
-        """Train ``(spec, folder, spread_batches)`` jobs, a group per world size, all in one launch
-        on CPU (a [`RunSequence`][vae_ddp.harness.launch.RunSequence]); {folder: (grads, info)}."""
-        found = {}
-        by_size: dict[int, list] = {}
-        for job in jobs:
-            by_size.setdefault(job[0].world_size, []).append(job)
-        groups = {}
-        for n, group in by_size.items():
-            tag = f"{n}-process{'es' if n > 1 else ''}"
-            d = out / "runs" / tag
-            d.mkdir(parents=True, exist_ok=True)
-            (d / "worker.json").write_text(json.dumps([{"folder": str(d / folder), "spread_batches": spread}
-                                                       for _, folder, spread in group]))
-            for spec, _, _ in group:
-                print(f"== {spec.label}: {spec.world_size} process(es) x per-device batch "
-                      f"{spec.per_device_batch_size}", flush=True)
-            groups[tag] = (RunGroup([spec for spec, _, _ in group]), d)
-        entry = [sys.executable, "-m", "vae_ddp.studies.report_scale"]
-        if base.accelerator == "cpu":
-            launch(RunSequence({tag: g for tag, (g, _) in groups.items()}), out / "runs", entry=entry)
-        else:
-            for g, d in groups.values():
-                launch(g, d, entry=entry)
-        for n, group in by_size.items():
-            d = out / "runs" / f"{n}-process{'es' if n > 1 else ''}"
-            for _, folder, _ in group:
-                grads = torch.load(d / folder / "grads.pt")
-                (d / folder / "grads.pt").unlink()  # ~80 MB per step for ResNet-18: keep only the numbers
-                found[folder] = (grads, json.loads((d / folder / "run.json").read_text()))
-        return found
 
-    runs = run_all([(ref_spec, "single", 0)] + [(specs[name], f"variant{i}", spread_batches if name == DEFAULT_VARIANT else 0)
-                                                for i, name in enumerate(names)])
+def _run_all(jobs: list[tuple[RunSpec, str, int]], out: Path, accelerator: str) -> dict[str, tuple[list, dict]]:
+    """Train ``(spec, folder, spread_batches)`` jobs, a group per world size, all in one launch
+    on CPU (a [`RunSequence`][vae_ddp.harness.launch.RunSequence]); {folder: (grads, info)}."""
+    from vae_ddp.harness.launch import RunGroup, RunSequence, launch
+
+    found = {}
+    by_size: dict[int, list] = {}
+    for job in jobs:
+        by_size.setdefault(job[0].world_size, []).append(job)
+    groups = {}
+    for n, group in by_size.items():
+        tag = f"{n}-process{'es' if n > 1 else ''}"
+        d = out / "runs" / tag
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "worker.json").write_text(json.dumps([{"folder": str(d / folder), "spread_batches": spread}
+                                                   for _, folder, spread in group]))
+        for spec, _, _ in group:
+            print(f"== {spec.label}: {spec.world_size} process(es) x per-device batch "
+                  f"{spec.per_device_batch_size}", flush=True)
+        groups[tag] = (RunGroup([spec for spec, _, _ in group]), d)
+    entry = [sys.executable, "-m", "vae_ddp.studies.report_scale"]
+    if accelerator == "cpu":
+        launch(RunSequence({tag: g for tag, (g, _) in groups.items()}), out / "runs", entry=entry)
+    else:
+        for g, d in groups.values():
+            launch(g, d, entry=entry)
+    for n, group in by_size.items():
+        d = out / "runs" / f"{n}-process{'es' if n > 1 else ''}"
+        for _, folder, _ in group:
+            grads = torch.load(d / folder / "grads.pt")
+            (d / folder / "grads.pt").unlink()  # ~80 MB per step for ResNet-18: keep only the numbers
+            found[folder] = (grads, json.loads((d / folder / "run.json").read_text()))
+    return found
+
+
+def _compare(runs: dict[str, tuple[list, dict]], specs: dict[str, RunSpec], names: list[str]) -> dict[str, Any]:
+    """Each variant's per-step gradient difference to the one-device run, and its ratio to the
+    batch-to-batch noise (``grad_norm``, ``batch_noise``, ``variants``, ``logging``, ``spread``)."""
     ref, _ = runs["single"]
     pairs = list(itertools.combinations(range(len(ref)), 2))
     noise = _mean_dicts([_norms(ref[i], ref[j]) for i, j in pairs])
-    result: dict[str, Any] = {
-        "settings": {**dataclasses.asdict(ref_spec), "grad_steps": grad_steps, "spread_batches": spread_batches,
-                     "train_samples": n_train, "world_size": devices, "variants": names},
-        "grad_norm": _mean_dicts([_norms(g) for g in ref]),
-        "batch_noise": noise, "variants": {}, "logging": None, "spread": None,
-    }
+    result: dict[str, Any] = {"grad_norm": _mean_dicts([_norms(g) for g in ref]),
+                              "batch_noise": noise, "variants": {}, "logging": None, "spread": None}
     for i, name in enumerate(names):
         spec = specs[name]
         grads, info = runs[f"variant{i}"]
@@ -371,19 +389,21 @@ def report_scale(
         }
         if name == DEFAULT_VARIANT:
             result["logging"], result["spread"] = _logging(info)
-    result["reduction"] = _reduction(n_train, global_batch_size, devices)
-    result["ranking"] = ranking(result)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "report_scale.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def _write(result: dict, out: Path) -> None:
+    """``report_scale.json``, ``tables.md``, ``command.md`` and ``report_scale.png`` in ``out``; the tables printed."""
     from vae_ddp.harness.table import write_tables
 
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report_scale.json").write_text(json.dumps(result, indent=1))
     tables = render(result)
     write_tables(out, tables)
     (out / "command.md").write_text(command_md(result, out))
     plot(result, out / "report_scale.png")
     print(tables)
     print(f"wrote {out / 'report_scale.json'}, {out / 'tables.md'}, {out / 'command.md'} and {out / 'report_scale.png'}")
-    return result
 
 
 def command_md(result: dict, out: Path) -> str:
