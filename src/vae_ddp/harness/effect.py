@@ -172,7 +172,7 @@ def _noncentrality(t: float, dfn: float, dfd: float, p: float) -> float:
 
 
 def decompose(single, ddp, groups: Optional[Sequence] = None, floor: float = 0.0,
-              confidence: float = CONFIDENCE) -> dict:
+              confidence: float = CONFIDENCE, blocks: Optional[Sequence] = None) -> dict:
     """One device's steps against DDP's, paired by row: the bias, the noise ratio and the kind.
 
     Args:
@@ -181,12 +181,18 @@ def decompose(single, ddp, groups: Optional[Sequence] = None, floor: float = 0.0
             a sequence of vectors of one length ``P`` (numpy arrays, torch tensors, lists), or of numbers.
         groups: ``n`` labels, the rows with the same weights (default: all one group).
         floor: the relative rounding floor: a row counts as the same step when
-            ``||y_i - x_i|| <= floor * ||x_i||``; every row within it is ``exact``.
+            ``||y_i - x_i|| <= floor * ||x_i||``; every row within it is ``exact``. A bias whose lower
+            bound is within ``floor`` times the rows' root mean square size is not detected (its lower bound 0).
         confidence: two-sided confidence of the intervals.
+        blocks: ``n`` labels of the rows that are not independent draws, within their group: the
+            global batches of one epoch of a small data set, which take every sample once on both
+            sides, so that their mean difference holds none of the batches' noise. The bias is then
+            computed from the blocks' mean differences (each block one observation), where every
+            group has two blocks or more; else from the rows.
 
     Returns:
         ``{"kind", "bias", "bias_ci": [lo, hi], "variance_ratio", "variance_ratio_ci": [lo, hi],
-        "sd", "rows", "groups", "dims": [d_eff of x, of y, of the difference], "largest_row":
+        "sd", "rows", "groups", "dims": [d_eff of x, of y], "largest_row":
         max_i ||y_i - x_i|| / ||x_i||}``, floats (``bias`` in units of ``sd``; ``inf`` where one
         device's step does not vary and DDP's is off it, ``nan`` where neither varies).
 
@@ -208,19 +214,13 @@ def decompose(single, ddp, groups: Optional[Sequence] = None, floor: float = 0.0
     rel = np.linalg.norm(d, axis=1) / np.where(norms > 0, norms, 1.0)
     largest = float(rel.max()) if n else 0.0
     dof = n - k
-    (xc, _), (yc, _), (dc, dmeans) = _centred(x, g), _centred(y, g), _centred(d, g)
-    (tx, ex), (ty, ey), (td, ed) = _spread(xc, dof, x), _spread(yc, dof, y), _spread(dc, dof, d)
-    sizes = np.bincount(g)
-    shift = float((sizes * (dmeans ** 2).sum(axis=1)).sum())  # sum_g n_g ||mean_g d||^2
+    (xc, _), (yc, _) = _centred(x, g), _centred(y, g)
+    (tx, ex), (ty, ey) = _spread(xc, dof, x), _spread(yc, dof, y)
     alpha = 1 - confidence
-    ms = max(shift - k * td, 0.0) / n  # mean square bias, the noise's share taken out
-    if td > 0:
-        t = (shift / k) / td
-        dfn, dfd = k * ed, dof * ed
-        lams = [_noncentrality(t, dfn, dfd, p) for p in (1 - alpha / 2, alpha / 2)]
-        ms_ci = [lam * td / (ed * n) for lam in lams]
-    else:  # the difference does not vary: it is what it is
-        ms_ci = [shift / n] * 2
+    units, unit_groups = _units(d, g, blocks)
+    ms, ms_ci, ed = _mean_square(units, unit_groups, alpha)
+    if ms_ci[0] <= floor ** 2 * float((x * x).sum(axis=1).mean()):  # a mean difference within rounding: none detected
+        ms_ci = [0.0, ms_ci[1]]
     bias, bias_ci = _in_sd(ms, tx), [_in_sd(v, tx) for v in ms_ci]
     if tx > 0 and ty > 0:
         ratio = ty / tx
@@ -234,7 +234,41 @@ def decompose(single, ddp, groups: Optional[Sequence] = None, floor: float = 0.0
         bias, bias_ci, ratio, ratio_ci = 0.0, [0.0, 0.0], 1.0, [1.0, 1.0]
     return {"kind": classify(exact, bias_ci, ratio_ci), "bias": bias, "bias_ci": bias_ci,
             "variance_ratio": ratio, "variance_ratio_ci": ratio_ci, "sd": math.sqrt(tx), "rows": n, "groups": k,
-            "dims": [ex, ey, ed], "largest_row": largest}
+            "dims": [ex, ey], "largest_row": largest}
+
+
+def _units(d: np.ndarray, g: np.ndarray, blocks: Optional[Sequence]) -> tuple[np.ndarray, np.ndarray]:
+    """The observations of the bias: the rows' differences, or the mean difference of each block
+    (with its group) where every group holds two blocks or more."""
+    if blocks is None:
+        return d, g
+    b = np.asarray([str(v) for v in blocks])
+    if len(b) != len(d):
+        raise ValueError(f"{len(b)} block labels for {len(d)} rows")
+    keys = sorted({(int(gi), bi) for gi, bi in zip(g, b)})
+    if min(sum(1 for kg, _ in keys if kg == grp) for grp in set(g.tolist())) < 2:
+        return d, g
+    means = np.stack([d[(g == kg) & (b == kb)].mean(axis=0) for kg, kb in keys])
+    return means, np.asarray([kg for kg, _ in keys])
+
+
+def _mean_square(d: np.ndarray, g: np.ndarray, alpha: float) -> tuple[float, list[float], float]:
+    """``(mean square bias, its interval, d_eff)`` from the observations ``d`` in groups ``g`` (labels 0..G-1):
+    ``(sum_g n_g ||mean_g d||^2 - G tr S_d) / n`` and the noncentral-F interval of the module's docstring.
+    When the observations are more alike than independent ones would be (``T`` below the central F's
+    ``alpha / 2`` quantile: rows drawn without replacement from a small data set), the upper end is unknown (inf)."""
+    n, k = len(d), int(g.max()) + 1
+    dc, means = _centred(d, g)
+    td, ed = _spread(dc, n - k, d)
+    shift = float((np.bincount(g) * (means ** 2).sum(axis=1)).sum())  # sum_g n_g ||mean_g d||^2
+    ms = max(shift - k * td, 0.0) / n  # the noise's share taken out
+    if td == 0:  # the difference does not vary: it is what it is
+        return shift / n, [shift / n] * 2, ed
+    t, dfn, dfd = (shift / k) / td, k * ed, (n - k) * ed
+    if float(sps.f.cdf(t, dfn, dfd)) < alpha / 2:
+        return ms, [0.0, math.inf], ed
+    lams = [_noncentrality(t, dfn, dfd, p) for p in (1 - alpha / 2, alpha / 2)]
+    return ms, [lam * td / (ed * n) for lam in lams], ed
 
 
 def _in_sd(mean_square: float, variance: float) -> float:
