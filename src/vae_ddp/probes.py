@@ -88,7 +88,10 @@ class StepProbe(Callback):
     differences carried over from earlier steps. The optimizer still steps, but its result is
     replaced at the next step. With ``lag`` L, batch ``k >= L`` starts from θ_(k-L) instead
     (batches ``k < L`` from θ_k): another batch at the same weights, the batch-to-batch
-    gradient noise one device has at the reference's weights.
+    gradient noise one device has at the reference's weights. With ``repeat`` R, batch ``k``
+    starts from θ_(k // R) instead: R batches at each of the reference's weights in turn, the
+    samples of one device's (or DDP's) step at the same weights
+    ([`vae_ddp.audit.effects`][vae_ddp.audit.effects]).
 
     ``k`` counts training batches; the gradients are kept at every optimizer step: one per
     batch under automatic optimization, one per ``accumulate_grad_batches`` batches with
@@ -99,6 +102,7 @@ class StepProbe(Callback):
         states: the reference's ``{name: Tensor}`` per step, or None to record them.
         record_states: keep θ_k of each step (the reference run).
         lag: forced runs only: batches later than the weights they start from (0: the same batch).
+        repeat: forced runs only: batches per recorded weights (0: one, batch k from θ_k or θ_(k-lag)).
         label: the run's name, for the error of a gradient that is not finite.
 
     Attributes:
@@ -107,6 +111,7 @@ class StepProbe(Callback):
         buffers: per step, the floating-point buffers as one float64 vector (empty without BatchNorm).
         states: the θ_k loaded or recorded, per step.
         loaded: forced runs: per batch, the index k of the θ_k it started from.
+        epochs: per training batch, the epoch it belongs to (``trainer.current_epoch``).
         grad_batches: per kept gradient, the training batch (0, 1, ...) it was computed on.
         lrs: per kept gradient, the learning rate of each of the optimizer's parameter groups
             (what that step applies, after the LR schedulers' updates).
@@ -132,15 +137,17 @@ class StepProbe(Callback):
     """
 
     def __init__(self, states: Optional[list[dict[str, Tensor]]] = None, record_states: bool = False,
-                 lag: int = 0, label: str = "") -> None:
+                 lag: int = 0, label: str = "", repeat: int = 0) -> None:
         self.forced = states is not None
         self.label = label
         self.lag = lag
+        self.repeat = repeat
         self.states: list[dict[str, Tensor]] = list(states) if states is not None else []
         self.record_states = record_states and not self.forced
         self.grads: list[Tensor] = []
         self.buffers: list[Tensor] = []
         self.loaded: list[int] = []
+        self.epochs: list[int] = []
         self.grad_batches: list[int] = []
         self.lrs: list[list[float]] = []
         self.updates: list[Tensor] = []
@@ -162,11 +169,13 @@ class StepProbe(Callback):
         # optimizers, Lightning counts two steps per batch
         k = self._batch
         self._batch += 1
+        self.epochs.append(trainer.current_epoch)
         if self.forced:
-            if k >= len(self.states):
+            point = k // self.repeat if self.repeat else k
+            if point >= len(self.states):
                 raise RuntimeError(f"StepProbe: batch {k} is past the {len(self.states)} batches of the reference")
             own = pl_module.state_dict()
-            self.loaded.append(k - self.lag if k >= self.lag else k)
+            self.loaded.append(point if self.repeat else k - self.lag if k >= self.lag else k)
             with torch.no_grad():
                 for name, value in self.states[self.loaded[-1]].items():
                     if name in own:
@@ -208,7 +217,7 @@ class StepProbe(Callback):
 
     def record(self) -> dict:
         """What the audit compares, as one picklable dict (``torch.save``)."""
-        return {k: getattr(self, k) for k in ("grads", "buffers", "grad_batches", "lrs", "updates", "buffer_updates",
+        return {k: getattr(self, k) for k in ("grads", "buffers", "grad_batches", "epochs", "lrs", "updates", "buffer_updates",
                                               "norms", "ranks_apart", "ranks_apart_names", "param_names", "buffer_names")}
 
 
