@@ -205,10 +205,16 @@ def test_the_table_fits_100_columns(generated):
     cells = [dict(contribution=1.23456e-5, bites=False), dict(contribution=1.23456e-5, bites=None),
              dict(contribution=1.23456e-5, bites=True), dict(contribution=None, left_after_fixes=1.23456e-5,
                                                              automatic_fix=False)]
+    widest = dict(kind="same distribution", bias=1.23456e-5, bias_ci=[1.23456e-5] * 2, variance_ratio=1.23456e-5,
+                  variance_ratio_ci=[1.23456e-5] * 2, quantity="buffers")  # the effects' table, a row per finding
     for f, cell in zip(result["findings"], cells * 2):
         f.update(exposed=True, vs_batch_noise=1.23456e-5, **cell)
+    for f in result["findings"]:
+        f["effect"] = widest
+    result["effect"] = widest
     rows = [line for line in render(result).splitlines() if line.startswith("|")]
-    assert len(rows) == len(result["findings"]) + 2 and "your code: 1.23e-05 left (5.6e+10x floor)" in "".join(rows)
+    assert len(rows) == 2 * len(result["findings"]) + 5 and "your code: 1.23e-05 left (5.6e+10x floor)" in "".join(rows)
+    assert "| only which samples or draws (buffers) |" in "".join(rows)
     assert max(len(r) for r in rows) <= 100, "\n".join(r for r in rows if len(r) > 100)
 
 
