@@ -150,3 +150,34 @@ def test_bad_input_is_one_clear_error():
         decompose(np.zeros((3, 2)), np.zeros((3, 2)), groups=[0, 1, 2])
     with pytest.raises(ValueError, match="group labels"):
         decompose(np.zeros((3, 2)), np.zeros((3, 2)), groups=[0, 1])
+
+
+def epochs(seed: int, offset: float = 0.0) -> dict:
+    """A small data set read in whole epochs: 4 global batches of 16 of 64 samples, 4 epochs at each of 2
+    points, one device and DDP each in its own order (the sampler), DDP's step moved by ``offset`` per
+    coordinate. Over an epoch both sides take every sample once: the epoch's mean step is the data's."""
+    rng = np.random.default_rng(seed)
+    single, ddp, groups, blocks = [], [], [], []
+    for point in range(POINTS):
+        data = rng.normal(size=(N_DATA, P)) * np.linspace(2, 0.1, P) + rng.normal(size=P)
+        for epoch in range(4):
+            a, b = rng.permutation(N_DATA), rng.permutation(N_DATA)
+            for k in range(N_DATA // B):
+                single.append(data[a[k * B:(k + 1) * B]].mean(0))
+                ddp.append(data[b[k * B:(k + 1) * B]].mean(0) + offset)
+                groups.append(point)
+                blocks.append(epoch)
+    return {"single": single, "ddp": ddp, "groups": groups, "blocks": blocks}
+
+
+def test_whole_epochs_are_one_observation_each():
+    """Rows drawn without replacement: their mean differences are far smaller than independent rows'
+    would be. Each epoch one observation (blocks), the sampler's order is the same distribution and a
+    small offset is a bias; the rows alone never claim the offset away (its upper end unknown)."""
+    same = [decompose(**epochs(seed)) for seed in range(20)]
+    assert all(e["bias_ci"][1] < 1e-6 for e in same), same[0]  # the epochs' mean steps agree to rounding
+    assert sum(e["kind"] == "same distribution" for e in same) >= 17  # else the noise ratio's false alarms (5%)
+    moved = [epochs(seed, offset=0.01) for seed in range(20)]
+    assert all(decompose(**m)["kind"] == "different" for m in moved)
+    rows = [decompose(m["single"], m["ddp"], m["groups"]) for m in moved]
+    assert not any(e["kind"] == "same distribution" for e in rows), [e["bias_ci"] for e in rows]
