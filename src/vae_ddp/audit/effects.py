@@ -129,7 +129,7 @@ def attach(rows: list[dict], effects: dict, ablated_with: dict) -> None:
     """Give each row of the audit's table its ``effect`` (``{"kind", "bias", "bias_ci",
     "variance_ratio", "variance_ratio_ci"}``, or None): an exposed factor the audit fixes, by its own
     effect run or that of the factor whose fix removes it too (``ablated_with``)."""
-    keys = ("kind", "bias", "bias_ci", "variance_ratio", "variance_ratio_ci", "quantity")
+    keys = ("kind", "bias", "bias_ci", "variance_ratio", "variance_ratio_ci", "quantity", "rows")
     for row in rows:
         e = None
         if row["exposed"] and row["automatic_fix"]:

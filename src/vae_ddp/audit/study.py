@@ -399,7 +399,7 @@ def _judge(plan: _Plan, runs: _Runs, notes: list[str]) -> dict:
               "attention_draws": None if draws is None else {k: val for k, val in draws.items() if k != "finding"},
               "whole_step": None if step is None else {k: val for k, val in step.items() if k != "findings"},
               "reduction_under_ddp": v["reduction_ddp"],
-              "effect": measured.get("defaults"), "effect_rows": effects.ROWS,
+              "effect": measured.get("defaults"), "effect_rows": (measured.get("defaults") or {}).get("rows", effects.ROWS),
               "findings": findings, "largest_differences": _largest(fixed, single) if unexplained else [],
               # as the user named them (path/to/file.py:Class, not the module the audit made of the file)
               "model": dict(base.model, class_path=shown_name(base.model, base.model_file)),
