@@ -274,8 +274,11 @@ def test_two_optimizers(tmp_path):
 
 def test_augmentation_with_workers(tmp_path):
     code, result, log = audit(tmp_path, f"{M}.Plain", "--data.init_args.augment", "true",
-                              "--data.init_args.num_workers", "1")
+                              "--data.init_args.num_workers", "1", "--effect_batches", "0")
     f = by_factor(result)
+    # the effects skipped: none measured, no table of them (the verdict as with them)
+    assert result["effect"] is None and result["effect_rows"] is None and "What each exposed factor" not in log
+    assert all(g["effect"] is None for g in result["findings"])
     assert f["noise"]["exposed"] and "augmentation" in f["noise"]["evidence"], log[-3000:]
     assert code == 1 and not result["unexplained"]
     # the user's loader forks its worker from a rank that runs threads: the audit says so and
@@ -295,6 +298,8 @@ def test_augmentation_with_workers(tmp_path):
     (["--model", f"{M}.Plain", "--trainer.strategy", "fsdp"], "is not a DDP strategy"),
     (["--model", f"{M}.Plain", "--trainer.strategy=deepspeed"], "is not a DDP strategy"),
     (["--model", f"{M}.Plain", "--trainer.accumulate_grad_batches", "0"], "--trainer.accumulate_grad_batches"),
+    (["--model", f"{M}.Plain", "--effect_batches", "2"], "--effect_batches must be 0 (skip) or at least 4, got 2"),
+    (["--model", f"{M}.Plain", "--effect_batches=-1"], "--effect_batches must be 0 (skip) or at least 4, got -1"),
     (["--model", f"{M}.Plain", "--trainer.gradient_clip_algorithm=sideways"], "--trainer.gradient_clip_algorithm"),
     # jsonargparse's errors, one line each with the flag as it was given (dotted names kept)
     (["--model", f"{M}.Plain", "--steps", "ten"], "--steps: expected int, got 'ten'"),

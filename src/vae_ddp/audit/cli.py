@@ -42,7 +42,7 @@ def _parser(light: bool = False):
     are the same in both (``tests/test_audit.py`` compares them)."""
     from jsonargparse import ArgumentParser
 
-    from vae_ddp.audit.spec import TRAINER_ARGS
+    from vae_ddp.audit.spec import TRAINER_ARGS, AuditRun
 
     p = ArgumentParser(prog="vae-ddp audit", exit_on_error=False, description=(
         "Train your LightningModule on one device and with DDP from the same weights and global batch, "
@@ -69,6 +69,10 @@ def _parser(light: bool = False):
                    help="float64 (rounding hides nothing) or float32")
     p.add_argument("--accelerator", type=Literal["cpu", "gpu"], default="cpu")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--effect_batches", type=int, default=AuditRun.effect_batches,
+                   help="global batches one device and DDP each take from one device's weights to tell what changes "
+                        "what DDP trains (a bias, a noise ratio) from what changes only which samples or draws it "
+                        "takes; 0 skips it (each such run is --effect_batches steps)")
     p.add_argument("--out", type=str, default="runs/audit", help="output folder")
     for name, (hint, default, text) in TRAINER_ARGS.items():  # the user's Trainer arguments, as LightningCLI spells them
         p.add_argument(f"--trainer.{name}", type=hint, default=default, help=text)
@@ -232,6 +236,8 @@ def check(run, data_cls: type, model_cls: type) -> tuple[list[dict], list[str]]:
         raise UserError(f"--devices must be at least 2 (the DDP world size to compare with one device), got {run.devices}")
     if run.steps < 1:
         raise UserError(f"--steps must be at least 1, got {run.steps}")
+    if run.effect_batches != 0 and run.effect_batches < 4:
+        raise UserError(f"--effect_batches must be 0 (skip) or at least 4, got {run.effect_batches}")
     if model_cls.training_step is LightningModule.training_step:
         raise UserError(f"{model_cls.__name__} has no training_step: the audit trains it, so define one")
     if "batch_size" not in inspect.signature(data_cls).parameters:
@@ -431,7 +437,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         dtype = cfg.dtype if precision is None else "float64" if str(precision) == "64-true" else "float32"
         run = AuditRun(model=model, data=data, model_file=files["model"], data_file=files["data"],
                        devices=cfg.devices, global_batch_size=int(gbs or 0), steps=cfg.steps, dtype=dtype,
-                       accelerator=cfg.accelerator, seed=cfg.seed, trainer=trainer)
+                       accelerator=cfg.accelerator, seed=cfg.seed, trainer=trainer, effect_batches=cfg.effect_batches)
         static, notes = check(run, data_cls, model_cls)
         out = Path(cfg.out)
         try:

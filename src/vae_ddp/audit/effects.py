@@ -4,8 +4,8 @@ The audit's contribution of a factor is one step's gradient difference from one 
 cannot tell DDP taking other samples or draws (``DistributedSampler``'s order: the same model,
 other luck) from DDP computing another step (per-rank BatchNorm statistics: another model). This
 module measures the difference as a distribution
-([`vae_ddp.harness.effect`][vae_ddp.harness.effect]): one device and DDP each take ``ROWS``
-global batches, ``ROWS / points`` of them from each of the reference's first ``points`` weights
+([`vae_ddp.harness.effect`][vae_ddp.harness.effect]): one device and DDP each take ``effect_batches``
+global batches (``ROWS`` by default), ``effect_batches / points`` of them from each of the reference's first ``points`` weights
 θ_0, θ_1 (``AuditRun.repeat``; ``points`` = ``min(POINTS, steps)``), every batch from those
 weights, the batches and draws following on as training takes them:
 
@@ -38,9 +38,10 @@ FLOOR_WORDS = "2x the rounding floor"
 
 __all__ = ["ROWS", "POINTS", "QUANTITIES", "CHANGES", "plan", "measure", "attach", "rank", "render"]
 
-#: Global batches each effect run takes (paired rows); about 30 show ``same distribution`` for a
-#: gradient of a few effective dimensions at the margins of [`vae_ddp.harness.effect`][vae_ddp.harness.effect].
-ROWS = 32
+#: Global batches each effect run takes by default (paired rows; ``AuditRun.effect_batches``, the
+#: audit's ``--effect_batches``): about 30 show ``same distribution`` for a gradient of a few
+#: effective dimensions at the margins of [`vae_ddp.harness.effect`][vae_ddp.harness.effect].
+ROWS = AuditRun.effect_batches
 #: Points of training (the reference's first weights) the rows are spread over.
 POINTS = 2
 
@@ -54,7 +55,7 @@ DEFAULTS = "effect-defaults"
 def _forced(base: AuditRun, steps_file: str) -> dict:
     accumulate = int(base.trainer.get("accumulate_grad_batches") or 1)
     points = max(1, min(POINTS, base.steps))
-    per_point = ROWS // points
+    per_point = base.effect_batches // points
     return dict(steps_file=steps_file, teacher_forced=True, repeat=per_point * accumulate, steps=points * per_point)
 
 
@@ -62,6 +63,8 @@ def plan(base: AuditRun, fixes: list[str], steps_file: str) -> tuple[list[AuditR
     """``(one device's run, DDP's runs)`` that measure the effects, to join the audit's launch
     (after the reference, whose weights they wait for). ``base``: the audit's run (``devices``
     the DDP world size); ``fixes``: the fixes the audit applies; ``steps_file``: the reference's weights."""
+    if not base.effect_batches:
+        return [], []
     forced = _forced(base, steps_file)
     one = [base.replace(label=REFERENCE, devices=1, fixes=list(fixes), **forced)]
     ddp = [*(base.replace(label=f"effect-{f}", devices=base.devices, fixes=[g for g in fixes if g != f], **forced)
@@ -105,6 +108,8 @@ def measure(record: Callable[[str], dict], base: AuditRun, fixes: list[str], flo
     rank 0's); the effect is the more serious of the two (``KINDS``' order), with ``"quantity"``
     naming it and ``"quantities"`` holding both. ``floor``: per quantity, the relative difference
     within which a row is the same step. Rows that cannot be compared (too few, of other lengths) give None."""
+    if not base.effect_batches:
+        return {}
     repeat = _forced(base, "")["repeat"]
     reference = record(REFERENCE)
     out: dict[str, Optional[dict]] = {}

@@ -143,6 +143,8 @@ class AuditRun:
         lag: with ``teacher_forced``: start batch k from the weights of batch k - ``lag``
             (another batch at the same weights: the batch-to-batch gradient noise; 0: the same
             batch).
+        effect_batches: the global batches each run of [`vae_ddp.audit.effects`][vae_ddp.audit.effects]
+            takes (0: none of them run).
         repeat: with ``teacher_forced``: batch b starts from the weights of batch ``b // repeat`` (0: of
             batch b, or b - ``lag``): ``repeat`` global batches at each of the reference's weights, the
             samples of [`vae_ddp.audit.effects`][vae_ddp.audit.effects].
@@ -178,6 +180,7 @@ class AuditRun:
     teacher_forced: bool = False
     lag: int = 0
     repeat: int = 0
+    effect_batches: int = 32
     eval_mode: bool = False
     trainer: dict = field(default_factory=dict)
     label: str = ""

@@ -129,8 +129,12 @@ def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, pr
         "grad_steps", "ratio_to_floor", "none_fixed", "deterministic", "within_floor",
         "trajectory_floor", "divergence_default", "divergence_fixed", "batch_noise",
         "batch_noise_steps", "findings": [{"factor", "exposed", "evidence", "contribution", "bites",
-        "left_after_fixes", "fixed_alone", "vs_batch_noise", "automatic_fix", "fix", "page"}], "unexplained": bool,
-        "largest_differences": [...], "notes": [str]}``. The verdict: ``grad_steps`` (per
+        "left_after_fixes", "fixed_alone", "vs_batch_noise", "automatic_fix", "fix", "page", "effect"}],
+        "unexplained": bool, "largest_differences": [...], "notes": [str], "effect", "effect_rows"}``.
+        ``effect`` (of a finding; at the top, of Lightning's defaults as a whole): what the factor changes
+        over ``effect_rows`` global batches, ``{"kind", "bias", "bias_ci", "variance_ratio",
+        "variance_ratio_ci", "quantity", "rows"}`` (see [`vae_ddp.audit.effects`][vae_ddp.audit.effects]),
+        None where not measured (a factor not exposed, or one only the user's code fixes; ``--effect_batches 0``). The verdict: ``grad_steps`` (per
         optimizer step, ``||g_ddp - g_single|| / ||g_single||`` from the same weights),
         ``floor`` (the largest of ``floor_draws``, the same for one device with the samples
         permuted) and ``ratio_to_floor`` (the largest DDP step over ``max(floor, eps)``);
@@ -399,7 +403,7 @@ def _judge(plan: _Plan, runs: _Runs, notes: list[str]) -> dict:
               "attention_draws": None if draws is None else {k: val for k, val in draws.items() if k != "finding"},
               "whole_step": None if step is None else {k: val for k, val in step.items() if k != "findings"},
               "reduction_under_ddp": v["reduction_ddp"],
-              "effect": measured.get("defaults"), "effect_rows": (measured.get("defaults") or {}).get("rows", effects.ROWS),
+              "effect": measured.get("defaults"), "effect_rows": (measured.get("defaults") or {}).get("rows"),
               "findings": findings, "largest_differences": _largest(fixed, single) if unexplained else [],
               # as the user named them (path/to/file.py:Class, not the module the audit made of the file)
               "model": dict(base.model, class_path=shown_name(base.model, base.model_file)),

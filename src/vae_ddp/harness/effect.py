@@ -39,7 +39,13 @@ underestimates it for few rows: fewer degrees of freedom, wider intervals, never
   and ``(n - G) d_eff(S_d)`` degrees of freedom when DDP's step has no bias, noncentral F with
   ``lambda = d_eff sum_g n_g ||bias_g||^2 / tr S_d`` when it has; the interval of ``lambda``
   inverts ``scipy.stats.ncf`` (as the interval of a standardised effect size inverts the
-  noncentral t) and is reported in units of ``sd`` (``sd`` itself taken as known).
+  noncentral t) and is reported in units of ``sd`` (``sd`` itself taken as known). The test
+  assumes independent rows. Rows drawn without replacement from a small data set are not: over
+  one epoch both sides take every sample once, and the mean difference holds far less noise than
+  ``tr S_d`` says. Given ``blocks`` (the epochs), each block's mean difference is one observation
+  instead; and whenever ``T`` falls below the central F's ``(1 - confidence) / 2`` quantile (the
+  differences more alike than independent ones), the interval's upper end is not claimed (inf).
+  A bias whose lower end is within ``floor`` times the rows' size is rounding: not detected.
 
 The kind (:data:`KINDS`), by these rules (:func:`classify`, unit-tested):
 
