@@ -30,6 +30,7 @@ from collections import Counter
 from typing import Callable, Optional
 
 from vae_ddp.audit.spec import AuditRun
+from vae_ddp.fixes import sampler
 from vae_ddp.harness import effect as stats
 from vae_ddp.harness.table import format_table
 
@@ -118,7 +119,7 @@ def measure(record: Callable[[str], dict], base: AuditRun, fixes: list[str], flo
         parts = {}
         for quantity in QUANTITIES:
             try:
-                parts[quantity] = stats.decompose(**_pairs(reference, run, repeat, quantity, "sampler" not in fixed),
+                parts[quantity] = stats.decompose(**_pairs(reference, run, repeat, quantity, sampler.FACTOR.key not in fixed),
                                                   floor=floor[quantity])
             except ValueError:  # no such rows (no buffers), or too few
                 continue
