@@ -181,3 +181,23 @@ def test_whole_epochs_are_one_observation_each():
     assert all(decompose(**m)["kind"] == "different" for m in moved)
     rows = [decompose(m["single"], m["ddp"], m["groups"]) for m in moved]
     assert not any(e["kind"] == "same distribution" for e in rows), [e["bias_ci"] for e in rows]
+
+
+def test_a_sketch_keeps_what_the_decomposition_reads():
+    """Long vectors are recorded as CountSketches (vae_ddp.probes.count_sketch): linear, the same map
+    for every vector of a length, norms kept to a few percent, and the kinds of the synthetic steps kept."""
+    import torch
+
+    from vae_ddp.probes import count_sketch
+
+    rng = np.random.default_rng(3)
+    a, b = torch.from_numpy(rng.normal(size=50_000)), torch.from_numpy(rng.normal(size=50_000))
+    sa, sb = count_sketch(a, 4096), count_sketch(b, 4096)
+    assert sa.shape == (4096,) and torch.allclose(count_sketch(a - 2 * b, 4096), sa - 2 * sb)
+    assert float(sa.norm() / a.norm()) == pytest.approx(1, abs=0.05) and torch.equal(count_sketch(a[:100], 4096), a[:100])
+    spread = np.repeat(rng.normal(size=(1, 40)), 50_000 // 40, axis=1).ravel()  # 40 blocks of equal coordinates
+    for kind, expected in (("offset", "different"), ("permutation", "same distribution"), ("identical", "exact")):
+        x, y, g = steps(kind, 0)
+        big = [[torch.from_numpy(np.repeat(r, 50_000 // P) * spread) for r in rows] for rows in (x, y)]
+        sx, sy = ([count_sketch(v, 4096).numpy() for v in rows] for rows in big)
+        assert decompose(sx, sy, g)["kind"] == expected, kind

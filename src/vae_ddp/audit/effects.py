@@ -21,7 +21,9 @@ run's own optimizer state) and what each batch's forward writes into the floatin
 row counted the same step when within ``FLOOR_RATIO`` times the audit's floor; a factor's effect is
 the more serious of the two. Where DDP takes other samples than one device (no sampler fix), the
 batches of each epoch are one observation of the bias (``blocks``): over an epoch of a small data set
-both sides take every sample once, which a row-by-row noise estimate would not know.
+both sides take every sample once, which a row-by-row noise estimate would not know. A vector longer
+than ``SKETCH`` elements is recorded as its CountSketch: the same linear map for one device and DDP,
+which keeps norms, inner products and so the traces the decomposition reads in expectation.
 """
 
 from __future__ import annotations
@@ -46,6 +48,11 @@ ROWS = AuditRun.effect_batches
 #: Points of training (the reference's first weights) the rows are spread over.
 POINTS = 2
 
+#: Vectors longer than this are compared through their CountSketch of this length
+#: ([`count_sketch`][vae_ddp.probes.count_sketch]): 32 steps of a ResNet-18's float64 gradient,
+#: update and buffers would take 6 GB per run and rank (the audit was killed for memory).
+SKETCH = 4096
+
 #: What the effects are measured on: the gradient and what the forward writes into the buffers.
 QUANTITIES = ("gradient", "buffers")
 
@@ -57,7 +64,8 @@ def _forced(base: AuditRun, steps_file: str) -> dict:
     accumulate = int(base.trainer.get("accumulate_grad_batches") or 1)
     points = max(1, min(POINTS, base.steps))
     per_point = base.effect_batches // points
-    return dict(steps_file=steps_file, teacher_forced=True, repeat=per_point * accumulate, steps=points * per_point)
+    return dict(steps_file=steps_file, teacher_forced=True, repeat=per_point * accumulate, steps=points * per_point,
+                sketch=SKETCH)
 
 
 def plan(base: AuditRun, fixes: list[str], steps_file: str) -> tuple[list[AuditRun], list[AuditRun]]:

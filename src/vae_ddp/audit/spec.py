@@ -143,6 +143,8 @@ class AuditRun:
         lag: with ``teacher_forced``: start batch k from the weights of batch k - ``lag``
             (another batch at the same weights: the batch-to-batch gradient noise; 0: the same
             batch).
+        sketch: 0, or keep the recorded vectors longer than this as CountSketches of that length
+            ([`StepProbe`][vae_ddp.probes.StepProbe]'s ``sketch``).
         effect_batches: the global batches each run of [`vae_ddp.audit.effects`][vae_ddp.audit.effects]
             takes (0: none of them run).
         repeat: with ``teacher_forced``: batch b starts from the weights of batch ``b // repeat`` (0: of
@@ -181,6 +183,7 @@ class AuditRun:
     lag: int = 0
     repeat: int = 0
     effect_batches: int = 32
+    sketch: int = 0
     eval_mode: bool = False
     trainer: dict = field(default_factory=dict)
     label: str = ""
