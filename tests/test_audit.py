@@ -206,10 +206,16 @@ def test_the_table_fits_100_columns(generated):
     cells = [dict(contribution=1.23456e-5, bites=False), dict(contribution=1.23456e-5, bites=None),
              dict(contribution=1.23456e-5, bites=True), dict(contribution=None, left_after_fixes=1.23456e-5,
                                                              automatic_fix=False)]
+    widest = dict(kind="same distribution", bias=1.23456e-5, bias_ci=[1.23456e-5] * 2, variance_ratio=1.23456e-5,
+                  variance_ratio_ci=[1.23456e-5] * 2, quantity="buffers")  # the effects' table, a row per finding
     for f, cell in zip(result["findings"], cells * 2):
         f.update(exposed=True, vs_batch_noise=1.23456e-5, **cell)
+    for f in result["findings"]:
+        f["effect"] = widest
+    result["effect"] = widest
     rows = [line for line in render(result).splitlines() if line.startswith("|")]
-    assert len(rows) == len(result["findings"]) + 2 and "your code: 1.23e-05 left (5.6e+10x floor)" in "".join(rows)
+    assert len(rows) == 2 * len(result["findings"]) + 5 and "your code: 1.23e-05 left (5.6e+10x floor)" in "".join(rows)
+    assert "| only which samples or draws (buffers) |" in "".join(rows)
     assert max(len(r) for r in rows) <= 100, "\n".join(r for r in rows if len(r) > 100)
 
 
@@ -268,8 +274,11 @@ def test_two_optimizers(tmp_path):
 
 def test_augmentation_with_workers(tmp_path):
     code, result, log = audit(tmp_path, f"{M}.Plain", "--data.init_args.augment", "true",
-                              "--data.init_args.num_workers", "1")
+                              "--data.init_args.num_workers", "1", "--effect_batches", "0")
     f = by_factor(result)
+    # the effects skipped: none measured, no table of them (the verdict as with them)
+    assert result["effect"] is None and result["effect_rows"] is None and "What each exposed factor" not in log
+    assert all(g["effect"] is None for g in result["findings"])
     assert f["noise"]["exposed"] and "augmentation" in f["noise"]["evidence"], log[-3000:]
     assert code == 1 and not result["unexplained"]
     # the user's loader forks its worker from a rank that runs threads: the audit says so and
@@ -289,6 +298,8 @@ def test_augmentation_with_workers(tmp_path):
     (["--model", f"{M}.Plain", "--trainer.strategy", "fsdp"], "is not a DDP strategy"),
     (["--model", f"{M}.Plain", "--trainer.strategy=deepspeed"], "is not a DDP strategy"),
     (["--model", f"{M}.Plain", "--trainer.accumulate_grad_batches", "0"], "--trainer.accumulate_grad_batches"),
+    (["--model", f"{M}.Plain", "--effect_batches", "2"], "--effect_batches must be 0 (skip) or at least 4, got 2"),
+    (["--model", f"{M}.Plain", "--effect_batches=-1"], "--effect_batches must be 0 (skip) or at least 4, got -1"),
     (["--model", f"{M}.Plain", "--trainer.gradient_clip_algorithm=sideways"], "--trainer.gradient_clip_algorithm"),
     # jsonargparse's errors, one line each with the flag as it was given (dotted names kept)
     (["--model", f"{M}.Plain", "--steps", "ten"], "--steps: expected int, got 'ten'"),

@@ -230,6 +230,24 @@ def test_the_audit_keeps_the_permutation_lightning_deals_for_a_shuffled_loader()
     assert sum(_indices(deal_global_batches(loader, 0, 1, seed=3)), []) == order
 
 
+def test_lightning_reaches_the_audits_chunks_at_every_epoch():
+    """Lightning sets the epoch on a loader's ``sampler`` and ``batch_sampler.sampler``
+    (``_set_sampler_epoch``), not on the batch sampler: the audit's chunks must be reached there, or
+    every epoch deals epoch 0's batches again (as it did: a one-device reference that never reshuffled)."""
+    from lightning_fabric.utilities.data import _set_sampler_epoch
+    from torch.utils.data import DataLoader
+
+    from vae_ddp.fixes.sampler import deal_global_batches
+
+    dealt = deal_global_batches(DataLoader(_index_set(64), batch_size=16, shuffle=True), 0, 1, seed=3)
+    first = _indices(dealt)
+    _set_sampler_epoch(dealt, 1)
+    assert dealt.batch_sampler.epoch == 1 and _indices(dealt) != first
+    order = GlobalBatchDistributedSampler(list(range(64)), 16, num_replicas=1, rank=0, seed=3)
+    order.set_epoch(1)
+    assert sum(_indices(dealt), []) == order.global_order()  # Lightning's DistributedSampler permutation of epoch 1
+
+
 @pytest.mark.parametrize("shard", [False, True])
 def test_a_stream_is_dealt_as_one_device_reads_it(shard):
     """An IterableDataset: every rank iterates the user's loader (the global batch size) and takes its

@@ -12,7 +12,7 @@ import torch
 from pytorch_lightning import Callback, LightningModule, Trainer
 from torch import Tensor
 
-__all__ = ["NoiseProbe", "GradientProbe", "StepProbe", "relative_difference", "per_step_differences"]
+__all__ = ["NoiseProbe", "GradientProbe", "StepProbe", "relative_difference", "per_step_differences", "count_sketch"]
 
 
 class NoiseProbe(Callback):
@@ -88,7 +88,10 @@ class StepProbe(Callback):
     differences carried over from earlier steps. The optimizer still steps, but its result is
     replaced at the next step. With ``lag`` L, batch ``k >= L`` starts from θ_(k-L) instead
     (batches ``k < L`` from θ_k): another batch at the same weights, the batch-to-batch
-    gradient noise one device has at the reference's weights.
+    gradient noise one device has at the reference's weights. With ``repeat`` R, batch ``k``
+    starts from θ_(k // R) instead: R batches at each of the reference's weights in turn, the
+    samples of one device's (or DDP's) step at the same weights
+    ([`vae_ddp.audit.effects`][vae_ddp.audit.effects]).
 
     ``k`` counts training batches; the gradients are kept at every optimizer step: one per
     batch under automatic optimization, one per ``accumulate_grad_batches`` batches with
@@ -99,6 +102,10 @@ class StepProbe(Callback):
         states: the reference's ``{name: Tensor}`` per step, or None to record them.
         record_states: keep θ_k of each step (the reference run).
         lag: forced runs only: batches later than the weights they start from (0: the same batch).
+        repeat: forced runs only: batches per recorded weights (0: one, batch k from θ_k or θ_(k-lag)).
+        sketch: 0, or keep each vector longer than this (gradients, buffers, updates) as its
+            [`count_sketch`][vae_ddp.probes.count_sketch] of ``sketch`` elements: what many steps of
+            a large model can hold in memory (the norms and the ranks' distance stay exact).
         label: the run's name, for the error of a gradient that is not finite.
 
     Attributes:
@@ -107,6 +114,7 @@ class StepProbe(Callback):
         buffers: per step, the floating-point buffers as one float64 vector (empty without BatchNorm).
         states: the θ_k loaded or recorded, per step.
         loaded: forced runs: per batch, the index k of the θ_k it started from.
+        epochs: per training batch, the epoch it belongs to (``trainer.current_epoch``).
         grad_batches: per kept gradient, the training batch (0, 1, ...) it was computed on.
         lrs: per kept gradient, the learning rate of each of the optimizer's parameter groups
             (what that step applies, after the LR schedulers' updates).
@@ -132,15 +140,18 @@ class StepProbe(Callback):
     """
 
     def __init__(self, states: Optional[list[dict[str, Tensor]]] = None, record_states: bool = False,
-                 lag: int = 0, label: str = "") -> None:
+                 lag: int = 0, label: str = "", repeat: int = 0, sketch: int = 0) -> None:
         self.forced = states is not None
         self.label = label
         self.lag = lag
+        self.repeat = repeat
+        self.sketch = sketch
         self.states: list[dict[str, Tensor]] = list(states) if states is not None else []
         self.record_states = record_states and not self.forced
         self.grads: list[Tensor] = []
         self.buffers: list[Tensor] = []
         self.loaded: list[int] = []
+        self.epochs: list[int] = []
         self.grad_batches: list[int] = []
         self.lrs: list[list[float]] = []
         self.updates: list[Tensor] = []
@@ -162,11 +173,13 @@ class StepProbe(Callback):
         # optimizers, Lightning counts two steps per batch
         k = self._batch
         self._batch += 1
+        self.epochs.append(trainer.current_epoch)
         if self.forced:
-            if k >= len(self.states):
+            point = k // self.repeat if self.repeat else k
+            if point >= len(self.states):
                 raise RuntimeError(f"StepProbe: batch {k} is past the {len(self.states)} batches of the reference")
             own = pl_module.state_dict()
-            self.loaded.append(k - self.lag if k >= self.lag else k)
+            self.loaded.append(point if self.repeat else k - self.lag if k >= self.lag else k)
             with torch.no_grad():
                 for name, value in self.states[self.loaded[-1]].items():
                     if name in own:
@@ -184,10 +197,11 @@ class StepProbe(Callback):
             raise RuntimeError(f"{run}the gradient is not finite (NaN or infinite) at training batch {self._batch - 1} "
                                f"on rank {trainer.global_rank}: the loss or the model diverges; lower the learning "
                                "rate or fix the loss before comparing DDP with one device")
+        self.grads[-1] = count_sketch(self.grads[-1], self.sketch)
         self.grad_batches.append(self._batch - 1)
         self.lrs.append([float(g["lr"]) for g in optimizer.param_groups])
         bufs = [b.detach().reshape(-1).double().cpu() for _, b in pl_module.named_buffers() if b.is_floating_point()]
-        self.buffers.append(torch.cat(bufs) if bufs else torch.zeros(0, dtype=torch.float64))
+        self.buffers.append(count_sketch(torch.cat(bufs) if bufs else torch.zeros(0, dtype=torch.float64), self.sketch))
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
@@ -198,8 +212,8 @@ class StepProbe(Callback):
             self.param_names = [[n, p.numel()] for n, p in params]
             self.buffer_names = [[n, b.numel()] for n, b in buffers]
         now, after = _flat(p for _, p in params), _flat(b for _, b in buffers)
-        self.updates.append(now - self._start)
-        self.buffer_updates.append(after - self._start_buffers)
+        self.updates.append(count_sketch(now - self._start, self.sketch))
+        self.buffer_updates.append(count_sketch(after - self._start_buffers, self.sketch))
         self.norms.append([float(now.norm()), float(after.norm())])
         if trainer.world_size > 1:
             distance, names = _ranks_apart(now, self.param_names, trainer, pl_module)
@@ -208,8 +222,28 @@ class StepProbe(Callback):
 
     def record(self) -> dict:
         """What the audit compares, as one picklable dict (``torch.save``)."""
-        return {k: getattr(self, k) for k in ("grads", "buffers", "grad_batches", "lrs", "updates", "buffer_updates",
+        return {k: getattr(self, k) for k in ("grads", "buffers", "grad_batches", "epochs", "lrs", "updates", "buffer_updates",
                                               "norms", "ranks_apart", "ranks_apart_names", "param_names", "buffer_names")}
+
+
+_SKETCHES: dict[tuple[int, int], tuple[Tensor, Tensor]] = {}
+
+
+def count_sketch(v: Tensor, k: int, seed: int = 0) -> Tensor:
+    """A CountSketch (Charikar, Chen and Farach-Colton 2002) of the float64 vector ``v`` ``(P,)`` in
+    ``k`` elements: element ``i`` added, with a random sign, to one of ``k`` buckets, both drawn from
+    a generator seeded with ``seed`` and ``P`` (the same buckets in every process for a vector of
+    that length). Linear, and inner products, norms and traces are kept in expectation. ``v`` itself
+    when ``k`` is 0 or ``P <= k``."""
+    n = v.numel()
+    if not k or n <= k:
+        return v
+    if (n, k) not in _SKETCHES:
+        g = torch.Generator().manual_seed(seed * 1_000_003 + n)
+        _SKETCHES[(n, k)] = (torch.randint(0, k, (n,), generator=g),
+                             torch.randint(0, 2, (n,), generator=g).double() * 2 - 1)
+    bucket, sign = _SKETCHES[(n, k)]
+    return torch.zeros(k, dtype=torch.float64).index_add_(0, bucket, v.double().cpu() * sign)
 
 
 def _flat(tensors) -> Tensor:

@@ -1,16 +1,14 @@
 """The ``vae-ddp audit`` command line: jsonargparse parses, as LightningCLI parses class paths.
 
     vae-ddp audit --model MODEL --data DATA [--model.init_args.* / --data.init_args.*]
-                  [--devices 2] [--steps 4] [--dtype float64] [--accelerator cpu] [--out DIR]
-                  [--trainer.strategy ddp_find_unused_parameters_true] [--trainer.* ...] [--config FILE]
+                  [--devices 2] [--steps 4] [--dtype float64] [--accelerator cpu] [--effect_batches 32]
+                  [--out DIR] [--trainer.* ...] [--config FILE]
 
 MODEL and DATA are ``package.module.Class`` or ``path/to/file.py:Class``. DATA's ``batch_size``
 is the global batch size (one device's batch); each DDP rank gets ``batch_size / devices``. The
 checks of the input before any training live in [`vae_ddp.audit.preflight`][vae_ddp.audit.preflight];
-every bad input is one line ([`one_line`][vae_ddp.errors.one_line] for jsonargparse's). Exit codes
-(``EPILOG``): 0 DDP with the fixes computes one device's whole step within 2x the one-device floor;
-1 it does not; 2 bad input (one line, before any training); 3 a training run failed (its first
-error line, and where every rank's log is).
+every bad input is one line ([`one_line`][vae_ddp.errors.one_line] for jsonargparse's). Exit codes:
+``EPILOG`` (0 passed, 1 not, 2 bad input before any training, 3 a training run failed).
 """
 
 from __future__ import annotations
@@ -91,10 +89,11 @@ def build_parser() -> AuditParser:
             _class_flag(p._option_string_actions[option], key)
     p.add_argument("--devices", type=int, default=2, help="DDP world size N")
     p.add_argument("--steps", type=int, default=4, help="optimizer steps per run")
-    p.add_argument("--dtype", type=Literal["float64", "float32"], default="float64",
-                   help="float64 (rounding hides nothing) or float32")
+    p.add_argument("--dtype", type=Literal["float64", "float32"], default="float64", help="float64 or float32")
     p.add_argument("--accelerator", type=Literal["cpu", "gpu"], default="cpu")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--effect_batches", type=int, default=32, help="global batches each side takes from one device's "
+                   "weights to tell a change of what DDP trains from other luck (a bias, a noise ratio); 0 skips it")
     p.add_argument("--out", type=str, default="runs/audit", help="output folder")
     p.add_argument("--trainer", type=Optional[dict[str, Any]], default=None, metavar="NAME VALUE", help=(
         "your Trainer's arguments as LightningCLI spells them, --trainer.NAME VALUE, the same in every run: "

@@ -215,7 +215,7 @@ def audit_run(cfg: dict) -> tuple[Any, type, type]:
     run = AuditRun(model=classes["model"], data=classes["data"], model_file=_FILES.get(classes["model"]["class_path"]),
                    data_file=_FILES.get(classes["data"]["class_path"]), devices=cfg["devices"],
                    global_batch_size=int(gbs or 0), steps=cfg["steps"], dtype=dtype, accelerator=cfg["accelerator"],
-                   seed=cfg["seed"], trainer=trainer)
+                   seed=cfg["seed"], trainer=trainer, effect_batches=cfg["effect_batches"])
     return run, model_cls, data_cls
 
 
@@ -252,6 +252,8 @@ def check(run, data_cls: type, model_cls: type) -> tuple[list[dict], list[str]]:
         raise UserError(f"--devices must be at least 2 (the DDP world size to compare with one device), got {run.devices}")
     if run.steps < 1:
         raise UserError(f"--steps must be at least 1, got {run.steps}")
+    if run.effect_batches != 0 and run.effect_batches < 4:
+        raise UserError(f"--effect_batches must be 0 (skip) or at least 4, got {run.effect_batches}")
     if model_cls.training_step is LightningModule.training_step:
         raise UserError(f"{model_cls.__name__} has no training_step: the audit trains it, so define one")
     if "batch_size" not in inspect.signature(data_cls).parameters:

@@ -226,7 +226,8 @@ def _train(runs: list[AuditRun], out: Path) -> int:
         probe = None
         if run.steps_file:
             probe = StepProbe(wait_for_steps(Path(run.steps_file)) if run.teacher_forced else None,
-                              record_states=not run.teacher_forced, lag=run.lag, label=run.label)
+                              record_states=not run.teacher_forced, lag=run.lag, label=run.label,
+                              repeat=run.repeat, sketch=run.sketch)
         model, dm, trainer = build(run, probe)
         trainer.fit(model, datamodule=dm)
         if trainer.is_global_zero:

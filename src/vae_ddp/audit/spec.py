@@ -151,6 +151,13 @@ class AuditRun:
         lag: with ``teacher_forced``: start batch k from the weights of batch k - ``lag``
             (another batch at the same weights: the batch-to-batch gradient noise; 0: the same
             batch).
+        sketch: 0, or keep the recorded vectors longer than this as CountSketches of that length
+            ([`StepProbe`][vae_ddp.probes.StepProbe]'s ``sketch``).
+        effect_batches: the global batches each run of [`vae_ddp.audit.effects`][vae_ddp.audit.effects]
+            takes (0: none of them run).
+        repeat: with ``teacher_forced``: batch b starts from the weights of batch ``b // repeat`` (0: of
+            batch b, or b - ``lag``): ``repeat`` global batches at each of the reference's weights, the
+            samples of [`vae_ddp.audit.effects`][vae_ddp.audit.effects].
         eval_mode: run each training step with the module in eval mode (``module.eval()``: no
             dropout, BatchNorm with its running statistics), as the one-process reduction check
             does: a forced pair of these (one device, DDP) tells whether the loss reduces over
@@ -185,6 +192,9 @@ class AuditRun:
     steps_file: Optional[str] = None
     teacher_forced: bool = False
     lag: int = 0
+    repeat: int = 0
+    effect_batches: int = 32
+    sketch: int = 0
     eval_mode: bool = False
     trainer: dict = field(default_factory=dict)
     label: str = ""

@@ -48,7 +48,7 @@ from typing import Optional
 
 import torch
 
-from vae_ddp.audit import whole_step
+from vae_ddp.audit import effects, whole_step
 from vae_ddp.audit.spec import AuditRun, failed_marker
 from vae_ddp.fixes import noise, registry
 from vae_ddp.fixes.factor import page_url
@@ -130,8 +130,12 @@ def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, pr
         "grad_steps", "ratio_to_floor", "none_fixed", "deterministic", "within_floor",
         "trajectory_floor", "divergence_default", "divergence_fixed", "batch_noise",
         "batch_noise_steps", "findings": [{"factor", "exposed", "evidence", "contribution", "bites",
-        "left_after_fixes", "fixed_alone", "vs_batch_noise", "automatic_fix", "fix", "page"}], "unexplained": bool,
-        "largest_differences": [...], "notes": [str]}``. The verdict: ``grad_steps`` (per
+        "left_after_fixes", "fixed_alone", "vs_batch_noise", "automatic_fix", "fix", "page", "effect"}],
+        "unexplained": bool, "largest_differences": [...], "notes": [str], "effect", "effect_rows"}``.
+        ``effect`` (of a finding; at the top, of Lightning's defaults as a whole): what the factor changes
+        over ``effect_rows`` global batches, ``{"kind", "bias", "bias_ci", "variance_ratio",
+        "variance_ratio_ci", "quantity", "rows"}`` (see [`vae_ddp.audit.effects`][vae_ddp.audit.effects]),
+        None where not measured (a factor not exposed, or one only the user's code fixes; ``--effect_batches 0``). The verdict: ``grad_steps`` (per
         optimizer step, ``||g_ddp - g_single|| / ||g_single||`` from the same weights),
         ``floor`` (the largest of ``floor_draws``, the same for one device with the samples
         permuted) and ``ratio_to_floor`` (the largest DDP step over ``max(floor, eps)``);
@@ -244,6 +248,8 @@ def _plan(base: AuditRun, out_dir: Path, static: list[dict]) -> _Plan:
     if recheck:
         one_device.append(base.replace(label="single-eval", devices=1, eval_mode=True, **forced))
         ddp.append(base.replace(label="ddp+fixed-eval", devices=n, eval_mode=True, **forced))
+    more = effects.plan(base, fixes, str(steps_file))  # each factor's bias and noise ratio: many batches, last
+    one_device, ddp = one_device + more[0], ddp + more[1]
     return _Plan(base, fixes, one_device, ddp, lag, recheck, attention, torch_draws, static)
 
 
@@ -392,7 +398,11 @@ def _judge(plan: _Plan, runs: _Runs, notes: list[str]) -> dict:
         manual[noise.FACTOR.key] = found[noise.FACTOR.key] = draws["finding"]
         within = False
     unexplained = v["deterministic"] and not within and not manual
-    findings = sorted(_rows(found, manual, contributions, alone, v), key=_rank)
+    rows = _rows(found, manual, contributions, alone, v)
+    measured = effects.measure(runs.record, base, plan.fixes, {  # the same step within 2x the rounding floor
+        "gradient": FLOOR_RATIO * v["yardstick"], "buffers": FLOOR_RATIO * (step or {}).get("buffer_floor", v["yardstick"])})
+    effects.attach(rows, measured, {f.key: f.ablated_with for f in registry.factors() if f.ablated_with})
+    findings = sorted(rows, key=_rank)
     result = {"devices": n, "steps": base.steps, "dtype": base.dtype, "method": "teacher-forced",
               "floor": v["floor"], "floor_draws": v["floor_draws"], "grad_steps": v["grad_steps"],
               "ratio_to_floor": v["ratio"], "none_fixed": none_fixed, "batch_noise": v["batch_noise"],
@@ -405,6 +415,7 @@ def _judge(plan: _Plan, runs: _Runs, notes: list[str]) -> dict:
               "unkeyed_draws": None if draws is None else {k: val for k, val in draws.items() if k != "finding"},
               "whole_step": None if step is None else {k: val for k, val in step.items() if k != "findings"},
               "reduction_under_ddp": v["reduction_ddp"],
+              "effect": measured.get("defaults"), "effect_rows": (measured.get("defaults") or {}).get("rows"),
               "findings": findings, "largest_differences": _largest(fixed, single) if unexplained else [],
               # as the user named them (path/to/file.py:Class, not the module the audit made of the file)
               "model": dict(base.model, class_path=shown_name(base.model, base.model_file)),
@@ -584,7 +595,9 @@ def _explain(d: dict, n: int) -> dict:
 
 
 def _rank(f: dict) -> tuple:
-    """Table order: exposed first; among them what bites and what only the user's code can fix,
+    """Table order: exposed first; among them what changes what DDP trains, then what is not
+    measured or not resolved, then what changes only the luck or nothing
+    ([`effects.rank`][vae_ddp.audit.effects.rank]); within each, what bites and what only the user's code can fix,
     by their measured effect (a contribution; for the latter, what is left with every automatic
     fix on), then such a factor not measured (the floor is not rounding), then what cannot be
     separated, then what does not bite: a factor that needs a code change never ranks below one
@@ -600,7 +613,7 @@ def _rank(f: dict) -> tuple:
         order = 2
     else:
         order = 3
-    return (0, order, -((f["contribution"] if left is None else left) or 0.0))
+    return (0, effects.rank(f), order, -((f["contribution"] if left is None else left) or 0.0))
 
 
 def _batch_noise(other: Path, single: Path, lag: int) -> list[float]:
@@ -655,7 +668,8 @@ def shown_name(cls: dict, file: Optional[str]) -> str:
 def render(result: dict) -> str:
     """The Markdown the audit prints and writes: the ranked table, the verdict, the context."""
     u = _Units(result)
-    lines = _render_table(result, u) + [""] + _render_measures(result, u)
+    lines = _render_table(result, u) + [""] + effects.render(result, _name)
+    lines += [""] * bool(lines[-1]) + _render_measures(result, u)
     lines.append(_render_verdict(result, u))
     lines.append(_render_trajectory(result, u))
     lines += [f"- note: {n}" for n in result.get("notes", [])]
@@ -716,7 +730,7 @@ def _render_table(result: dict, u: _Units) -> list[str]:
                 if batch_noise is not None
                 else "not measured: it needs two optimizer steps)")
              + ": below 1, the factor moves the gradient less than the batch-to-batch noise of training. "
-             "Evidence and fix, per factor:", ""]
+             + "Evidence and fix, per factor:", ""]
     return lines + [f"- {_name(f['factor'])}: {f['evidence']}" + (f". Fix: {f['fix']}" if f["fix"] else "") + alone(f)
                     + f" (see {page_url(f['page'])})" for f in result["findings"]]
 

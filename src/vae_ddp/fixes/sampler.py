@@ -121,6 +121,13 @@ class GlobalBatchChunks(Sampler):
         self.divisor = max(divisor, world_size)
         self.epoch = 0
 
+    @property
+    def sampler(self) -> "GlobalBatchChunks":
+        """Itself: Lightning's ``_set_sampler_epoch`` (lightning_fabric 2.x) calls ``set_epoch`` on a
+        loader's ``sampler`` and its ``batch_sampler.sampler``, never on the batch sampler itself;
+        without this every epoch would deal epoch 0's batches again."""
+        return self
+
     def set_epoch(self, epoch: int) -> None:
         """Lightning calls it at every epoch (``_set_sampler_epoch``); passed on to the user's sampler."""
         self.epoch = epoch
