@@ -14,6 +14,7 @@ waits until the reference run (in the process beside it) has written its weights
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -244,6 +245,11 @@ def _train(runs: list[AuditRun], out: Path) -> int:
                     tmp = Path(run.steps_file).with_suffix(".partial")
                     torch.save({**record, "states": probe.states}, tmp)
                     os.replace(tmp, run.steps_file)
+        # Lightning's Trainer and module refer to each other: without a collection here each run's
+        # module, optimizer state and recorded steps (several copies of the parameters) outlive it
+        del model, dm, trainer, probe
+        audit = record = None  # noqa: F841 - what they refer to, collected below
+        gc.collect()
     if info:
         (out / "run.json").write_text(json.dumps(info))
     close_process_group()
