@@ -56,6 +56,9 @@ def out_folder_lock(out_dir: "str | Path", command: str) -> Iterator[Path]:
         os.close(fd)
     os.ftruncate(fd, 0)
     os.write(fd, json.dumps({"pid": os.getpid(), "command": command}).encode())
+    from vae_ddp.outputs import clean_stale
+
+    clean_stale(out_dir)  # what a killed run into this folder left of its writes
     try:
         yield Path(out_dir)
     finally:

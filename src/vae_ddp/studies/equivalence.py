@@ -201,10 +201,12 @@ def equivalence(base: RunSpec, world_sizes: list[int], out_dir: Path, permutatio
         result, text = _compare(base, single, permuted, ddps, launched)
     finally:
         drop_tensors(out_dir / "runs")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "equivalence.json").write_text(json.dumps(result, indent=1))
+    from vae_ddp.outputs import result_set
+
+    with result_set(out_dir) as new:
+        (new / "equivalence.json").write_text(json.dumps(result, indent=1))
+        write_tables(new, text)
     print(text)
-    write_tables(out_dir, text)
     return result
 
 
