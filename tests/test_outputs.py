@@ -158,3 +158,47 @@ def test_kill_9_inside_a_file_write_leaves_no_empty_file(tmp_path):
 
     clean_stale(tmp_path)
     assert [p.name for p in tmp_path.iterdir()] == ["params-0.pt"]
+
+
+def _canned_launch(specs, out_dir, **kwargs):
+    """``launch_by_world_size`` without training: two made-up steps per spec."""
+    records = [{"step": s, "recon_loss": 1.0 / s, "kl": 0.1 * s, "loss": 1.0, "logged_recon_loss": 1.0 / s,
+                "logged_kl": 0.1 * s, "logged_loss": 1.0, "global_batch_size": 64} for s in (1, 2)]
+    return [({"spec": {}, "runs": [{"seed": 0, "records": records, "val_records": [], "params": None}]}, out_dir)
+            for _ in specs]
+
+
+def test_a_full_disk_after_training_is_one_line_and_exit_3(tmp_path, monkeypatch):
+    """ENOSPC while compare writes its results (after training): one line naming --out, exit 3,
+    the earlier results whole and no empty file (it was a 10-line torch traceback, and a 0-byte
+    file was left)."""
+    import vae_ddp.studies.compare as compare
+    from vae_ddp.cli import main_captured
+
+    out = tmp_path / "out"
+    compare.write_results(out, *canned(1.0))
+    old = _snapshot(out)
+    monkeypatch.setattr(compare, "launch_by_world_size", _canned_launch)
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(compare, "plot_report_style", full)
+    code, _, err = main_captured(["compare", "--configs", "[single]", "--steps", "2", "--out", str(out)])
+    assert code == 3 and err.count("\n") == 1 and f"no space left on the file system of {out}" in err, err
+    assert _snapshot(out) == old
+    assert not [p for p in tmp_path.rglob("*") if p.is_file() and p.stat().st_size == 0]
+
+
+def test_too_little_space_before_training_is_one_line_and_exit_2(tmp_path, monkeypatch):
+    """Less free space than the run writes (its parameters, logs): refused before it starts, in one
+    line with both sizes and the folder, exit 2 (it trained, then failed writing)."""
+    import vae_ddp.outputs as outputs
+    from vae_ddp.cli import main_captured
+
+    monkeypatch.setattr(outputs, "_free", lambda folder: 10 ** 6)
+    out = tmp_path / "out"
+    code, stdout, err = main_captured(["compare", "--configs", "[single]", "--steps", "2", "--out", str(out)])
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"the file system of {out / 'runs'} has 1.0 MB free, the run writes about 6.3 MB" in err, err
+    assert "step 1" not in stdout and not out.exists()  # nothing left of it

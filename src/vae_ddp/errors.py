@@ -13,7 +13,7 @@ import ast
 import re
 from typing import Optional
 
-__all__ = ["UserError", "input_error", "one_line"]
+__all__ = ["UserError", "RunFailed", "input_error", "one_line"]
 
 #: the modules whose ValueError and OSError mean bad input (their docstrings say which)
 INPUT_MODULES = ("vae_ddp.data", "vae_ddp.utils")
@@ -21,6 +21,11 @@ INPUT_MODULES = ("vae_ddp.data", "vae_ddp.utils")
 
 class UserError(Exception):
     """Bad input detected before any training starts. ``str(err)`` is the whole message."""
+
+
+class RunFailed(RuntimeError):
+    """A training run exited non-zero; ``str()`` holds its label, exit code and stderr tail
+    (raised by [`launch`][vae_ddp.harness.launch.launch])."""
 
 
 def input_error(err: BaseException) -> Optional[BaseException]:

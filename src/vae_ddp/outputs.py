@@ -25,7 +25,7 @@ import shutil
 from pathlib import Path
 from typing import Iterator, Optional
 
-from vae_ddp.errors import UserError
+from vae_ddp.errors import RunFailed, UserError
 
 __all__ = ["replacing", "write_atomic", "result_set", "clean_stale", "OutOfSpace", "NoSpaceForRun", "check_space",
            "no_space", "megabytes"]
@@ -41,20 +41,19 @@ def megabytes(n: float) -> str:
     return f"{n / 1e3:.1f} kB" if n >= 1e3 else f"{int(n)} bytes"
 
 
-class OutOfSpace(OSError):
-    """The file system of ``folder`` is full (``ENOSPC``); ``str()`` is one line naming the folder,
-    the size needed where known and what is free. ``errno`` is ``ENOSPC``."""
+class OutOfSpace(RunFailed):
+    """The file system of ``folder`` filled up while a run wrote (``ENOSPC``), after training
+    started (a failed run: ``vae-ddp`` and ``vae-ddp audit`` exit 3); ``str()`` is one line naming
+    the folder, the size needed where known and what is free. ``errno`` is ``ENOSPC``."""
+
+    errno = errno.ENOSPC
 
     def __init__(self, folder: "str | Path", needed: Optional[int] = None) -> None:
         free = _free(folder)
         need = f"; about {megabytes(needed)} needed" if needed else ""
-        text = (f"no space left on the file system of {folder}{need}, {megabytes(free)} free: free some space "
-                f"or choose another --out")
-        super().__init__(errno.ENOSPC, text)
-        self.folder, self.needed, self.text = Path(folder), needed, text
-
-    def __str__(self) -> str:
-        return self.text
+        super().__init__(f"no space left on the file system of {folder}{need}, {megabytes(free)} free: free some "
+                         f"space or choose another --out")
+        self.folder, self.needed = Path(folder), needed
 
 
 class NoSpaceForRun(UserError):
@@ -97,8 +96,8 @@ def check_space(folder: "str | Path", needed: int) -> None:
     """
     free = _free(folder)
     if free < needed:
-        raise NoSpaceForRun(f"--out {folder} has {megabytes(free)} free, the run writes about {megabytes(needed)}: "
-                            "free some space or choose another --out")
+        raise NoSpaceForRun(f"the file system of {folder} has {megabytes(free)} free, the run writes about "
+                            f"{megabytes(needed)}: free some space or choose another --out")
 
 
 @contextlib.contextmanager

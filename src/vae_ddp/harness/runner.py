@@ -165,10 +165,15 @@ def run_sequence(groups: list[dict], out_dir: Path, run_group: Callable[[Any, Pa
                 torch.set_num_threads(g["threads"])
             return run_group(g["specs"], out_dir / g["tag"])
 
-        code = os.waitstatus_to_exitcode(os.waitpid(fork(one), 0)[1])
+        pid = fork(one)
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
         if code != 0:
+            if code < 0:  # rank 0 of the group ended by a signal (a rank that failed names itself)
+                from vae_ddp.guard import how_it_ended
+
+                print(f"vae-ddp: rank 0 (PID {pid}) {how_it_ended(code, pid)}", file=sys.stderr, flush=True)
             print(f"the runs of '{g['tag']}' exited with code {code}", file=sys.stderr, flush=True)
-            return code
+            return code if code > 0 else 128 - code
     write_atomic(out_dir / "run.json", json.dumps({g["tag"]: json.loads((out_dir / g["tag"] / "run.json").read_text())
                                                    for g in groups}))
     return 0
