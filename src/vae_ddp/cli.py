@@ -87,9 +87,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     """``vae-ddp ARGV`` (default ``sys.argv[1:]``); returns the exit code: 1 a run failed, 3 the output
     folder's file system filled up after training started (one line naming it), 2 bad
     input (one line: a jsonargparse error, or [`input_error`][vae_ddp.errors.input_error]), 130 Ctrl-C,
-    143 SIGTERM (``vae-ddp: terminated`` on stderr; every rank and worker it started ended)."""
+    143 SIGTERM (``vae-ddp: terminated`` on stderr; every rank and worker it started ended). The run
+    has a ``TMPDIR`` of its own ([`private_tmpdir`][vae_ddp.utils.private_tmpdir])."""
+    from vae_ddp.utils import private_tmpdir
+
     try:
-        with _sigterm_says_terminated():
+        with _sigterm_says_terminated(), private_tmpdir():  # nothing left in TMPDIR, however it ends
             return _main(argv)
     except Terminated:
         print("vae-ddp: terminated", file=sys.stderr, flush=True)
