@@ -35,7 +35,9 @@ _NEW, _OLD = "vae-ddp-new", "vae-ddp-old"
 
 
 def megabytes(n: float) -> str:
-    """``n`` bytes for a reader: ``"3.2 MB"``, ``"12.0 kB"`` or ``"512 bytes"``."""
+    """``n`` bytes for a reader: ``"1.5 GB"``, ``"3.2 MB"``, ``"12.0 kB"`` or ``"512 bytes"``."""
+    if n >= 1e9:
+        return f"{n / 1e9:.1f} GB"
     if n >= 1e6:
         return f"{n / 1e6:.1f} MB"
     return f"{n / 1e3:.1f} kB" if n >= 1e3 else f"{int(n)} bytes"

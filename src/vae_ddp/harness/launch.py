@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Optional
 
 from vae_ddp import guard
-from vae_ddp.errors import RunFailed
+from vae_ddp.errors import RunFailed, UserError
 from vae_ddp.harness.configs import RunSpec
 
 __all__ = ["launch", "launch_group", "launch_by_world_size", "RunGroup", "RunSequence", "RunFailed"]
@@ -122,10 +122,13 @@ def launch(spec: "RunSpec | RunGroup", out_dir: Path, timeout: Optional[float] =
         vae_ddp.outputs.OutOfSpace: (a ``RunFailed``) the file system of ``out_dir`` filled up.
         vae_ddp.outputs.NoSpaceForRun: (a ``UserError``, before anything starts) less free space
             in ``out_dir`` than [`space_needed`][vae_ddp.harness.launch.space_needed].
+        NotEnoughMemory: (a ``UserError``, before anything starts) the ranks' estimated memory
+            ([`check_memory`][vae_ddp.harness.launch.check_memory]) is more than is available.
     """
     from vae_ddp.outputs import check_space
 
     out_dir = Path(out_dir)
+    check_memory(spec)
     check_space(out_dir, space_needed(spec))
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "run.json").unlink(missing_ok=True)
@@ -177,6 +180,66 @@ def _failure(label: str, code: Optional[int], lines: list[str], log: Path, out_d
     return RunFailed(text)
 
 
+class NotEnoughMemory(UserError):
+    """The processes of a launch would need more memory than the machine has available (bad input:
+    too large a world size)."""
+
+
+#: Memory of one rank beside its model's tensors, in bytes: 67 processes of a ``--devices 64``
+#: compare took 8.2 GB of free memory (18.3 GB before, 10.1 GB during its first step), 122 MB each.
+RANK_BYTES = 150 * 10 ** 6
+
+
+def _available_memory() -> Optional[int]:
+    """``MemAvailable`` of ``/proc/meminfo`` in bytes (None where there is none)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _param_bytes(s) -> int:
+    """Bytes of the parameters of a [`RunSpec`][vae_ddp.harness.configs.RunSpec]'s model (counted
+    on torch's ``meta`` device); 0 for another kind of spec."""
+    if not isinstance(s, RunSpec):
+        return 0
+    import torch
+
+    from vae_ddp.model import VAE
+
+    with torch.device("meta"):
+        model = VAE(input_height=32, enc_type=s.model, latent_dim=s.latent_dim or 32)
+    return sum(p.numel() for p in model.parameters()) * (8 if s.dtype == "float64" else 4)
+
+
+def check_memory(spec) -> None:
+    """Refuse a launch whose ranks would not fit in memory: per rank ``RANK_BYTES`` and six times
+    its model's parameters (weights, gradients, Adam's two moments, DDP's gradient buckets, a
+    copy), for the widest group of ``spec``, against ``MemAvailable``. (On a machine without
+    ``/proc/meminfo`` nothing is checked.)
+
+    Raises:
+        NotEnoughMemory: the estimate is more than is available (the message gives both).
+    """
+    from vae_ddp.outputs import megabytes
+
+    available = _available_memory()
+    if available is None or spec.accelerator != "cpu":
+        return
+    widest = max(_specs(spec), key=lambda s: s.world_size)
+    per_rank = RANK_BYTES + 6 * max(_param_bytes(s) for s in _specs(spec))
+    needed = widest.world_size * per_rank
+    if needed > available:
+        fits = max(1, available // per_rank)
+        raise NotEnoughMemory(f"{widest.world_size} processes need about {megabytes(needed)} of memory "
+                              f"({megabytes(per_rank)} each), {megabytes(available)} is available: use at most "
+                              f"{fits} processes (fewer --devices)")
+
+
 #: Bytes of logs, ``run.json`` files and figures a launch writes beside its tensors (at most).
 LOG_BYTES = 2 * 2 ** 20
 
@@ -198,13 +261,7 @@ def space_needed(spec) -> int:
     for s in _specs(spec):
         if not isinstance(s, RunSpec) or not (s.save_params or s.steps_file):
             continue
-        import torch
-
-        from vae_ddp.model import VAE
-
-        with torch.device("meta"):
-            model = VAE(input_height=32, enc_type=s.model, latent_dim=s.latent_dim or 32)
-        size = sum(p.numel() for p in model.parameters()) * (8 if s.dtype == "float64" else 4)
+        size = _param_bytes(s)
         total += len(s.seeds) * size * ((2 if s.save_params else 0) + (3 * s.steps if s.steps_file else 0))
     return total
 
