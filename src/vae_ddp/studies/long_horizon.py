@@ -46,7 +46,7 @@ from vae_ddp.model import standard_normal_noise
 from vae_ddp.harness.configs import RunSpec
 from vae_ddp.harness.stats import QUANTITIES, compare_metrics, finals
 from vae_ddp.harness.table import number, write_tables
-from vae_ddp.outputs import write_atomic
+from vae_ddp.outputs import result_set, write_atomic
 
 __all__ = ["SharedNoise", "train_run", "long_horizon", "render", "NOISE"]
 
@@ -239,14 +239,17 @@ def long_horizon(out_dir: Path, num_seeds: int = 10, steps: int = 2000, global_b
     result = {"settings": settings, "num_seeds": num_seeds, "margin_sd": margin_sd, "runs": by_noise,
               "comparison": comparison, "train_seconds": sum(r["seconds"] for r in runs.values())}
     result["verdict"], result["summary"] = overall(comparison, world_size, steps)
-    from vae_ddp.outputs import result_set
+    _write(out, result)
+    print(render(result))
+    return result
 
+
+def _write(out: Path, result: dict) -> None:
+    """``long-horizon.json``, ``tables.md`` and ``long-horizon.png`` into ``out``, as one set."""
     with result_set(out) as new:
         (new / "long-horizon.json").write_text(json.dumps(result, indent=1))
         write_tables(new, render(result))
         plot(result, new / "long-horizon.png")
-    print(render(result))
-    return result
 
 
 def overall(comparison: dict[str, dict], world_size: int, steps: int) -> tuple[str, str]:

@@ -53,7 +53,7 @@ import torch
 from vae_ddp.data import DATASETS
 from vae_ddp.harness.configs import RunSpec
 from vae_ddp.model import MODELS
-from vae_ddp.outputs import replacing, write_atomic
+from vae_ddp.outputs import replacing, result_set, write_atomic
 
 __all__ = ["VARIANTS", "FACTOR_VARIANTS", "command_md", "factor_effects", "plot", "ranking", "render",
            "report_scale"]
@@ -376,7 +376,6 @@ def report_scale(
     result["reduction"] = _reduction(n_train, global_batch_size, devices)
     result["ranking"] = ranking(result)
     from vae_ddp.harness.table import write_tables
-    from vae_ddp.outputs import result_set
 
     tables = render(result)
     with result_set(out) as new:
