@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 from conftest import ROOT
@@ -202,3 +203,16 @@ def test_too_little_space_before_training_is_one_line_and_exit_2(tmp_path, monke
     assert code == 2 and err.count("\n") == 1, err
     assert f"the file system of {out / 'runs'} has 1.0 MB free, the run writes about 6.3 MB" in err, err
     assert "step 1" not in stdout and not out.exists()  # nothing left of it
+
+
+def test_a_set_written_into_the_working_folder_keeps_it(tmp_path, monkeypatch):
+    """--out . : the files are replaced one by one (each whole), the working folder is not swapped
+    away from under the run."""
+    from vae_ddp.studies.compare import write_results
+
+    monkeypatch.chdir(tmp_path)
+    write_results(".", *canned(1.0))
+    write_results(".", *canned(2.0))
+    assert Path.cwd() == tmp_path and tmp_path.is_dir()
+    assert b'"tag": 2.0' in (tmp_path / "results.json").read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(FILES)

@@ -203,11 +203,17 @@ def result_set(out_dir: "str | Path") -> Iterator[Path]:
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     try:
+        cwd = Path.cwd()
+    except OSError:
+        cwd = None
+    try:
+        if cwd is not None and (cwd == out or out in cwd.parents):
+            raise IsADirectoryError(out)  # this process works inside --out: the folder stays the same
         new = out.parent / f".{out.name}.{_NEW}-{os.getpid()}"
         shutil.rmtree(new, ignore_errors=True)
         new.mkdir()
         whole = True
-    except OSError:  # the parent is not writable: a folder inside, its files renamed one by one
+    except OSError:  # the parent is not writable, or the cwd is inside: a folder inside, its files renamed one by one
         new = out / f".{_NEW}-{os.getpid()}"
         shutil.rmtree(new, ignore_errors=True)
         new.mkdir()
