@@ -22,6 +22,9 @@ Cases:
   garbage: the next run must name that image (exit 2).
 - every run has its own ``TMPDIR``; anything left in it afterwards is counted.
 
+``--control`` writes the kill case's files in place, one after the other, as the studies did
+before their result sets: what the benchmark counts when writes are not atomic.
+
     .venv/bin/python benchmarks/fault_injection.py --tries 30 --out runs/fault-injection
 """
 
@@ -63,6 +66,16 @@ if mode == "reference":
     for tag in (1.0, 2.0):
         write_results(out / str(tag), *canned(tag))
     sys.exit(0)
+if mode == "control":  # as the files were written before: in place, one after the other
+    import contextlib
+    import vae_ddp.outputs as outputs
+
+    def in_place(folder):
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        yield Path(folder)
+
+    outputs.result_set = contextlib.contextmanager(in_place)
+    outputs.replacing = replacing = contextlib.contextmanager(lambda path, needed=None: (yield path))
 print("ready", flush=True)
 tag = 1.0
 while True:
@@ -85,7 +98,7 @@ def last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
-def case_kill(work: Path, tries: int, rng: random.Random) -> dict:
+def case_kill(work: Path, tries: int, rng: random.Random, control: bool = False) -> dict:
     import torch
 
     from vae_ddp.utils import out_folder_lock
@@ -98,8 +111,8 @@ def case_kill(work: Path, tries: int, rng: random.Random) -> dict:
     t0 = time.perf_counter()
     period = 4.0  # seconds of writing: kills fall across several whole sets
     for i in range(tries):
-        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(out), "loop"], env=ENV, stdout=subprocess.PIPE,
-                                text=True)
+        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(out), "control" if control else "loop"], env=ENV,
+                                stdout=subprocess.PIPE, text=True)
         proc.stdout.readline()
         time.sleep(rng.uniform(0.0, period))
         proc.send_signal(signal.SIGKILL)
@@ -245,6 +258,9 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cases", nargs="+", default=["kill", "two-runs", "full-disk", "rank-killed", "changed-image"])
     p.add_argument("--out", type=Path, default=None, help="folder for fault_injection.json")
+    p.add_argument("--control", action="store_true",
+                   help="kill case only: write the files in place, one after the other, as before the result sets "
+                        "(the counts the benchmark finds then)")
     args = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="fi-", dir="/tmp"))
     tmp = work / "tmp"
@@ -254,7 +270,7 @@ def main(argv=None) -> int:
         for case in args.cases:
             t = time.perf_counter()
             if case == "kill":
-                report[case] = case_kill(work, args.tries, random.Random(args.seed))
+                report[case] = case_kill(work, args.tries, random.Random(args.seed), args.control)
             else:
                 report[case] = {"two-runs": case_two_runs, "full-disk": case_full_disk, "rank-killed": case_rank_killed,
                                 "changed-image": case_changed_image}[case](work, tmp)
