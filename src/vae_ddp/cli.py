@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import inspect
 import io
 import re
@@ -83,11 +84,15 @@ def _sigterm_says_terminated():
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """``vae-ddp ARGV`` (default ``sys.argv[1:]``); returns the exit code: 1 a run failed, 2 bad
+    """``vae-ddp ARGV`` (default ``sys.argv[1:]``); returns the exit code: 1 a run failed, 3 the output
+    folder's file system filled up after training started (one line naming it), 2 bad
     input (one line: a jsonargparse error, or [`input_error`][vae_ddp.errors.input_error]), 130 Ctrl-C,
-    143 SIGTERM (``vae-ddp: terminated`` on stderr; every rank and worker it started ended)."""
+    143 SIGTERM (``vae-ddp: terminated`` on stderr; every rank and worker it started ended). The run
+    has a ``TMPDIR`` of its own ([`private_tmpdir`][vae_ddp.utils.private_tmpdir])."""
+    from vae_ddp.utils import private_tmpdir
+
     try:
-        with _sigterm_says_terminated():
+        with _sigterm_says_terminated(), private_tmpdir():  # nothing left in TMPDIR, however it ends
             return _main(argv)
     except Terminated:
         print("vae-ddp: terminated", file=sys.stderr, flush=True)
@@ -117,7 +122,7 @@ def _main(argv: Optional[list[str]] = None) -> int:
         return 2
     except RunFailed as err:
         print(f"vae-ddp: error: {err}", file=sys.stderr)
-        return 1
+        return 3 if getattr(err, "errno", None) == errno.ENOSPC else 1
     except SystemExit as err:  # --help, --print_config
         return err.code if isinstance(err.code, int) else 0
     except KeyboardInterrupt:

@@ -201,7 +201,8 @@ class ImageFolderDataModule(_InMemoryDataModule):
     Images are read with ``torchvision.io.decode_image`` (RGB), resized to 32x32 only if
     they are not already, and cached as one ``uint8`` tensor under
     ``$VAE_DDP_CACHE`` (default ``~/.cache/vae-ddp``), keyed by the root path and the
-    file list, so that each DDP rank and each later run skip the decoding.
+    file list with each file's size and modification time (a changed file is read again), so
+    that each DDP rank and each later run skip the decoding.
 
     ``data_dir`` defaults to the environment variable ``VAE_DDP_CIFAR_SUBSET``
     (``.github/scripts/cifar10-subset.sh DIR`` builds the CIFAR-10 subset there).
@@ -235,8 +236,10 @@ class ImageFolderDataModule(_InMemoryDataModule):
         from torchvision.io import ImageReadMode, decode_image
 
         folder = ImageFolder(str(self.root), loader=lambda p: p)  # paths only; decode below
-        key = hashlib.sha1(("\n".join(f"{p}:{y}" for p, y in folder.samples)).encode()).hexdigest()[:16]
-        cache = _cache_dir() / f"imagefolder-{key}.pt"
+        # keyed on each file's size and modification time too: a changed image is decoded (checked) again
+        files = "\n".join(f"{p}:{y}:{os.stat(p).st_size}:{os.stat(p).st_mtime_ns}" for p, y in folder.samples)
+        root = hashlib.sha1(str(self.root.resolve()).encode()).hexdigest()[:8]
+        cache = _cache_dir() / f"imagefolder-{root}-{hashlib.sha1(files.encode()).hexdigest()[:16]}.pt"
         if cache.exists():
             data = torch.load(cache)
             return data["images"], data["labels"]
@@ -257,6 +260,9 @@ class ImageFolderDataModule(_InMemoryDataModule):
         tmp = cache.with_suffix(f".{os.getpid()}.tmp")
         torch.save({"images": images, "labels": labels}, tmp)
         os.replace(tmp, cache)
+        for old in cache.parent.glob(f"imagefolder-{root}-*.pt"):  # the same folder before a file changed
+            if old != cache:
+                old.unlink(missing_ok=True)
         return images, labels
 
 

@@ -54,7 +54,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-__all__ = ["run", "run_all", "run_in_fork", "can_fork", "call_as_main", "guarded", "beat", "under_guard", "STALLED", "TIMED_OUT", "DEFAULT_STALL_S"]
+__all__ = ["run", "run_all", "run_in_fork", "can_fork", "call_as_main", "guarded", "beat", "last_step", "how_it_ended",
+           "under_guard", "STALLED", "TIMED_OUT", "DEFAULT_STALL_S"]
 
 #: Exit code of the guard when ``--timeout`` passed.
 TIMED_OUT = 124
@@ -299,16 +300,46 @@ def run_in_fork(main: Callable[[], int], argv: Sequence[str], env: dict, timeout
 _STATE: dict[str, Any] = {}
 
 
-def beat(rank: Optional[int] = None) -> None:
+def beat(rank: Optional[int] = None, step: Optional[int] = None) -> None:
     """Tell the guard (if any) that this process made progress; the first call also makes the
-    process dump its stacks on SIGUSR1. ``rank``: the global rank (default ``$RANK`` or 0)."""
+    process dump its stacks on SIGUSR1. ``rank``: the global rank (default ``$RANK`` or 0);
+    ``step``: the optimizer steps it has made (kept for [`last_step`][vae_ddp.guard.last_step])."""
     where = os.environ.get(_ENV_DIR)
     if not where:
         return
     pid = os.getpid()
     if _STATE.get("pid") != pid:  # first beat of this process (a forked child starts again)
         _register(Path(where), pid, rank)
-    os.utime(_STATE["beat"])
+    if step is None:
+        os.utime(_STATE["beat"])
+    else:
+        with open(_STATE["beat"], "w") as f:
+            f.write(str(step))
+
+
+def last_step(pid: int, where: "Optional[str | Path]" = None) -> Optional[int]:
+    """The last ``step`` process ``pid`` of this guard's tree gave [`beat`][vae_ddp.guard.beat]
+    (None: none, or not under a guard). ``where``: the guard's folder (default: this process's)."""
+    where = where or os.environ.get(_ENV_DIR)
+    try:
+        text = Path(where, f"beat-{pid}").read_text() if where else ""
+    except OSError:
+        return None
+    return int(text) if text.strip().isdigit() else None
+
+
+def how_it_ended(code: int, pid: Optional[int] = None, where: "Optional[str | Path]" = None) -> str:
+    """``"exited with code 1"`` or ``"was killed by SIGKILL"`` for ``os.waitstatus_to_exitcode``'s
+    ``code`` (negative: the signal), with ``" after step K"`` when process ``pid`` beat a step."""
+    if code < 0:
+        try:
+            how = f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            how = f"was killed by signal {-code}"
+    else:
+        how = f"exited with code {code}"
+    step = last_step(pid, where) if pid is not None else None
+    return how + (f" after step {step}" if step is not None else "")
 
 
 def _register(where: Path, pid: int, rank: Optional[int]) -> None:
@@ -467,6 +498,13 @@ class _Guard:
                 return
             time.sleep(0.1)
 
+    def _rank(self, pid: int) -> int:
+        """The rank process ``pid`` registered with its first heartbeat (0 if none)."""
+        try:
+            return int(json.loads((self.dir / f"proc-{pid}.json").read_text())["rank"])
+        except (OSError, ValueError, KeyError):
+            return 0
+
     def _dump(self) -> str:
         """SIGUSR1 to every process (faulthandler dumps in each rank), then one phrase per rank."""
         procs = []
@@ -524,6 +562,9 @@ class _Guard:
         while True:
             self._reap()
             if self.code is not None:
+                if self.code < 0 and self.signal is None:  # not our doing: name the process and the signal
+                    sys.stderr.write(f"vae-ddp: rank {self._rank(self.pid)} (PID {self.pid}) "
+                                     f"{how_it_ended(self.code, self.pid, self.dir)}\n")
                 self._end_tree()  # stray ranks or workers of a finished command
                 return self.code if self.code >= 0 else 128 - self.code
             if self.signal is not None or os.getppid() != self.parent:

@@ -31,7 +31,7 @@ class Heartbeat(Callback):
         beat(trainer.global_rank)
 
     def on_train_batch_end(self, trainer: Trainer, *args) -> None:
-        beat(trainer.global_rank)
+        beat(trainer.global_rank, trainer.global_step)
 
     def on_validation_batch_end(self, trainer: Trainer, *args) -> None:
         beat(trainer.global_rank)

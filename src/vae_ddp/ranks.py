@@ -65,21 +65,32 @@ def die_with_parent() -> None:
 def _observe(children: dict[int, int], done: threading.Event) -> None:
     """Rank 0's watcher: when a rank exits non-zero, end every rank, rank 0 included."""
     while not done.is_set() and children:
-        for pid, rank in list(children.items()):
-            try:
-                got, status = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                got, status = pid, 0
-            if got == 0:
-                continue
-            del children[pid]
-            code = os.waitstatus_to_exitcode(status)
-            if code != 0:
-                print(f"[rank: {rank}] rank {rank} (PID {pid}) exited with code {code}: ending every rank",
-                      file=sys.stderr, flush=True)
-                _kill(children)
-                os.kill(os.getpid(), signal.SIGKILL)
+        if _reap(children):
+            _kill(children)
+            os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(_POLL_S)
+
+
+def _reap(children: dict[int, int]) -> bool:
+    """Collect the ranks of ``children`` that have exited; name on stderr the first that failed
+    (its rank, exit code or signal, and step: the line [`launch`][vae_ddp.harness.launch.launch]
+    puts last). Returns whether one failed."""
+    for pid, rank in list(children.items()):
+        try:
+            got, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            got, status = pid, 0
+        if got == 0:
+            continue
+        del children[pid]
+        code = os.waitstatus_to_exitcode(status)
+        if code != 0:
+            from vae_ddp.guard import how_it_ended
+
+            print(f"vae-ddp: rank {rank} (PID {pid}) {how_it_ended(code, pid)}: ending every rank",
+                  file=sys.stderr, flush=True)
+            return True
+    return False
 
 
 def _kill(children: dict[int, int]) -> None:
@@ -187,6 +198,9 @@ def run_ranks(world_size: int, main: Callable[[], Any]) -> int:
     except BaseException:
         done.set()
         watcher.join()
+        deadline = time.monotonic() + 1.0  # a rank that died made this one fail (a reset connection): name it
+        while children and not _reap(children) and time.monotonic() < deadline:
+            time.sleep(_POLL_S)
         _kill(children)
         raise
     while children and watcher.is_alive():  # the other ranks finish (the watcher ends all on a failure)

@@ -71,6 +71,10 @@ class GlobalBatchRecorder(Callback):
         label: name printed in progress lines.
         progress: print a progress line to stdout about every 10% of the steps.
 
+    Raises:
+        RuntimeError: a rank's loss is not finite (NaN or infinite): the message names the run
+            (``label``), the rank and the step.
+
     Attributes (rank 0 only):
         records: one dict per optimizer step: ``step`` (1-based), the global-batch
             ``recon_loss``, ``kl``, ``loss``, ``global_batch_size``, ``time_s`` (seconds
@@ -101,6 +105,10 @@ class GlobalBatchRecorder(Callback):
                            batch_idx: int) -> None:
         logs = pl_module.last_logs
         n = logs["batch_size"]
+        if not bool(torch.isfinite(logs["loss"]).all()):  # before the collective: this rank names itself
+            raise RuntimeError(f"non-finite loss ({float(logs['loss'])}) in run '{self.label}' on rank "
+                               f"{trainer.global_rank} at step {trainer.global_step}: lower the learning rate "
+                               "(--lr) or check the data")
         stats = torch.stack([logs[k] * n for k in METRICS] + [n]).double()
         stats = trainer.strategy.reduce(stats, reduce_op="sum")
         step = trainer.global_step

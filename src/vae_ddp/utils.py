@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import warnings
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Optional
 
 from vae_ddp.errors import UserError
 
-__all__ = ["quiet", "close_process_group", "check_writable", "out_folder_lock", "FolderInUse"]
+__all__ = ["quiet", "close_process_group", "check_writable", "out_folder_lock", "FolderInUse", "private_tmpdir"]
 
 
 class FolderInUse(UserError):
@@ -56,6 +57,9 @@ def out_folder_lock(out_dir: "str | Path", command: str) -> Iterator[Path]:
         os.close(fd)
     os.ftruncate(fd, 0)
     os.write(fd, json.dumps({"pid": os.getpid(), "command": command}).encode())
+    from vae_ddp.outputs import clean_stale
+
+    clean_stale(out_dir)  # what a killed run into this folder left of its writes
     try:
         yield Path(out_dir)
     finally:
@@ -70,6 +74,79 @@ def out_folder_lock(out_dir: "str | Path", command: str) -> Iterator[Path]:
 
 #: The lock file of a run's output folder (``out_folder_lock``).
 LOCK_NAME = ".vae-ddp.lock"
+#: The prefix of a run's own temporary folder (``private_tmpdir``), followed by its PID.
+RUN_TMP = "vae-ddp-run-"
+
+
+@contextlib.contextmanager
+def private_tmpdir() -> Iterator[Optional[Path]]:
+    """A temporary folder of this run's own as ``TMPDIR`` (and ``tempfile.tempdir``) while the
+    block runs, removed with all that the run's processes left in it when the block ends, however
+    it ends (an exception, ``KeyboardInterrupt``, SIGTERM raised as an exception): DataLoader
+    workers' ``pymp-*`` folders and forkserver sockets, torch inductor's ``torchinductor_*``
+    cache, torch elastic's folders, the guards' heartbeat folders. A run ended by SIGKILL leaves
+    its folder; the next run removes every such folder whose process is gone. Where the
+    temporary folder cannot be written, nothing changes (yields None).
+    """
+    import shutil
+    import sys
+    import tempfile
+
+    base = tempfile.gettempdir()
+    _remove_dead_tmpdirs(Path(base))
+    try:  # a short name: a DataLoader's forkserver socket path in it must stay under 108 characters
+        path = os.path.join(base, f"{RUN_TMP}{os.getpid()}")
+        os.mkdir(path, 0o700)
+    except FileExistsError:  # a run inside a run of this process: the outer one's folder
+        yield Path(path)
+        return
+    except OSError:
+        yield None
+        return
+    saved_env, saved = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"], tempfile.tempdir = path, path
+    try:
+        yield Path(path)
+    finally:
+        if saved_env is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = saved_env
+        tempfile.tempdir = saved
+        _release_multiprocessing(path)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _release_multiprocessing(path: str) -> None:
+    """What this process's ``multiprocessing`` keeps under ``path``: a forkserver listening there
+    is stopped (the next DataLoader starts another), its ``pymp-*`` folder removed by its own
+    finalizer now (it would fail to find it at exit)."""
+    import sys
+
+    if "multiprocessing.forkserver" in sys.modules:
+        from multiprocessing import forkserver
+
+        server = forkserver._forkserver
+        if server._forkserver_address and str(server._forkserver_address).startswith(path):
+            server._stop()
+    if "multiprocessing.util" in sys.modules:
+        from multiprocessing import util
+
+        for f in list(util._finalizer_registry.values()):
+            if getattr(f, "_callback", None) is util._remove_temp_dir and str(f._args[1]).startswith(path):
+                f()
+
+
+def _remove_dead_tmpdirs(base: Path) -> None:
+    """Remove the run folders (``RUN_TMP``) under ``base`` whose process is gone (killed by SIGKILL)."""
+    import shutil
+
+    from vae_ddp.ranks import alive
+
+    for d in base.glob(f"{RUN_TMP}*"):
+        pid = d.name[len(RUN_TMP):]
+        if pid.isdigit() and not alive(int(pid)) and d.is_dir() and d.stat().st_uid == os.getuid():
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def quiet() -> None:

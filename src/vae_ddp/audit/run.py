@@ -35,6 +35,7 @@ from vae_ddp import heartbeat
 from vae_ddp.fixes import registry
 from vae_ddp.guard import beat
 from vae_ddp.harness.permutation import WithinBatchPermutation
+from vae_ddp.outputs import replacing, write_atomic
 from vae_ddp.probes import StepProbe
 from vae_ddp.ranks import alive, cluster_plugins, fork, run_ranks
 from vae_ddp.utils import close_process_group, quiet
@@ -202,7 +203,7 @@ def main(argv: list[str]) -> int:
             print(f"the runs of '{t}' exited with code {child}", file=sys.stderr, flush=True)
             code = code or 1
     if code == 0 and isinstance(payload, dict):
-        (out / "run.json").write_text(json.dumps({t: json.loads((out / t / "run.json").read_text()) for t in groups}))
+        write_atomic(out / "run.json", json.dumps({t: json.loads((out / t / "run.json").read_text()) for t in groups}))
     return code
 
 
@@ -233,14 +234,15 @@ def _train(runs: list[AuditRun], out: Path) -> int:
         trainer.fit(model, datamodule=dm)
         if trainer.is_global_zero:
             audit = next(c for c in trainer.callbacks if isinstance(c, DDPAudit))
-            torch.save({n: t.detach().cpu() for n, t in model.state_dict().items() if t.is_floating_point()},
-                       out / f"{run.label}.pt")
+            with replacing(out / f"{run.label}.pt") as tmp:
+                torch.save({n: t.detach().cpu() for n, t in model.state_dict().items() if t.is_floating_point()}, tmp)
             info[run.label] = {"findings": audit.state(), "steps": trainer.global_step, "notes": list(NOTES)}
             if probe is not None and probe.forced:  # which of the reference's θ_k each batch started from
                 info[run.label]["weights_of_batch"] = probe.loaded
             if probe is not None:
                 record = probe.record()
-                torch.save(record, out / f"{run.label}.steps.pt")
+                with replacing(out / f"{run.label}.steps.pt") as tmp:
+                    torch.save(record, tmp)
                 if not run.teacher_forced:  # the reference: its weights, for the forced runs (written whole)
                     tmp = Path(run.steps_file).with_suffix(".partial")
                     torch.save({**record, "states": probe.states}, tmp)
@@ -251,7 +253,7 @@ def _train(runs: list[AuditRun], out: Path) -> int:
         audit = record = None  # noqa: F841 - what they refer to, collected below
         gc.collect()
     if info:
-        (out / "run.json").write_text(json.dumps(info))
+        write_atomic(out / "run.json", json.dumps(info))
     close_process_group()
     return 0
 

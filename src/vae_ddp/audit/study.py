@@ -56,6 +56,7 @@ from vae_ddp.probes import per_step_differences
 from vae_ddp.studies.equivalence import FLOOR_FACTOR
 from vae_ddp.harness.launch import RunFailed, drop_tensors, launch
 from vae_ddp.harness.table import format_table
+from vae_ddp.outputs import result_set
 
 __all__ = ["audit", "render", "FLOOR_RATIO", "FLOOR_DRAWS", "ROUNDING_EPS"]
 
@@ -177,10 +178,10 @@ def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress
                   f"{', each batch from the weights of the step before' if spec.lag else ''}"
                   f"{', every step from the one-device weights' if spec.teacher_forced else ''}", flush=True)
     result = _judge(plan, _measure(plan, out_dir / "runs"), notes or [])
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "audit.json").write_text(json.dumps(result, indent=1))
     text = render(result)
-    (out_dir / "tables.md").write_text(text + "\n")
+    with result_set(out_dir) as new:
+        (new / "audit.json").write_text(json.dumps(result, indent=1))
+        (new / "tables.md").write_text(text + "\n")
     print(text)
     return result
 

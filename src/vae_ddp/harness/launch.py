@@ -25,15 +25,16 @@ from pathlib import Path
 from typing import Optional
 
 from vae_ddp import guard
+from vae_ddp.errors import RunFailed, UserError
 from vae_ddp.harness.configs import RunSpec
 
 __all__ = ["launch", "launch_group", "launch_by_world_size", "RunGroup", "RunSequence", "RunFailed"]
 
 _ERROR_LINE = re.compile(r"^(\[rank\d+\]: )?[A-Za-z_][\w.]*(Error|Exception)(:|$)")
-
-
-class RunFailed(RuntimeError):
-    """A training run exited non-zero; ``str()`` holds its label, exit code and stderr tail."""
+#: what a rank's watcher, the sequence runner or the guard says of a rank that ended (vae_ddp.ranks)
+_RANK_LINE = re.compile(r"^vae-ddp: rank (?P<rank>\d+) \(PID \d+\) (?P<how>.*?)(: ending every rank)?$")
+#: what a full file system looks like in a run's stderr
+_NO_SPACE = ("No space left on device", "no space left on the file system", "unexpected pos", "file write failed")
 
 
 class RunGroup:
@@ -114,11 +115,21 @@ def launch(spec: "RunSpec | RunGroup", out_dir: Path, timeout: Optional[float] =
     death, every process of the run ends.
 
     Raises:
-        RunFailed: non-zero exit (any rank failed), no progress for ``stall`` seconds (the
+        RunFailed: non-zero exit (any rank failed: the last line names the first rank that
+            ended, its exit code or signal and its step), no progress for ``stall`` seconds (the
             message names each rank and the frame it was stuck in) or ``timeout`` seconds
             exceeded.
+        vae_ddp.outputs.OutOfSpace: (a ``RunFailed``) the file system of ``out_dir`` filled up.
+        vae_ddp.outputs.NoSpaceForRun: (a ``UserError``, before anything starts) less free space
+            in ``out_dir`` than [`space_needed`][vae_ddp.harness.launch.space_needed].
+        NotEnoughMemory: (a ``UserError``, before anything starts) the ranks' estimated memory
+            ([`check_memory`][vae_ddp.harness.launch.check_memory]) is more than is available.
     """
+    from vae_ddp.outputs import check_space
+
     out_dir = Path(out_dir)
+    check_memory(spec)
+    check_space(out_dir, space_needed(spec))
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "run.json").unlink(missing_ok=True)
     log = out_dir / "stderr.log"
@@ -146,12 +157,113 @@ def launch(spec: "RunSpec | RunGroup", out_dir: Path, timeout: Optional[float] =
         if code in (guard.STALLED, guard.TIMED_OUT) and lines and lines[-1].startswith("vae-ddp guard:"):
             head = f"run '{spec.label}': {lines[-1][len('vae-ddp guard: '):]}"
             raise RunFailed(f"{head}\n(every rank's stacks: {log})")
-        # the first exception line is the rank that failed first; the others follow from it
-        first = next((ln for ln in lines if _ERROR_LINE.match(ln)), None)
-        what = "timed out" if code is None else f"exited with code {code}"
-        head = f"run '{spec.label}' {what}" + (f"; first error: {first}" if first else "")
-        raise RunFailed(f"{head}\n(full stderr of all ranks: {log}; it ends with:)\n" + "\n".join(lines[-8:]))
+        raise _failure(spec.label, code, lines, log, out_dir)
     return json.loads((out_dir / "run.json").read_text())
+
+
+def _failure(label: str, code: Optional[int], lines: list[str], log: Path, out_dir: Path) -> RunFailed:
+    """The error of a failed run: its first error line (the rank that failed first; the others
+    follow from it), the log's path, and last the rank that ended first and how (its exit code
+    or signal, and its step); [`OutOfSpace`][vae_ddp.outputs.OutOfSpace] naming the folder when
+    the file system filled up."""
+    from vae_ddp.outputs import OutOfSpace, _free
+
+    if any(s in ln for ln in lines for s in _NO_SPACE) or _free(out_dir) < 2 ** 20:
+        return OutOfSpace(out_dir)
+    first = next((ln for ln in lines if _ERROR_LINE.match(ln)), None)
+    rank = next((m for m in map(_RANK_LINE.match, lines) if m), None)
+    what = "timed out" if code is None else f"exited with code {code}"
+    text = f"run '{label}' {what}" + (f"; first error: {first}" if first else "")
+    text += f"\n(full stderr of all ranks: {log})"
+    if rank:
+        text += f"\nrank {rank['rank']} of run '{label}' {rank['how']}"
+    return RunFailed(text)
+
+
+class NotEnoughMemory(UserError):
+    """The processes of a launch would need more memory than the machine has available (bad input:
+    too large a world size)."""
+
+
+#: Memory of one rank beside its model's tensors, in bytes: 67 processes of a ``--devices 64``
+#: compare took 8.2 GB of free memory (18.3 GB before, 10.1 GB during its first step), 122 MB each.
+RANK_BYTES = 150 * 10 ** 6
+
+
+def _available_memory() -> Optional[int]:
+    """``MemAvailable`` of ``/proc/meminfo`` in bytes (None where there is none)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _param_bytes(s) -> int:
+    """Bytes of the parameters of a [`RunSpec`][vae_ddp.harness.configs.RunSpec]'s model (counted
+    on torch's ``meta`` device); 0 for another kind of spec."""
+    if not isinstance(s, RunSpec):
+        return 0
+    import torch
+
+    from vae_ddp.model import VAE
+
+    with torch.device("meta"):
+        model = VAE(input_height=32, enc_type=s.model, latent_dim=s.latent_dim or 32)
+    return sum(p.numel() for p in model.parameters()) * (8 if s.dtype == "float64" else 4)
+
+
+def check_memory(spec) -> None:
+    """Refuse a launch whose ranks would not fit in memory: per rank ``RANK_BYTES`` and six times
+    its model's parameters (weights, gradients, Adam's two moments, DDP's gradient buckets, a
+    copy), for the widest group of ``spec``, against ``MemAvailable``. (On a machine without
+    ``/proc/meminfo`` nothing is checked.)
+
+    Raises:
+        NotEnoughMemory: the estimate is more than is available (the message gives both).
+    """
+    from vae_ddp.outputs import megabytes
+
+    available = _available_memory()
+    if available is None or spec.accelerator != "cpu":
+        return
+    widest = max(_specs(spec), key=lambda s: s.world_size)
+    per_rank = RANK_BYTES + 6 * max(_param_bytes(s) for s in _specs(spec))
+    needed = widest.world_size * per_rank
+    if needed > available:
+        fits = max(1, available // per_rank)
+        raise NotEnoughMemory(f"{widest.world_size} processes need about {megabytes(needed)} of memory "
+                              f"({megabytes(per_rank)} each), {megabytes(available)} is available: use at most "
+                              f"{fits} processes (fewer --devices)")
+
+
+#: Bytes of logs, ``run.json`` files and figures a launch writes beside its tensors (at most).
+LOG_BYTES = 2 * 2 ** 20
+
+
+def _specs(spec) -> list:
+    if isinstance(spec, RunSequence):
+        return [s for g in spec.groups.values() for s in g.specs]
+    return list(spec.specs) if isinstance(spec, RunGroup) else [spec]
+
+
+def space_needed(spec) -> int:
+    """Bytes a launch of ``spec`` (a [`RunSpec`][vae_ddp.harness.configs.RunSpec], a group or a
+    sequence) writes at most: ``LOG_BYTES``, and per seed of each spec that saves them its
+    parameters with Adam's second moments (2 x parameters), and its per-step gradients and
+    weights (3 x parameters x steps). The parameters are counted on a model built on torch's
+    ``meta`` device (no memory, milliseconds); a spec of another kind (the audit's runs) counts
+    ``LOG_BYTES`` only."""
+    total = LOG_BYTES
+    for s in _specs(spec):
+        if not isinstance(s, RunSpec) or not (s.save_params or s.steps_file):
+            continue
+        size = _param_bytes(s)
+        total += len(s.seeds) * size * ((2 if s.save_params else 0) + (3 * s.steps if s.steps_file else 0))
+    return total
 
 
 #: ``VAE_DDP_LAUNCH=exec``: every launch starts a new interpreter (``_forkable`` never holds).

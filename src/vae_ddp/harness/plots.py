@@ -47,7 +47,9 @@ def plot_curves(series: Iterable[tuple[str, list[dict], list[dict]]], path: Path
                    title=VAL_NOTE, title_fontsize=8)
     if title:
         fig.suptitle(title)
-    fig.savefig(path, dpi=110)
+    from vae_ddp.outputs import save_figure
+
+    save_figure(fig, path)
     return path
 
 
@@ -100,5 +102,7 @@ def plot_report_style(records: list[dict], configs: list[str], path: Path, title
     axes[0][0].legend(fontsize=8, title=f"rolling mean and std over {window} steps", title_fontsize=8)
     if title:
         fig.suptitle(title)
-    fig.savefig(path, dpi=110)
+    from vae_ddp.outputs import save_figure
+
+    save_figure(fig, path)
     return path

@@ -24,6 +24,7 @@ from vae_ddp.fixes import registry
 from vae_ddp.fixes.registry import FixParts
 from vae_ddp.model import VAE
 from vae_ddp import heartbeat
+from vae_ddp.outputs import replacing, write_atomic
 from vae_ddp.ranks import cluster_plugins, fork, run_ranks
 from vae_ddp.harness.configs import RunSpec
 from vae_ddp.dp import DataParallelVAE
@@ -107,17 +108,20 @@ def train_one(spec: RunSpec, seed: int, out_dir: Optional[Path] = None, progress
     if probe is not None:
         record = {"grads": probe.grads, "buffers": probe.buffers}
         if not spec.teacher_forced:
-            torch.save({**record, "states": probe.states}, spec.steps_file)
+            with replacing(spec.steps_file) as tmp:
+                torch.save({**record, "states": probe.states}, tmp)
         if out_dir is not None:
             steps = f"steps-{seed}.pt"
-            torch.save(record, out_dir / steps)
+            with replacing(out_dir / steps) as tmp:
+                torch.save(record, tmp)
     params = None
     if spec.save_params and out_dir is not None:
         params = f"params-{seed}.pt"
         opt = trainer.optimizers[0]
         adam_v = {n: opt.state[p]["exp_avg_sq"].detach().cpu() for n, p in model.named_parameters() if p in opt.state}
-        torch.save({"state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()}, "adam_v": adam_v},
-                   out_dir / params)
+        with replacing(out_dir / params) as tmp:
+            torch.save({"state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+                        "adam_v": adam_v}, tmp)
     return {"seed": seed, "records": recorder.records, "val_records": recorder.val_records, "params": params,
             "steps": steps}
 
@@ -162,12 +166,17 @@ def run_sequence(groups: list[dict], out_dir: Path, run_group: Callable[[Any, Pa
                 torch.set_num_threads(g["threads"])
             return run_group(g["specs"], out_dir / g["tag"])
 
-        code = os.waitstatus_to_exitcode(os.waitpid(fork(one), 0)[1])
+        pid = fork(one)
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
         if code != 0:
+            if code < 0:  # rank 0 of the group ended by a signal (a rank that failed names itself)
+                from vae_ddp.guard import how_it_ended
+
+                print(f"vae-ddp: rank 0 (PID {pid}) {how_it_ended(code, pid)}", file=sys.stderr, flush=True)
             print(f"the runs of '{g['tag']}' exited with code {code}", file=sys.stderr, flush=True)
-            return code
-    (out_dir / "run.json").write_text(json.dumps({g["tag"]: json.loads((out_dir / g["tag"] / "run.json").read_text())
-                                                  for g in groups}))
+            return code if code > 0 else 128 - code
+    write_atomic(out_dir / "run.json", json.dumps({g["tag"]: json.loads((out_dir / g["tag"] / "run.json").read_text())
+                                                   for g in groups}))
     return 0
 
 
@@ -186,7 +195,7 @@ def _train(specs: list[RunSpec], payload: Any, out_dir: Path) -> int:
         results.append({"spec": json.loads(spec.to_json()), "runs": runs})
     if int(os.environ.get("LOCAL_RANK", "0")) == 0 and int(os.environ.get("NODE_RANK", "0")) == 0:
         out = {"group": results} if isinstance(payload, list) else results[0]
-        (out_dir / "run.json").write_text(json.dumps(out))
+        write_atomic(out_dir / "run.json", json.dumps(out))
     close_process_group()
     return 0
 

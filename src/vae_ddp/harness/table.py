@@ -63,5 +63,6 @@ def write_tables(out_dir: Path | str, markdown: str) -> Path:
     ``out_dir/tables.md``, creating ``out_dir`` if needed; return the file's path."""
     path = Path(out_dir) / TABLES
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(markdown.rstrip("\n") + "\n")
-    return path
+    from vae_ddp.outputs import write_atomic
+
+    return write_atomic(path, markdown.rstrip("\n") + "\n")

@@ -70,12 +70,14 @@ def ablation(base: RunSpec, out_dir: Path) -> dict:
         result["variants"][name] = entry
         rows.append([name, entry["max_abs_param_diff"], entry["val_kl_diff"], entry["val_recon_diff"],
                      entry["logged_kl_diff"], entry["logged_recon_diff"]])
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "ablation.json").write_text(json.dumps(result, indent=1))
     table = format_table(["ddp variant", "max abs param diff vs single", "val KL diff", "val recon diff",
                           "logged KL diff", "logged recon diff"], rows,
                          title=f"{base.model} VAE, {base.data}, {base.devices} ranks, global batch "
                                f"{base.global_batch_size}, {base.steps} steps, {base.dtype}; differences to single")
+    from vae_ddp.outputs import result_set
+
+    with result_set(out_dir) as new:
+        (new / "ablation.json").write_text(json.dumps(result, indent=1))
+        write_tables(new, table)
     print(table)
-    write_tables(out_dir, table)
     return result

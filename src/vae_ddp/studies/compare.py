@@ -28,7 +28,7 @@ from vae_ddp.harness.launch import launch_by_world_size
 from vae_ddp.harness.plots import plot_curves, plot_report_style
 from vae_ddp.harness.table import format_table, write_tables
 
-__all__ = ["co_movement", "compare", "per_sample_relative_variance", "relative_spread", "spread_ratio"]
+__all__ = ["co_movement", "compare", "write_results", "per_sample_relative_variance", "relative_spread", "spread_ratio"]
 
 
 def _diff_std(values: list[float]) -> float:
@@ -172,17 +172,29 @@ def compare(base: RunSpec, configs: list[Literal[CONFIGS]], out_dir: Path, exact
         relvar = per_sample_relative_variance(specs[0], torch.load(params)["state_dict"], base.seeds[0])
     result = {"settings": settings, "configs": labels, "records": records, "spread_ratio": spread,
               "co_movement": co, "relative_variance": relvar}
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "results.json").write_text(json.dumps(result, indent=1))
     title = f"{base.model} VAE on {base.data}, global batch {base.global_batch_size}, {base.steps} steps"
-    plot_curves(series, out_dir / "curves.png", title)
-    plot_report_style(records, labels, out_dir / "report_style.png", title)
     tables = "\n\n".join([*notes, render(result, rows)])
-    write_tables(out_dir, tables)
+    write_results(out_dir, result, series, tables, title)
     print(tables)
     print(f"wrote {out_dir / 'results.json'}, {out_dir / 'curves.png'}, {out_dir / 'report_style.png'} and "
           f"{out_dir / 'tables.md'}")
     return result
+
+
+def write_results(out_dir: Path, result: dict, series: list, tables: str, title: str) -> None:
+    """``results.json``, ``curves.png``, ``report_style.png`` and ``tables.md`` into ``out_dir``,
+    replacing the ones there as one set ([`result_set`][vae_ddp.outputs.result_set]).
+
+    Raises:
+        vae_ddp.outputs.OutOfSpace: the file system is full (the old set stays).
+    """
+    from vae_ddp.outputs import result_set
+
+    with result_set(out_dir) as new:
+        (new / "results.json").write_text(json.dumps(result, indent=1))
+        plot_curves(series, new / "curves.png", title)
+        plot_report_style(result["records"], result["configs"], new / "report_style.png", title)
+        write_tables(new, tables)
 
 
 def render(result: dict, rows: list[list]) -> str:

@@ -34,6 +34,7 @@ from vae_ddp.errors import UserError
 from vae_ddp.harness.configs import RunSpec
 from vae_ddp.harness.launch import drop_tensors, launch_by_world_size
 from vae_ddp.harness.table import format_table, number, write_tables
+from vae_ddp.outputs import result_set
 
 __all__ = ["equivalence", "max_abs_diff", "param_diffs", "FLOOR_FACTOR", "verdict"]
 
@@ -201,10 +202,10 @@ def equivalence(base: RunSpec, world_sizes: list[int], out_dir: Path, permutatio
         result, text = _compare(base, single, permuted, ddps, launched)
     finally:
         drop_tensors(out_dir / "runs")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "equivalence.json").write_text(json.dumps(result, indent=1))
+    with result_set(out_dir) as new:
+        (new / "equivalence.json").write_text(json.dumps(result, indent=1))
+        write_tables(new, text)
     print(text)
-    write_tables(out_dir, text)
     return result
 
 

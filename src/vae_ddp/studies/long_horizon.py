@@ -46,6 +46,7 @@ from vae_ddp.model import standard_normal_noise
 from vae_ddp.harness.configs import RunSpec
 from vae_ddp.harness.stats import QUANTITIES, compare_metrics, finals
 from vae_ddp.harness.table import number, write_tables
+from vae_ddp.outputs import result_set, write_atomic
 
 __all__ = ["SharedNoise", "train_run", "long_horizon", "render", "NOISE"]
 
@@ -206,11 +207,17 @@ def long_horizon(out_dir: Path, num_seeds: int = 10, steps: int = 2000, global_b
     result = {"settings": settings, "num_seeds": num_seeds, "margin_sd": margin_sd, "runs": by_noise,
               "comparison": comparison, "train_seconds": sum(r["seconds"] for r in runs.values())}
     result["verdict"], result["summary"] = overall(comparison, world_size, steps)
-    (out / "long-horizon.json").write_text(json.dumps(result, indent=1))
-    write_tables(out, render(result))
-    plot(result, out / "long-horizon.png")
+    _write(out, result)
     print(render(result))
     return result
+
+
+def _write(out: Path, result: dict) -> None:
+    """``long-horizon.json``, ``tables.md`` and ``long-horizon.png`` into ``out``, as one set."""
+    with result_set(out) as new:
+        (new / "long-horizon.json").write_text(json.dumps(result, indent=1))
+        write_tables(new, render(result))
+        plot(result, new / "long-horizon.png")
 
 
 def _check(num_seeds: int, world_size: int, global_batch_size: int, margin_sd: float, jobs: int,
@@ -253,7 +260,7 @@ def _train_all(spec: RunSpec, settings: dict, out: Path, num_seeds: int, world_s
             for i, fut in enumerate(futures):
                 s, n = futures[fut]
                 runs[s, n] = fut.result()
-                (out / "runs" / f"{n}-{s}.json").write_text(json.dumps({"settings": settings, "run": runs[s, n]}))
+                write_atomic(out / "runs" / f"{n}-{s}.json", json.dumps({"settings": settings, "run": runs[s, n]}))
                 elapsed = time.perf_counter() - t0
                 print(f"   {n} seed {s}: {runs[s, n]['seconds']:.0f} s; {elapsed / 60:.1f} min so far, about "
                       f"{elapsed / (i + 1) * (len(todo) - i - 1) / 60:.1f} min to go", flush=True)
@@ -368,6 +375,8 @@ def plot(result: dict, path: Path) -> None:
     st = result["settings"]
     fig.suptitle(f"{st['model']} VAE on {st['data']}, global batch {st['global_batch_size']}, "
                  f"{result['num_seeds']} seeds per noise mode")
-    fig.savefig(path, dpi=110)
+    from vae_ddp.outputs import save_figure
+
+    save_figure(fig, path)
 
 

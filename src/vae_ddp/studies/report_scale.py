@@ -53,6 +53,7 @@ import torch
 from vae_ddp.data import DATASETS
 from vae_ddp.harness.configs import RunSpec
 from vae_ddp.model import MODELS
+from vae_ddp.outputs import replacing, result_set, write_atomic
 
 __all__ = ["VARIANTS", "FACTOR_VARIANTS", "command_md", "factor_effects", "plot", "ranking", "render",
            "report_scale"]
@@ -196,10 +197,11 @@ def _frozen_runs(specs: list[RunSpec], out: Path) -> int:
         if is_zero:
             folder = Path(job["folder"])
             folder.mkdir(parents=True, exist_ok=True)
-            torch.save(frozen.grads, folder / "grads.pt")
-            (folder / "run.json").write_text(json.dumps({"records": recorder.records, "spread": spread}))
+            with replacing(folder / "grads.pt") as tmp:
+                torch.save(frozen.grads, tmp)
+            write_atomic(folder / "run.json", json.dumps({"records": recorder.records, "spread": spread}))
     if is_zero:
-        (out / "run.json").write_text(json.dumps({"folders": [job["folder"] for job in jobs]}))
+        write_atomic(out / "run.json", json.dumps({"folders": [job["folder"] for job in jobs]}))
     close_process_group()
     return 0
 
@@ -396,12 +398,12 @@ def _write(result: dict, out: Path) -> None:
     """``report_scale.json``, ``tables.md``, ``command.md`` and ``report_scale.png`` in ``out``; the tables printed."""
     from vae_ddp.harness.table import write_tables
 
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "report_scale.json").write_text(json.dumps(result, indent=1))
     tables = render(result)
-    write_tables(out, tables)
-    (out / "command.md").write_text(command_md(result, out))
-    plot(result, out / "report_scale.png")
+    with result_set(out) as new:
+        (new / "report_scale.json").write_text(json.dumps(result, indent=1))
+        write_tables(new, tables)
+        (new / "command.md").write_text(command_md(result, out))
+        plot(result, new / "report_scale.png")
     print(tables)
     print(f"wrote {out / 'report_scale.json'}, {out / 'tables.md'}, {out / 'command.md'} and {out / 'report_scale.png'}")
 
@@ -551,7 +553,9 @@ def plot(result: dict, path: Path) -> Path:
                  f"{s['global_batch_size'] // s['world_size']})", fontsize=10)
     ax.grid(axis="x", alpha=0.3)
     fig.legend(loc="outside lower center", fontsize=8, ncols=1)
-    fig.savefig(path, dpi=110)
+    from vae_ddp.outputs import save_figure
+
+    save_figure(fig, path)
     return path
 
 

@@ -167,11 +167,13 @@ def reanalyse(out_dir: Path, margin_sd: float = MARGIN_SD) -> dict:
 
 def _write(result: dict, out_dir: Path) -> None:
     from vae_ddp.harness.table import write_tables
+    from vae_ddp.outputs import result_set
 
-    (out_dir / "seeds.json").write_text(json.dumps(result, indent=1))
     markdown = render(result)
-    (out_dir / "seeds.md").write_text(markdown + "\n")
-    write_tables(out_dir, markdown)
+    with result_set(out_dir) as new:
+        (new / "seeds.json").write_text(json.dumps(result, indent=1))
+        (new / "seeds.md").write_text(markdown + "\n")
+        write_tables(new, markdown)
 
 
 _g = number
@@ -258,7 +260,9 @@ def plot_finals(result: dict, path: Path) -> None:
     st = result["settings"]
     fig.suptitle(f"{st['model']} VAE on {st['data']}, global batch {st['global_batch_size']}, "
                  f"{st['steps']} steps: final values, {result['num_seeds']} seeds")
-    fig.savefig(path, dpi=110)
+    from vae_ddp.outputs import save_figure
+
+    save_figure(fig, path)
 
 
 def plot(runs: dict, path: Path, title: str = "") -> None:
@@ -289,4 +293,6 @@ def plot(runs: dict, path: Path, title: str = "") -> None:
                title="line: mean over seeds\nband: ±1 seed-to-seed SD", title_fontsize=8)
     if title:
         fig.suptitle(title)
-    fig.savefig(path, dpi=110)
+    from vae_ddp.outputs import save_figure
+
+    save_figure(fig, path)

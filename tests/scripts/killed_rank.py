@@ -1,0 +1,28 @@
+"""A runner whose rank ``$KILLED_RANK`` SIGKILLs itself at its 3rd training step, and whose rank
+``$NAN_RANK`` has a NaN loss there (tests that both are named with their rank and step)."""
+import os
+import signal
+import sys
+
+import vae_ddp.harness.runner as runner
+from vae_ddp.model import VAE
+
+
+class KilledVAE(VAE):
+    def training_step(self, batch, batch_idx):
+        if self.trainer.global_rank == int(os.environ.get("KILLED_RANK", "1")) and batch_idx == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        loss = super().training_step(batch, batch_idx)
+        if os.environ.get("NAN_RANK") == str(self.trainer.global_rank) and batch_idx == 2:
+            loss = loss * float("nan")  # a loss that overflowed, say
+            self.last_logs["loss"] = loss.detach()
+        return loss
+
+
+def build_model(spec, seed):
+    return KilledVAE(enc_type=spec.model, latent_dim=spec.latent_dim)
+
+
+runner.build_model = build_model
+if __name__ == "__main__":
+    sys.exit(runner.main())

@@ -1,0 +1,48 @@
+"""Every failure named: a rank that dies is named in the last line with its rank, its signal or
+exit code and the step it reached, after the first error line and the log's path; a non-finite
+loss is named with its run, rank and step. Each test is one small DDP launch on the digits."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from vae_ddp.harness.configs import RunSpec
+from vae_ddp.harness.launch import RunFailed, launch
+
+pytestmark = pytest.mark.timeout(300)
+
+SCRIPT = Path(__file__).parent / "scripts" / "killed_rank.py"
+
+
+def _spec() -> RunSpec:
+    return RunSpec(data="digits", model="small", steps=6, global_batch_size=32, devices=2, config="ddp",
+                   seeds=[0]).validate()
+
+
+@pytest.mark.parametrize("rank", [1, 0])
+def test_a_killed_rank_is_named_in_the_last_line(tmp_path, monkeypatch, rank):
+    """SIGKILL of rank 1 (or rank 0) at its third step: the last line says which rank, which
+    signal and the step it had finished (it said 'exited with code 1; first error: ...
+    Connection reset by peer', or 'exited with code 247', and 8 lines of traceback)."""
+    monkeypatch.setenv("KILLED_RANK", str(rank))
+    with pytest.raises(RunFailed) as err:
+        launch(_spec(), tmp_path, quiet=True, timeout=240, entry=[sys.executable, str(SCRIPT)])
+    lines = str(err.value).splitlines()
+    assert lines[-1] == f"rank {rank} of run 'ddp' was killed by SIGKILL after step 2", lines
+    assert lines[0].startswith("run 'ddp' exited with code ") and len(lines) == 3, lines
+    assert lines[1] == f"(full stderr of all ranks: {tmp_path / 'stderr.log'})", lines
+
+
+def test_a_non_finite_loss_is_named_with_run_rank_and_step(tmp_path, monkeypatch):
+    """Rank 1's loss is NaN at its third step: the first error names the run, the rank and the
+    step (the run trained on with NaN weights without a word of the loss)."""
+    monkeypatch.setenv("KILLED_RANK", "-1")
+    monkeypatch.setenv("NAN_RANK", "1")
+    with pytest.raises(RunFailed) as err:
+        launch(_spec(), tmp_path, quiet=True, timeout=240, entry=[sys.executable, str(SCRIPT)])
+    lines = str(err.value).splitlines()
+    assert "first error: RuntimeError: non-finite loss (nan) in run 'ddp seed 0' on rank 1 at step 3" in lines[0], lines
+    assert lines[-1].startswith("rank 1 of run 'ddp' exited with code 1"), lines

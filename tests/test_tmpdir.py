@@ -1,0 +1,51 @@
+"""Nothing left in TMPDIR: a run's DataLoader workers' pymp-* folders, torch inductor's cache and
+the guards' folders go with the run (its own TMPDIR, removed when it ends); the folder of a run
+killed by SIGKILL goes at the next run."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _workers_and_inductor(specs, out_dir, **kwargs):
+    """What the ranks leave in TMPDIR, made in this process: a forkserver DataLoader's pymp-*
+    folder (its socket) and an inductor cache folder."""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    loader = DataLoader(TensorDataset(torch.zeros(4, 1)), batch_size=2, num_workers=1,
+                        multiprocessing_context="forkserver")
+    assert len(list(loader)) == 2
+    (Path(tempfile.gettempdir()) / "torchinductor_root").mkdir()
+    from test_outputs import _canned_launch
+
+    return _canned_launch(specs, out_dir)
+
+
+@pytest.mark.parametrize("ending", ["exit 0", "SIGTERM"])
+def test_a_run_leaves_nothing_in_tmpdir(tmp_path, monkeypatch, request, ending):
+    """A compare whose processes made a pymp-* folder and an inductor cache leaves TMPDIR as it
+    found it, also when SIGTERM ends it (exit 143); a dead run's folder is removed by it."""
+    import vae_ddp.studies.compare as compare
+    from vae_ddp.cli import Terminated, main_captured
+
+    tmp = Path(tempfile.mkdtemp(prefix="t36-", dir="/tmp"))  # short: a forkserver socket's path is in it
+    request.addfinalizer(lambda: shutil.rmtree(tmp, ignore_errors=True))
+    (tmp / "vae-ddp-run-999999999").mkdir()  # a run killed by SIGKILL (no such PID)
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    launched = _workers_and_inductor
+    if ending == "SIGTERM":
+        def launched(*args, **kwargs):
+            _workers_and_inductor(*args, **kwargs)
+            raise Terminated()
+    monkeypatch.setattr(compare, "launch_by_world_size", launched)
+    code, _, err = main_captured(["compare", "--configs", "[single]", "--steps", "2", "--out", str(tmp_path / "o")])
+    assert code == (0 if ending == "exit 0" else 143), err
+    assert list(tmp.iterdir()) == []
