@@ -149,7 +149,7 @@ def case_two_runs(work: Path, tmp: Path) -> dict:
     a = cli(*COMPARE, "--steps", "2", "--seed", "1", "--out", str(out), tmp=tmp)
     time.sleep(0.05)
     b = cli(*COMPARE, "--steps", "3", "--seed", "2", "--out", str(out), tmp=tmp)
-    (oa, ea), (ob, eb) = a.communicate(timeout=600), b.communicate(timeout=600)
+    (_, ea), (_, eb) = a.communicate(timeout=600), b.communicate(timeout=600)
     codes = sorted([a.returncode, b.returncode])
     refused = [e for c, e in ((a.returncode, ea), (b.returncode, eb)) if c == 2]
     named = bool(refused) and "is in use by another run" in last_line(refused[0])

@@ -291,7 +291,7 @@ def test_no_process_of_an_audit_outlives_its_top_process(tmp_path, sig):
     env = dict(os.environ, VAE_DDP_HEARTBEAT_DIR=str(beats))
     top = subprocess.Popen([sys.executable, "-m", "vae_ddp.cli", "audit", "--model", "examples.audit_models.Plain",
                             "--data", "examples.audit_models.Regression", "--steps", "30", "--out", str(out)],
-                           cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+                           cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr, env=env)
     try:
         def ranks() -> list[int]:  # the launch's processes (not its guard): 2 ranks and the one-device runs
             return [p for p in alive(str(out / "runs"))
@@ -303,7 +303,13 @@ def test_no_process_of_an_audit_outlives_its_top_process(tmp_path, sig):
         top.wait(timeout=60)
         left = wait_gone(alive(str(out)), 15)
         assert not left and not alive(str(out)), f"left running after {sig.name}: {alive(str(out))}"
+        said = (tmp_path / "stderr.txt").read_text().strip().splitlines()
+        if sig != signal.SIGKILL:  # a killed process says nothing; its lock is taken over by the next run
+            assert top.returncode == {signal.SIGTERM: 143, signal.SIGINT: 130}[sig], (top.returncode, said[-3:])
+            assert said and ("terminated" if sig == signal.SIGTERM else "interrupted") in said[-1], said[-3:]
+            assert not (out / LOCK_NAME).exists()
     finally:
+        stderr.close()
         os.close(events)
         top.kill()
         for pid in alive(str(out)):

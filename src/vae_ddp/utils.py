@@ -89,7 +89,6 @@ def private_tmpdir() -> Iterator[Optional[Path]]:
     temporary folder cannot be written, nothing changes (yields None).
     """
     import shutil
-    import sys
     import tempfile
 
     base = tempfile.gettempdir()
