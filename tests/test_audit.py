@@ -239,13 +239,15 @@ def test_the_table_ranks_by_measured_effect():
 
 def test_all_gather_with_gradients(tmp_path):
     """A module that calls self.all_gather cannot run training_step without a Trainer: the
-    one-process check runs it with a one-device Trainer attached, where its in-batch negatives
-    couple each chunk's samples, and the DDP runs (eval mode, the real process group) clear the
-    flag: the loss already gathers over the global batch (a note; nothing on stderr)."""
+    one-process check runs it with a one-device Trainer attached, where all_gather returns the
+    rank's own batch, so in-batch negatives over the gathered batch look coupled there. It leaves the
+    loss to the DDP runs with a note (it flagged it, and a DDP difference of another cause kept the flag:
+    the gallery's SimCLR with per-rank views, and with a gloo all_gather bug, were blamed on the loss);
+    the DDP runs find the loss already gathers over the global batch (nothing on stderr)."""
     code, result, log = audit(tmp_path, f"{M}.GatheredNegatives", in_process=False)
     assert code == 0 and result["within_floor"], log[-3000:]
-    assert any("flagged Mean reduction" in n and "already reduced over the global batch" in n
-               for n in result["notes"]), result["notes"]
+    assert any("gathers across ranks (all_gather)" in n for n in result["notes"]), result["notes"]
+    assert not by_factor(result)["reduction"]["exposed"]
     assert "not attached" not in log and "self.log()" not in log
 
 

@@ -355,9 +355,17 @@ def _with_a_trainer(run, model_cls: type, model, dm, batches: list, batch, dtype
         model.trainer = Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                                 enable_progress_bar=False, enable_model_summary=False)
     model.log = model.log_dict = lambda *args, **kwargs: None
+    gathers = _count_gathers(model)
     try:
         layers = _dry_run(model, _cast(batch, dtype))
         findings, notes = _static(model, dm, batches, run)
+        if gathers():  # all_gather on one process returns the rank's own batch: a loss over the gathered
+            # batch looks coupled here whatever it does under DDP, and only the DDP runs can tell
+            coupled = [f for f in findings if f.get("kind") == "coupled"]
+            findings = [f for f in findings if f not in coupled]
+            notes += [f"{model_cls.__name__}.training_step gathers across ranks (all_gather): the one-process check "
+                      "of the loss reduction cannot tell a loss over the gathered batch from one that couples each "
+                      "rank's own samples; the DDP runs compare it"] if coupled else []
         return findings + _attention(layers), notes
     except Exception:  # noqa: BLE001 - the user's step needs a fitting Trainer: the DDP runs judge it
         findings, notes = _static(model, dm, [], run)  # the dataset checks only
@@ -365,7 +373,21 @@ def _with_a_trainer(run, model_cls: type, model, dm, batches: list, batch, dtype
                           "one-process check of the loss reduction was skipped; the DDP runs compare it", *notes]
     finally:
         del model.log, model.log_dict
+        model.__dict__.pop("all_gather", None)
         model.trainer = None
+
+
+def _count_gathers(model) -> Any:
+    """Wraps ``model.all_gather`` (for the dry run) to count its calls; returns a function that reads the count."""
+    calls = []
+    original = model.all_gather
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    model.all_gather = counted
+    return lambda: len(calls)
 
 
 def _static(model, dm, batches: list, run) -> tuple[list[dict], list[str]]:
