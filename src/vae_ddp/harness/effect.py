@@ -182,9 +182,10 @@ def decompose(single, ddp, groups: Optional[Sequence] = None, floor: float = 0.0
     """One device's steps against DDP's, paired by row: the bias, the noise ratio and the kind.
 
     Args:
-        single, ddp: ``n`` rows each (``n >= G + 1``, at least 2 rows in some group), row ``i`` of
-            both from the same weights and the same global batch and draw where DDP takes them:
-            a sequence of vectors of one length ``P`` (numpy arrays, torch tensors, lists), or of numbers.
+        single: one device's steps, ``n`` rows (``n >= G + 1``, at least 2 rows in some group): a
+            sequence of vectors of one length ``P`` (numpy arrays, torch tensors, lists), or of numbers.
+        ddp: DDP's steps, ``n`` rows like ``single``'s, row ``i`` from the same weights and the same
+            global batch and draw where DDP takes them.
         groups: ``n`` labels, the rows with the same weights (default: all one group).
         floor: the relative rounding floor: a row counts as the same step when
             ``||y_i - x_i|| <= floor * ||x_i||``; every row within it is ``exact``. A bias whose lower
