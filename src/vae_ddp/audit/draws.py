@@ -34,7 +34,7 @@ from torch.overrides import TorchFunctionMode
 from vae_ddp.fixes.factor import batch_tensors
 from vae_ddp.fixes.randomness import GlobalBatchStream
 
-__all__ = ["attention_dropout_layers", "unkeyed_draws", "KeyedTorchDraws", "NoAttentionDropout", "TORCH_DRAWS"]
+__all__ = ["unkeyed_draws", "KeyedTorchDraws", "NoAttentionDropout", "TORCH_DRAWS"]
 
 
 @contextlib.contextmanager
@@ -146,13 +146,6 @@ def unkeyed_draws(module: nn.Module, step: Any) -> tuple[list[str], list[str]]:
         for h in hooks:
             h.remove()
     return list(found), list(mode.found)
-
-
-def attention_dropout_layers(module: nn.Module, step: Any) -> list[str]:
-    """The first part of [`unkeyed_draws`][vae_ddp.audit.draws.unkeyed_draws]: the layers of
-    ``module`` that call ``scaled_dot_product_attention`` with ``dropout_p > 0`` while ``step()`` runs,
-    as ``["name (Class, dropout_p=p)", ...]``."""
-    return unkeyed_draws(module, step)[0]
 
 
 def _size(args: tuple) -> list[int]:
