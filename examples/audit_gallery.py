@@ -152,21 +152,21 @@ def render(result: dict) -> str:
 
     names = {k: (registry.get(k).name if k in {f.key for f in registry.factors()} else EXTRA_NAMES[k]) for k in COLUMNS}
     cols = [k for k in COLUMNS if any(f["factor"] == k and f["exposed"] for a in result["audits"] for f in a["findings"])]
-    lines = ["| architecture | " + " | ".join(names[k] for k in cols) + " | exit code | audit time |",
-             "|---|" + "---|" * len(cols) + "---|---:|"]
+    lines = ["| architecture | " + " | ".join(names[k] for k in cols) + " | exit code |",
+             "|---|" + "---|" * len(cols) + "---|"]
     for a in result["audits"]:
         by = {f["factor"]: f for f in a["findings"]}
         cells = [cell(by[k]) if k in by else "-" for k in cols]
-        lines.append(f"| {a['name']} | " + " | ".join(cells) + f" | {verdict(a)} | {a['seconds']:.0f} s |")
+        lines.append(f"| {a['name']} | " + " | ".join(cells) + f" | {verdict(a)} |")
     lines += ["", "What to change, per architecture (the helpers the audit's fix names; every factor that bites, "
-                  "needs your code or cannot be separated from what does):", ""]
+                  "needs your code or cannot be separated from what does), and how long its audit took:", ""]
     for a in result["audits"]:
         todo = [f"{names.get(f['factor'], f['factor'])}: " + (", ".join(f"`{x}`" for x in fixes(f)) or "see its page")
                 for f in a["findings"] if f["factor"] in cols and cell(f) in ("bites", "your code", "not separable")]
         if a["unexplained"]:
             todo.append("with every fix, none of the known factors explains what is left")
         todo = todo or ["nothing"]
-        lines.append(f"- **{a['name']}**: " + "; ".join(todo) + ".")
+        lines.append(f"- **{a['name']}** ({a['seconds']:.0f} s): " + "; ".join(todo) + ".")
     return "\n".join(lines)
 
 

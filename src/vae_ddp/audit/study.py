@@ -134,9 +134,9 @@ def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, pr
         "left_after_fixes", "fixed_alone", "vs_batch_noise", "automatic_fix", "fix", "page", "effect"}],
         "unexplained": bool, "largest_differences": [...], "notes": [str], "effect", "effect_rows"}``.
         ``effect`` (of a finding; at the top, of Lightning's defaults as a whole): what the factor changes
-        over ``effect_rows`` global batches, ``{"kind", "bias", "bias_ci", "variance_ratio",
-        "variance_ratio_ci", "quantity", "rows"}`` (see [`vae_ddp.audit.effects`][vae_ddp.audit.effects]),
-        None where not measured (a factor not exposed, or one only the user's code fixes; ``--effect_batches 0``). The verdict: ``grad_steps`` (per
+        over ``effect_rows`` global batches, a dict with the keys ``kind``, ``bias``, ``bias_ci``,
+        ``variance_ratio``, ``variance_ratio_ci``, ``quantity`` and ``rows`` (see
+        ``vae_ddp.audit.effects``), None where not measured (a factor not exposed, or one only the user's code fixes; ``--effect_batches 0``). The verdict: ``grad_steps`` (per
         optimizer step, ``||g_ddp - g_single|| / ||g_single||`` from the same weights),
         ``floor`` (the largest of ``floor_draws``, the same for one device with the samples
         permuted) and ``ratio_to_floor`` (the largest DDP step over ``max(floor, eps)``);
