@@ -28,7 +28,7 @@ def main(argv=None) -> dict:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "dp_table.md").write_text(table)
     (args.out / "dp_lead.md").write_text(dp_lead(results))
-    decision = decide(results["seeds"], results["long_horizon"])
+    decision = decide(results["seeds"], results["long_horizon"], results["report_scale"])
     (args.out / "home_verdict.json").write_text(json.dumps({"decision": decision, "box": box, "table": table}, indent=1))
     print(box)
     return decision

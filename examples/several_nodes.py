@@ -154,10 +154,23 @@ def main(argv=None) -> dict:
                   f"on the first node):\n")
             print("```bash\n" + " \\\n    ".join(_wrap(commands[name])) + "\n```")
             break
+    (args.out / "report_script.md").write_text(report_script(commands["1x2"], floor, args))
     result = {"diffs": diffs, "from_one_node": gaps, "one_node": floor, "scale": scale, "steps": args.steps,
               "global_batch_size": args.global_batch_size}
     (args.out / "several_nodes.json").write_text(json.dumps(result, indent=1))
     return result
+
+
+def report_script(command: list[str], floor: float, args) -> str:
+    """``report_script.md`` (Home): the report's script with every change, as this run started it on one
+    node with 2 devices, and how far its weights ended from one device's."""
+    return ("The report's script, `examples/vae.py` (its [Lightning 2.x port](reproduce.md)), with every change as "
+            "flags, as it ran here on one node with 2 devices, on the bundled digits with the small model:\n\n"
+            "```bash\n" + " \\\n    ".join(_wrap(command)) + "\n```\n\n"
+            f"After {args.steps} Adam steps at a global batch of {args.global_batch_size} its weights are within "
+            f"{floor:.3g} of one device's (`--trainer.devices 1 --data.batch_size {args.global_batch_size}`, float64). "
+            "For the report's run: `--model.enc_type resnet18 --data vae_ddp.data.ImageFolderDataModule "
+            "--data.data_dir DIR --data.batch_size 128`. [Several nodes](scaling.md) runs it on 2 nodes too.\n")
 
 
 def _wrap(cmd: list[str]) -> list[str]:

@@ -23,3 +23,9 @@ def test_two_nodes_reach_the_one_node_floor(generated):
     assert diffs["2x2"] <= 10 * floor, result
     stdout = (ROOT / "docs" / "generated" / "several_nodes" / "stdout.txt").read_text()
     assert "2 x torchrun" in stdout and "--rdzv-backend c10d" in stdout
+    # Home's "change in the report's own script": the command that ran on one node with 2 devices, and
+    # how far it ended from one device, from this run
+    shown = (ROOT / "docs" / "generated" / "several_nodes" / "report_script.md").read_text()
+    assert "python examples/vae.py fit" in shown and "--trainer.devices 2" in shown, shown
+    assert "vae_ddp.fixes.GlobalSyncBatchNorm" in shown and "--model.sync_dist_logging true" in shown
+    assert f"within {floor:.3g} of one device's" in shown

@@ -386,11 +386,11 @@ def write_if_changed(path: Path, text: str) -> None:
 
 #: The factor table's column with the one quantity every training factor is ranked by (Home's
 #: report-scale study, committed under docs/results/report-scale/).
-REPORT_SCALE_COLUMN = "One step's gradient change at the report's scale, over batch noise"
+REPORT_SCALE_COLUMN = "What it changes in one step at the report's scale (gradient)"
 
 
-def report_scale_effects(root: Path) -> dict[str, float]:
-    """``{factor key: ratio}`` from the committed report-scale study (empty when absent)."""
+def report_scale_effects(root: Path) -> dict[str, dict]:
+    """``{factor key: effect}`` from the committed report-scale study (empty when absent)."""
     path = root / "docs" / "results" / "report-scale" / "report_scale.json"
     if not path.is_file():
         return {}
@@ -416,7 +416,10 @@ def write_summary(root: Path, entries: list[dict[str, Any]]) -> None:
             first = next(iter(row)) if row else "factor"
             row[first] = f"[{row.get(first, e['name'])}]({e['page']})"
             effect = report_scale_effects(root).get(Path(e["page"]).stem)
-            row = {first: row[first], REPORT_SCALE_COLUMN: "-" if effect is None else f"{effect:.3g}x",
+            from vae_ddp.studies.report_scale import effect_cell
+
+            row = {first: row[first], REPORT_SCALE_COLUMN: "-" if effect is None else
+                   effect_cell(effect["gradient"]) if "gradient" in effect else "no gradient: the plotted value",
                    **{k: v for k, v in row.items() if k != first}}
         rows.append(row)
     write_factor_effects(root, entries)
@@ -433,21 +436,22 @@ def write_summary(root: Path, entries: list[dict[str, Any]]) -> None:
     write_if_changed(out / "output.md", text)
 
 
-def factor_effect_line(key: str, effects: dict[str, float]) -> str:
-    """The line a factor page shows under its result: the factor's number in the one quantity
-    the factors are ranked by (the same number as Home's factor table), or why it has none."""
+def factor_effect_line(key: str, effects: dict[str, dict]) -> str:
+    """The line a factor page shows under its result: what the factor changes in one step at the
+    report's scale (the same words as Home's factor table, with the intervals), or why it has none."""
     home = "../index.md#the-reports-scale"
     if key in effects:
-        return (f"**At the report's scale** (one step from the same weights and batch, every other fix on): this factor "
-                f"changes the gradient by {effects[key]:.3g}x the batch-to-batch noise, the quantity the factors are "
-                f"ranked by on [Home]({home}). The numbers above are this page's own measure of the mechanism.\n")
+        from vae_ddp.studies.report_scale import effect_line
+
+        how = "every other fix on" if "gradient" in effects[key] else "Lightning's defaults"
+        return (f"**At the report's scale** ([one step from the same weights]({home}), {how}): "
+                f"{effect_line(effects[key])} The numbers above are this page's own measure of the mechanism.\n")
     from vae_ddp.fixes.registry import get
 
     names = [get(k).name for k in effects]
     ranked = (", ".join(names[:-1]) + " and " + names[-1]) if len(names) > 1 else (names[0] if names else "no factor")
-    return (f"**At the report's scale** this factor has no number in the ranking: the [one-step gradient "
-            f"comparison]({home}) isolates {ranked}. The numbers above are this page's own measure of the "
-            f"mechanism.\n")
+    return (f"**At the report's scale** this factor has no row: the [one-step comparison]({home}) isolates "
+            f"{ranked}. The numbers above are this page's own measure of the mechanism.\n")
 
 
 def write_factor_effects(root: Path, entries: list[dict[str, Any]]) -> None:

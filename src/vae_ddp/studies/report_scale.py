@@ -55,7 +55,7 @@ from vae_ddp.harness.configs import RunSpec
 from vae_ddp.model import MODELS
 from vae_ddp.outputs import replacing, result_set, write_atomic
 
-__all__ = ["VARIANTS", "FACTOR_VARIANTS", "command_md", "factor_effects", "plot", "ranking", "render",
+__all__ = ["VARIANTS", "FACTOR_VARIANTS", "command_md", "effect_cell", "effect_line", "factor_effects", "logging_cell", "logging_effect", "plot", "ranking", "render",
            "report_scale"]
 
 #: name -> (configuration, fields changed from the exact spec, factor it isolates).
@@ -75,6 +75,8 @@ DEFAULT_VARIANT = "ddp, Lightning defaults"
 FACTOR_VARIANTS = {"noise": "ddp, noise back to default", "batchnorm": "ddp, BatchNorm back to per-rank",
                    "sampler": "ddp, sampler back to DistributedSampler"}
 GROUPS = ("all", "encoder", "fc_mu/fc_var", "decoder")
+#: Gradients are decomposed through their CountSketch of this length (the audit's).
+SKETCH = 4096
 
 
 def _group(name: str) -> str:
@@ -84,18 +86,28 @@ def _group(name: str) -> str:
 # --------------------------------------------------------------------------- the child process
 class _FrozenGradients:
     """Lightning callback (built lazily to keep this module light): keep the gradient Adam
-    receives at every step (after DDP's all-reduce), then zero it, so the weights never move."""
+    receives at every step (after DDP's all-reduce), then zero it, so the weights never move.
+    The first ``keep`` steps' gradients are kept whole (``grads``), every step's as its
+    ``sketch``-long [`count_sketch`][vae_ddp.probes.count_sketch] (``sketches``: the same linear
+    map in every run, so norms and traces of differences are kept in expectation)."""
 
-    def __new__(cls):
+    def __new__(cls, keep: int, sketch: int = 0):
         from pytorch_lightning import Callback
+
+        from vae_ddp.probes import count_sketch
 
         class FrozenGradients(Callback):
             def __init__(self) -> None:
                 self.grads: list[dict[str, torch.Tensor]] = []
+                self.sketches: list[torch.Tensor] = []
 
             def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
                 named = sorted((n, p) for n, p in pl_module.named_parameters() if p.grad is not None)
-                self.grads.append({n: p.grad.detach().float().cpu().clone() for n, p in named})
+                if len(self.grads) < keep:
+                    self.grads.append({n: p.grad.detach().float().cpu().clone() for n, p in named})
+                if sketch:
+                    flat = torch.cat([p.grad.detach().reshape(-1).double().cpu() for _, p in named])
+                    self.sketches.append(count_sketch(flat, sketch))
                 for _, p in named:
                     p.grad.zero_()  # Adam: m = v = 0, update lr * 0 / (0 + eps) = 0
 
@@ -189,7 +201,7 @@ def _frozen_runs(specs: list[RunSpec], out: Path) -> int:
                              max_samples=spec.max_samples, sampler=spec.sampler, sampler_seed=seed)
         model = build_model(spec, seed)
         recorder = GlobalBatchRecorder(spec.steps, 0, spec.label, progress=True)
-        frozen = _FrozenGradients()
+        frozen = _FrozenGradients(job.get("keep", spec.steps), job.get("sketch", 0))
         trainer = build_trainer(spec, seed, [recorder, frozen])
         trainer.fit(model, datamodule=dm)
         spread = _spread(trainer, model, spec.steps, job["spread_batches"]) if job["spread_batches"] else None
@@ -198,7 +210,7 @@ def _frozen_runs(specs: list[RunSpec], out: Path) -> int:
             folder = Path(job["folder"])
             folder.mkdir(parents=True, exist_ok=True)
             with replacing(folder / "grads.pt") as tmp:
-                torch.save(frozen.grads, tmp)
+                torch.save({"grads": frozen.grads, "sketches": frozen.sketches}, tmp)
             write_atomic(folder / "run.json", json.dumps({"records": recorder.records, "spread": spread}))
     if is_zero:
         write_atomic(out / "run.json", json.dumps({"folders": [job["folder"] for job in jobs]}))
@@ -232,23 +244,40 @@ def _relvar(values: list[float]) -> float:
 
 
 def ranking(result: dict) -> list[dict]:
-    """The training factors by their measured effect on one step's gradient, largest first:
-    the gradient difference the factor causes over the difference another batch causes (one
-    quantity for every row). Logging changes what is plotted, not the gradient: its ratio
-    (``result["logging"]``) is another quantity and is not ranked with these."""
+    """The training factors by what they change in what DDP trains, most serious first: each
+    variant's effect (``different`` before ``inconclusive``, ``same distribution`` and ``exact``,
+    [`KINDS`][vae_ddp.harness.effect.KINDS]' order; then the larger bias, then the noise ratio
+    further from 1), on the gradient. Logging changes what is plotted, not what is trained: it is
+    not ranked with these. Empty where the study measured no effects (``--effect_batches 0``)."""
+    from vae_ddp.harness import effect as stats
+
     rows = [{"factor": VARIANTS[name][2] if name in VARIANTS else v["factor"], "variant": name,
-             "ratio": v["ratio_to_batch_noise"]["all"], "kind": "gradient"}
+             "kind": v["effect"]["kind"], "bias": v["effect"]["gradient"]["bias"],
+             "variance_ratio": v["effect"]["gradient"]["variance_ratio"]}
             for name, v in result["variants"].items()
-            if v["config"] == "ddp" and name not in (DEFAULT_VARIANT, "ddp, every fix")]
-    return sorted(rows, key=lambda r: -r["ratio"])
+            if v.get("effect") and name not in (DEFAULT_VARIANT, "ddp, every fix")]
+    return sorted(rows, key=lambda r: (stats.KINDS.index(r["kind"]), -r["bias"],
+                                       -abs(math.log(r["variance_ratio"])) if r["variance_ratio"] > 0 else 0.0))
 
 
-def factor_effects(result: dict) -> dict[str, float]:
-    """``{factor key: ratio}``: each training factor's one-step gradient difference over the
-    batch-to-batch noise of one device (all parameters), from a ``report_scale.json`` content;
-    the quantity the factor table and the ranking share."""
-    return {key: result["variants"][name]["ratio_to_batch_noise"]["all"]
-            for key, name in FACTOR_VARIANTS.items() if name in result["variants"]}
+def factor_effects(result: dict) -> dict[str, dict]:
+    """``{factor key: effect}``: each training factor's effect at the report's scale (the variant
+    that isolates it, every other fix on; ``{"kind", "gradient", "kl", "reconstruction"}``, each part
+    a [`decompose`][vae_ddp.harness.effect.decompose] result), from a ``report_scale.json`` content;
+    what the factor table and the factor pages show."""
+    out = {key: result["variants"][name]["effect"] for key, name in FACTOR_VARIANTS.items()
+           if name in result["variants"] and result["variants"][name].get("effect")}
+    plotted = (result.get("logging") or {}).get("effect")
+    if plotted:  # logging changes no gradient: what it does to the plotted value
+        out["logging"] = dict(plotted, kind=min((plotted[q]["kind"] for q in ("kl", "reconstruction")),
+                                                key=_kinds().index))
+    return out
+
+
+def _kinds() -> tuple[str, ...]:
+    from vae_ddp.harness import effect as stats
+
+    return stats.KINDS
 
 
 def report_scale(
@@ -260,6 +289,7 @@ def report_scale(
     devices: int = 2,
     grad_steps: int = 3,
     spread_batches: int = 6,
+    effect_batches: int = 0,
     variants: list[Literal[tuple(VARIANTS)]] | None = None,
     max_samples: int | None = None,
     seed: int = 0,
@@ -282,6 +312,10 @@ def report_scale(
             batch-to-batch noise needs two batches).
         spread_batches: further forward passes of the default ``ddp`` run for the
             logged-KL spread and the per-sample variances (0: skip).
+        effect_batches: global batches (frozen-weights steps, >= 4; 0: skip) from which each
+            variant's effect is decomposed into a bias and a noise ratio
+            ([`vae_ddp.harness.effect`][vae_ddp.harness.effect]) on the gradient, the KL and the
+            reconstruction; the runs take ``max(grad_steps, effect_batches)`` steps.
         variants: names from [`VARIANTS`][vae_ddp.studies.report_scale.VARIANTS] (default: all).
         max_samples: use a fixed random subset of this many images (None: all).
         seed: ``seed_everything`` seed of every run (the same initial weights for all).
@@ -297,22 +331,26 @@ def report_scale(
         UserError: bad settings (before any run starts), ``data="imagefolder"`` without a
             ``data_dir`` included.
     """
-    names = _check(variants, grad_steps, spread_batches)
+    names = _check(variants, grad_steps, spread_batches, effect_batches)
     out = Path(out_dir)
+    steps = max(grad_steps, effect_batches)
     base = RunSpec(data=data, data_dir=data_dir, model=model, global_batch_size=global_batch_size, devices=devices,
-                   steps=grad_steps, seeds=[seed], max_samples=max_samples, accelerator=accelerator).exact()
+                   steps=steps, seeds=[seed], max_samples=max_samples, accelerator=accelerator).exact()
     ref_spec = dataclasses.replace(base, config="single", label="single").validate()
     specs = {n: dataclasses.replace(base, config=VARIANTS[n][0], label=n, **VARIANTS[n][1]).validate() for n in names}
     n_train = _train_size(ref_spec)
-    if n_train < (grad_steps + 1) * global_batch_size:
+    if n_train < (steps + spread_batches) * global_batch_size:
         from vae_ddp.errors import UserError
 
-        raise UserError(f"{n_train} training images are too few for {grad_steps} steps of {global_batch_size}: "
-                        "lower --grad_steps or use more data")
+        raise UserError(f"{n_train} training images are too few for {steps} steps and {spread_batches} spread batches "
+                        f"of {global_batch_size} in one epoch: lower --grad_steps, --effect_batches or "
+                        "--spread_batches, or use more data")
     runs = _run_all([(ref_spec, "single", 0)] + [(specs[name], f"variant{i}", spread_batches if name == DEFAULT_VARIANT else 0)
-                                                 for i, name in enumerate(names)], out, base.accelerator)
+                                                 for i, name in enumerate(names)], out, base.accelerator,
+                   keep=grad_steps, sketch=SKETCH if effect_batches else 0)
     result = _compare(runs, specs, names)
     result["settings"] = {**dataclasses.asdict(ref_spec), "grad_steps": grad_steps, "spread_batches": spread_batches,
+                          "effect_batches": effect_batches,
                           "train_samples": n_train, "world_size": devices, "variants": names}
     result = {key: result[key] for key in ("settings", "grad_norm", "batch_noise", "variants", "logging", "spread")}
     result["reduction"] = _reduction(n_train, global_batch_size, devices)
@@ -321,7 +359,7 @@ def report_scale(
     return result
 
 
-def _check(variants: list[str] | None, grad_steps: int, spread_batches: int) -> list[str]:
+def _check(variants: list[str] | None, grad_steps: int, spread_batches: int, effect_batches: int = 0) -> list[str]:
     """The variants' names (default: all); bad settings raise ``UserError`` before any run."""
     from vae_ddp.errors import UserError
 
@@ -333,12 +371,16 @@ def _check(variants: list[str] | None, grad_steps: int, spread_batches: int) -> 
         raise UserError(f"--grad_steps must be at least 2 (batch-to-batch noise needs two batches), got {grad_steps}")
     if spread_batches < 0:
         raise UserError(f"--spread_batches must be 0 or more, got {spread_batches}")
+    if effect_batches and effect_batches < 4:
+        raise UserError(f"--effect_batches must be 0 (skip) or at least 4, got {effect_batches}")
     return names
 
 
-def _run_all(jobs: list[tuple[RunSpec, str, int]], out: Path, accelerator: str) -> dict[str, tuple[list, dict]]:
+def _run_all(jobs: list[tuple[RunSpec, str, int]], out: Path, accelerator: str,
+             keep: int, sketch: int) -> dict[str, tuple[dict, dict]]:
     """Train ``(spec, folder, spread_batches)`` jobs, a group per world size, all in one launch
-    on CPU (a [`RunSequence`][vae_ddp.harness.launch.RunSequence]); {folder: (grads, info)}."""
+    on CPU (a [`RunSequence`][vae_ddp.harness.launch.RunSequence]); {folder: ({"grads": the first
+    ``keep`` steps' gradients, "sketches": every step's ``sketch``-long sketch}, info)}."""
     from vae_ddp.harness.launch import RunGroup, RunSequence, launch
 
     found = {}
@@ -350,8 +392,8 @@ def _run_all(jobs: list[tuple[RunSpec, str, int]], out: Path, accelerator: str) 
         tag = f"{n}-process{'es' if n > 1 else ''}"
         d = out / "runs" / tag
         d.mkdir(parents=True, exist_ok=True)
-        (d / "worker.json").write_text(json.dumps([{"folder": str(d / folder), "spread_batches": spread}
-                                                   for _, folder, spread in group]))
+        (d / "worker.json").write_text(json.dumps([{"folder": str(d / folder), "spread_batches": spread,
+                                                    "keep": keep, "sketch": sketch} for _, folder, spread in group]))
         for spec, _, _ in group:
             print(f"== {spec.label}: {spec.world_size} process(es) x per-device batch "
                   f"{spec.per_device_batch_size}", flush=True)
@@ -365,7 +407,7 @@ def _run_all(jobs: list[tuple[RunSpec, str, int]], out: Path, accelerator: str) 
     for n, group in by_size.items():
         d = out / "runs" / f"{n}-process{'es' if n > 1 else ''}"
         for _, folder, _ in group:
-            grads = torch.load(d / folder / "grads.pt")
+            grads = torch.load(d / folder / "grads.pt")  # {"grads": [...], "sketches": [...]}
             (d / folder / "grads.pt").unlink()  # ~80 MB per step for ResNet-18: keep only the numbers
             found[folder] = (grads, json.loads((d / folder / "run.json").read_text()))
     return found
@@ -374,14 +416,15 @@ def _run_all(jobs: list[tuple[RunSpec, str, int]], out: Path, accelerator: str) 
 def _compare(runs: dict[str, tuple[list, dict]], specs: dict[str, RunSpec], names: list[str]) -> dict[str, Any]:
     """Each variant's per-step gradient difference to the one-device run, and its ratio to the
     batch-to-batch noise (``grad_norm``, ``batch_noise``, ``variants``, ``logging``, ``spread``)."""
-    ref, _ = runs["single"]
+    ref = runs["single"][0]["grads"]
     pairs = list(itertools.combinations(range(len(ref)), 2))
     noise = _mean_dicts([_norms(ref[i], ref[j]) for i, j in pairs])
     result: dict[str, Any] = {"grad_norm": _mean_dicts([_norms(g) for g in ref]),
                               "batch_noise": noise, "variants": {}, "logging": None, "spread": None}
     for i, name in enumerate(names):
         spec = specs[name]
-        grads, info = runs[f"variant{i}"]
+        saved, info = runs[f"variant{i}"]
+        grads = saved["grads"]
         per_step = [_norms(g, r) for g, r in zip(grads, ref)]
         diff = _mean_dicts(per_step)
         result["variants"][name] = {
@@ -391,7 +434,61 @@ def _compare(runs: dict[str, tuple[list, dict]], specs: dict[str, RunSpec], name
         }
         if name == DEFAULT_VARIANT:
             result["logging"], result["spread"] = _logging(info)
+    if runs["single"][0]["sketches"]:
+        effects = _effects(runs, names)
+        for i, name in enumerate(names):
+            result["variants"][name]["effect"] = effects[name]
+        if result["logging"]:
+            result["logging"]["effect"] = logging_effect(result["logging"])
     return result
+
+
+#: The quantities each variant's effect is measured on: the gradient Adam receives, and the
+#: global batch's loss terms (what the report's curves show, over the whole batch).
+QUANTITIES = ("gradient", "kl", "reconstruction")
+#: How the tables name the quantities.
+LABELS = {"gradient": "gradient", "kl": "KL", "reconstruction": "reconstruction"}
+#: A row is the same step as one device's within this many times the floor (the largest relative
+#: difference of ``ddp, every fix``), as in the audit.
+FLOOR_RATIO = 2.0
+
+
+def _quantities(saved: dict, info: dict) -> dict[str, list]:
+    """One run's rows per quantity: each step's gradient sketch, the global batch's KL and reconstruction."""
+    recs = info["records"]
+    return {"gradient": [t.numpy() for t in saved["sketches"]], "kl": [r["kl"] for r in recs],
+            "reconstruction": [r["recon_loss"] for r in recs]}
+
+
+def _effects(runs: dict[str, tuple[dict, dict]], names: list[str]) -> dict[str, dict]:
+    """Each variant's [`decompose`][vae_ddp.harness.effect.decompose] against ``single`` per quantity
+    (``{"gradient": effect, "kl": ..., "reconstruction": ...}`` with ``"kind"``, the most serious of
+    the three): the rows are the frozen runs' steps, one global batch each, all from the initial
+    weights (one group). The floor: ``FLOOR_RATIO`` times the largest relative difference of
+    ``ddp, every fix`` where it ran (0 where it did not: only the same bits are ``exact``)."""
+    from vae_ddp.harness import effect as stats
+
+    x = _quantities(*runs["single"])
+    ys = {name: _quantities(*runs[f"variant{i}"]) for i, name in enumerate(names)}
+    floor = dict.fromkeys(QUANTITIES, 0.0)
+    if "ddp, every fix" in ys:
+        floor = {q: FLOOR_RATIO * stats.decompose(x[q], ys["ddp, every fix"][q])["largest_row"] for q in QUANTITIES}
+    out = {}
+    for name, y in ys.items():
+        parts = {q: stats.decompose(x[q], y[q], floor=floor[q]) for q in QUANTITIES}
+        out[name] = dict(parts, kind=min((p["kind"] for p in parts.values()), key=stats.KINDS.index), floor=floor)
+    return out
+
+
+def logging_effect(logging: dict) -> dict[str, dict]:
+    """What logging rank 0's mean does to the plotted value: [`decompose`][vae_ddp.harness.effect.decompose]
+    of the logged KL and reconstruction (rank 0's half batch) against the global batch's, step by step
+    (``{"kl": effect, "reconstruction": effect}``): a bias would shift the curve, a noise ratio above 1
+    makes it noisier."""
+    from vae_ddp.harness import effect as stats
+
+    return {"kl": stats.decompose(logging["global_kl"], logging["logged_kl"]),
+            "reconstruction": stats.decompose(logging["global_recon"], logging["logged_recon"])}
 
 
 def _write(result: dict, out: Path) -> None:
@@ -486,16 +583,114 @@ def _f(v: float | None) -> str:
     return f"{v:.3g}" if 1e-3 <= abs(v) < 1e4 else f"{v:.2e}"
 
 
+#: How a table cell words an effect's kind at the report's scale.
+CELL = {"different": "trains another model", "same distribution": "other luck only", "exact": "the same step",
+        "inconclusive": "not resolved"}
+
+
+def effect_cell(e: dict) -> str:
+    """An effect's kind and, where it is ``different``, what was detected: ``trains another model:
+    bias 0.82 sd``, ``... noise 1.9x``; ``other luck only``; ``the same step``; ``not resolved``."""
+    words = CELL[e["kind"]]
+    if e["kind"] != "different":
+        return words
+    parts = []
+    if e["bias_ci"][0] > 0:
+        parts.append(f"bias {_f(e['bias'])} sd")
+    lo, hi = e["variance_ratio_ci"]
+    if lo > 1 or hi < 1:
+        parts.append(f"noise {_f(e['variance_ratio'])}x")
+    return f"{words}: {', '.join(parts)}"
+
+
+def logging_cell(e: dict) -> str:
+    """What logging rank 0's mean does to the plotted curve: ``shifted 0.4 sd``, ``noisier 2.3x``,
+    ``quieter 0.6x``, ``the same values`` or ``not resolved``."""
+    if e["kind"] in ("same distribution", "exact"):
+        return "the same curve" if e["kind"] == "exact" else "the same curve, other luck"
+    if e["kind"] == "inconclusive":
+        return "not resolved"
+    parts = []
+    if e["bias_ci"][0] > 0:
+        parts.append(f"shifted {_f(e['bias'])} sd")
+    lo, hi = e["variance_ratio_ci"]
+    if lo > 1:
+        parts.append(f"noisier {_f(e['variance_ratio'])}x")
+    elif hi < 1:
+        parts.append(f"quieter {_f(e['variance_ratio'])}x")
+    return ", ".join(parts)
+
+
+def effect_line(effect: dict) -> str:
+    """One sentence for a factor page: what the factor changes in one step at the report's scale, on
+    the gradient, the KL and the reconstruction, with the intervals (``effect``: a variant's
+    ``{"kind", "gradient", "kl", "reconstruction"}``)."""
+    if "gradient" not in effect:  # logging: the plotted value, not the step
+        parts = [f"the {LABELS[q]}: {logging_cell(effect[q])} ({_interval(effect[q])})" for q in ("kl", "reconstruction")]
+        return ("what Lightning plots under DDP (rank 0's mean) against the global batch's value: on "
+                + "; on ".join(parts) + "; it changes no gradient.")
+    parts = [f"the {LABELS[q]}: {effect_cell(effect[q])} ({_interval(effect[q])})" for q in QUANTITIES]
+    return "on " + "; on ".join(parts) + "."
+
+
+def _interval(e: dict) -> str:
+    b, r = e["bias_ci"], e["variance_ratio_ci"]
+    return f"bias {_f(e['bias'])} sd [{_f(b[0])}, {_f(b[1])}], noise ratio {_f(e['variance_ratio'])} [{_f(r[0])}, {_f(r[1])}]"
+
+
+def _effect_lines(result: dict) -> list[str]:
+    """The effects table (a row per variant but the floor, the logged curve last), its key and each
+    row's intervals; no lines where the study measured none."""
+    from vae_ddp.harness import effect as stats
+
+    s = result["settings"]
+    rows = [(VARIANTS[name][2] if name in VARIANTS else v["factor"], name, v["effect"])
+            for name, v in result["variants"].items() if v.get("effect") and name != "ddp, every fix"]
+    if not rows:
+        return []
+    order = {r["variant"]: i for i, r in enumerate(ranking(result))}
+    rows.sort(key=lambda r: (r[1] != DEFAULT_VARIANT, order.get(r[1], len(order))))
+    lines = [f"What each factor changes in one step ({s['model']} VAE, global batch "
+             f"{s['global_batch_size']}, {s['world_size']} ranks x {s['global_batch_size'] // s['world_size']}, "
+             f"{s['effect_batches']} global batches from the same initial weights)", "",
+             "| factor | gradient | KL | reconstruction |", "|---|---|---|---|"]
+    lines += [f"| {factor} | {effect_cell(e['gradient'])} | {effect_cell(e['kl'])} | {effect_cell(e['reconstruction'])} |"
+              for factor, _, e in rows]
+    lg = (result.get("logging") or {}).get("effect")
+    if lg:
+        lines.append(f"| Logging (the plotted value) | - | {logging_cell(lg['kl'])} | {logging_cell(lg['reconstruction'])} |")
+    floor = result["variants"].get("ddp, every fix", {}).get("effect", {}).get("floor")
+    lines += ["", "Each cell compares DDP's step with one device's over the same global batches (DDP's own where its "
+              "sampler takes others) and draws: **trains another model**, DDP's step is off one device's on average "
+              "(a bias, in one device's step-to-step standard deviations, sd) or varies more or less (a noise ratio, "
+              f"DDP's variance over one device's), detected at {stats.CONFIDENCE:.0%}; **other luck only**, both shown "
+              f"within their margins (a bias below {stats.BIAS_MARGIN:g} sd, a noise ratio between "
+              f"{1 / stats.RATIO_MARGIN:g} and {stats.RATIO_MARGIN:g}): what other samples or draws of the same "
+              "distribution do; **the same step**, every batch within "
+              + (f"{FLOOR_RATIO:g}x the rounding of DDP with every fix ({_f(floor['gradient'] / FLOOR_RATIO)} of the "
+                 "gradient)" if floor else "the same bits")
+              + "; **not resolved**, neither shown with these batches. Logging compares what Lightning plots under DDP "
+              f"(rank 0's mean of {s['global_batch_size'] // s['world_size']}) with the global batch's value.", "",
+              f"Intervals ({stats.CONFIDENCE:.0%}):", ""]
+    for factor, _, e in rows:
+        lines += [f"- {factor}, {LABELS[q]}: {_interval(e[q])}" for q in QUANTITIES]
+    if lg:
+        lines += [f"- Logging, {LABELS[q]}: {_interval(lg[q])}" for q in ("kl", "reconstruction")]
+    return lines + [""]
+
+
 def render(result: dict) -> str:
-    """The Markdown tables of ``result`` (what the study prints and writes to ``tables.md``)."""
+    """The Markdown tables of ``result`` (what the study prints and writes to ``tables.md``): the
+    effects (where measured), then the one-step gradient difference, logging and the mean reduction."""
     s = result["settings"]
     head = (f"{s['model']} VAE, {s['data']}, global batch {s['global_batch_size']} "
             f"({s['world_size']} ranks x {s['global_batch_size'] // s['world_size']} for ddp), {s['dtype']}, "
             f"frozen initial weights, {s['grad_steps']} global batches")
-    lines = [f"Gradient difference to one device on the same global batch, over the batch-to-batch noise of one "
-             f"device ({head})", "",
-             "| factor (variant) | ratio to batch noise | encoder | fc_mu/fc_var | decoder |",
-             "|---|---|---|---|---|"]
+    lines = _effect_lines(result)
+    lines += [f"Gradient difference to one device on the same global batch, over the batch-to-batch noise of one "
+              f"device ({head}): a size, not a kind (another draw and another model look alike here)", "",
+              "| factor (variant) | ratio to batch noise | encoder | fc_mu/fc_var | decoder |",
+              "|---|---|---|---|---|"]
     for name, v in result["variants"].items():
         r = v["ratio_to_batch_noise"]
         factor = VARIANTS[name][2] if name in VARIANTS else v["factor"]
@@ -524,37 +719,58 @@ def render(result: dict) -> str:
 
 
 def plot(result: dict, path: Path) -> Path:
-    """Horizontal bars on a linear axis: each variant's gradient ratio to batch noise and
-    logging's KL ratio, with the batch-to-batch noise of one device marked at 1.0x."""
+    """Where each variant's effect is measured (``effect``), its bias (in one device's step-to-step
+    standard deviations) and noise ratio on the gradient with their intervals, the margins of
+    ``same distribution`` shaded; else horizontal bars of each variant's gradient ratio to batch noise."""
     from matplotlib.figure import Figure
 
-    grad = [(f"{name}\n({v['factor']})", v["ratio_to_batch_noise"]["all"]) for name, v in result["variants"].items()]
-    logged = [("logging: rank 0's KL\nvs global-batch KL", result["logging"]["kl_ratio"])] if result.get("logging") else []
-    n = len(grad) + len(logged)
-    fig = Figure(figsize=(9, 0.6 * n + 2.4), layout="constrained")
-    ax = fig.subplots()
-    y = list(range(n))[::-1]
-    bars = ax.barh(y[:len(grad)], [r[1] for r in grad], color="C0",
-                   label="gradient after one step: difference to one device on the same batch")
-    ax.bar_label(bars, fmt="%.3g", padding=3, fontsize=8)
-    if logged:
-        bars = ax.barh(y[len(grad):], [r[1] for r in logged], color="C1",
-                       label="logged KL: rank 0's value vs the global batch's")
-        ax.bar_label(bars, fmt="%.3g", padding=3, fontsize=8)
-    ax.set_yticks(y, [r[0] for r in grad + logged], fontsize=8)
-    ax.set_ylabel("variant (factor it isolates)")
-    ax.axvline(1.0, color="k", ls="--", lw=1, label="1.0x: batch-to-batch noise of one device")
-    ax.text(0.99, 0.99, "batch noise\n(1.0x)", transform=ax.get_xaxis_transform(), ha="right", va="top", fontsize=8)
-    ax.set_xlim(0, max(1.15, 1.1 * max(r[1] for r in grad + logged)))
-    ax.set_xlabel("difference / batch-to-batch noise of one device (ratio, linear scale)")
-    s = result["settings"]
-    ax.set_title(f"One step from the same weights: {s['model']} VAE, {s['data']},\n"
-                 f"global batch {s['global_batch_size']} ({s['world_size']} ranks x "
-                 f"{s['global_batch_size'] // s['world_size']})", fontsize=10)
-    ax.grid(axis="x", alpha=0.3)
-    fig.legend(loc="outside lower center", fontsize=8, ncols=1)
+    from vae_ddp.harness import effect as stats
     from vae_ddp.outputs import save_figure
 
+    s = result["settings"]
+    title = (f"One step from the same weights: {s['model']} VAE, {s['data']}, global batch {s['global_batch_size']} "
+             f"({s['world_size']} ranks x {s['global_batch_size'] // s['world_size']})")
+    measured = [(f"{VARIANTS[n][2] if n in VARIANTS else v['factor']}", v["effect"]["gradient"])
+                for n, v in result["variants"].items() if v.get("effect")]
+    if measured:
+        fig = Figure(figsize=(7.2, 0.45 * len(measured) + 2.6), layout="constrained")
+        axb, axr = fig.subplots(1, 2, sharey=True)
+        y = list(range(len(measured)))[::-1]
+        for ax, key, margin in ((axb, "bias", (0, stats.BIAS_MARGIN)),
+                                (axr, "variance_ratio", (1 / stats.RATIO_MARGIN, stats.RATIO_MARGIN))):
+            ci = [e[f"{key}_ci"] for _, e in measured]
+            val = [e[key] for _, e in measured]
+            hi_cap = max([c[1] for c in ci if math.isfinite(c[1])] + [margin[1]]) * 1.15
+            for yi, v, (lo, hi) in zip(y, val, ci):
+                ax.plot([lo, min(hi, hi_cap)], [yi, yi], color="C0", lw=2)
+                ax.plot([v], [yi], "o", color="C0")
+                if not math.isfinite(hi):
+                    ax.annotate("", (hi_cap, yi), (hi_cap * 0.9, yi), arrowprops={"arrowstyle": "->", "color": "C0"})
+            ax.axvspan(*margin, color="C2", alpha=0.15, label="margin of 'other luck only'")
+            ax.axvline(0 if key == "bias" else 1, color="k", lw=0.8)
+            ax.set_xlim(0 if key == "bias" else 0, hi_cap)
+            ax.grid(axis="x", alpha=0.3)
+        axb.set_yticks(y, [m[0] for m in measured], fontsize=8)
+        axb.set_xlabel("bias of DDP's gradient\n(one device's step-to-step sd)", fontsize=8)
+        axr.set_xlabel("noise ratio: DDP's variance\nover one device's", fontsize=8)
+        axb.legend(loc="lower right", fontsize=7)
+        fig.suptitle(title + f",\n{s['effect_batches']} global batches; dots: estimate, lines: "
+                     f"{stats.CONFIDENCE:.0%} interval", fontsize=9)
+        save_figure(fig, path)
+        return path
+    grad = [(f"{name}\n({v['factor']})", v["ratio_to_batch_noise"]["all"]) for name, v in result["variants"].items()]
+    n = len(grad)
+    fig = Figure(figsize=(7.2, 0.6 * n + 2.0), layout="constrained")
+    ax = fig.subplots()
+    y = list(range(n))[::-1]
+    bars = ax.barh(y, [r[1] for r in grad], color="C0")
+    ax.bar_label(bars, fmt="%.3g", padding=3, fontsize=8)
+    ax.set_yticks(y, [r[0] for r in grad], fontsize=8)
+    ax.axvline(1.0, color="k", ls="--", lw=1)
+    ax.set_xlim(0, max(1.15, 1.1 * max(r[1] for r in grad)))
+    ax.set_xlabel("gradient difference / batch-to-batch noise of one device (1.0: another batch)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(axis="x", alpha=0.3)
     save_figure(fig, path)
     return path
 

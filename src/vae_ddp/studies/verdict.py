@@ -1,7 +1,7 @@
 """The answer to the report, stated from the committed studies.
 
 ``verdict_box`` writes the Home page's first screen (a neutral Material ``!!! info``
-admonition), ``dp_table`` the table of which configuration has which factor and ``dp_lead``
+admonition: what the report saw, what training changes, what to change), ``dp_table`` the table of which configuration has which factor and ``dp_lead``
 the measured line above it, from:
 
 - ``docs/results/seeds-full/seeds.json`` (the seed study): its ``"verdict"`` object
@@ -11,7 +11,8 @@ the measured line above it, from:
 - ``docs/results/long-horizon/long-horizon.json`` when present (its ``"comparison"``: shared
   against independent reparameterization noise, per quantity);
 - ``docs/results/report-scale/report_scale.json`` when present (the report's scale, one
-  step): the logging row and the DP emulation's gradient ratio.
+  step): what logging does to the plotted KL and each factor's effect on the gradient (a bias
+  or a noise ratio, or only other luck: [`vae_ddp.harness.effect`][vae_ddp.harness.effect]).
 
 The words follow rules, one quantity at a time (``combine``, ``worst``): any study that
 finds a difference makes it "different"; else any "inconclusive" makes it "inconclusive";
@@ -35,9 +36,6 @@ UPSTREAM = "https://github.com/Lightning-AI/pytorch-lightning/issues/6789"
 #: The final quantities the studies compare, and the term (row of the box's table) of each.
 QUANTITIES = {"train_kl": ("KL", "training"), "val_kl": ("KL", "validation"),
               "train_recon_loss": ("reconstruction", "training"), "val_recon_loss": ("reconstruction", "validation")}
-
-#: The Home page's section with the DP/DDP table (its heading's anchor).
-DP_SECTION = "#dp-and-ddp-the-same-random-streams-different-curves"
 
 _ORDER = ("different", "inconclusive", "equivalent")
 
@@ -142,19 +140,35 @@ def _sd(study: dict, seeds: dict, lh: dict | None) -> str:
     return "one seed-to-seed standard deviation" if k == 1 else f"{k:g} seed-to-seed standard deviations"
 
 
+def adjusted_interval(c: dict, quantities: int = len(QUANTITIES)) -> tuple[float, float] | None:
+    """The interval of a paired difference that the verdict's correction allows: the
+    ``1 - 0.05 / quantities`` interval (98.75% for 4), Bonferroni's simultaneous interval, which
+    contains every Holm-adjusted decision (``c``: a comparison with ``diff``, ``std_diff``, ``df``;
+    None where it has none). Student's t with ``df`` degrees of freedom (``scipy.stats.t``)."""
+    if not all(k in c for k in ("diff", "std_diff", "df")):
+        return None
+    from scipy import stats
+
+    half = float(stats.t.ppf(1 - 0.05 / quantities / 2, c["df"])) * c["std_diff"] / (c["df"] + 1) ** 0.5
+    return c["diff"] - half, c["diff"] + half
+
+
 def _against(c: dict, sd: str) -> str:
-    """Where a difference lies against the study's margin: ``more than one seed-to-seed standard
-    deviation (0.00081 against ±0.00051)`` when its 95% CI lies wholly outside, ``less than``
-    when the equivalence test shows it inside, else ``not shown to be less than``."""
+    """Where a difference lies against the study's margin, by the interval the verdict's correction
+    allows (``adjusted_interval``; the 95% one where the comparison has no spread): ``more than one
+    seed-to-seed standard deviation (0.00081 against ±0.00051)`` when it lies wholly outside,
+    ``less than`` when the (Holm-adjusted) equivalence test shows it inside, else ``not shown to be
+    more or less than``."""
     m = c.get("margin")
     if m is None:
         return "against no stated margin"
-    if c.get("ci_low", 0) > m or c.get("ci_high", 0) < -m:
+    lo, hi = adjusted_interval(c) or (c.get("ci_low", 0), c.get("ci_high", 0))
+    if lo > m or hi < -m:
         rel = "more than"
     elif c.get("within_margin"):
         rel = "less than"
     else:
-        rel = "not shown to be less than"
+        rel = "not shown to be more or less than"
     return f"{rel} {sd} ({_n(c['diff'])} against ±{_n(m)})"
 
 
@@ -184,7 +198,7 @@ def _term_clause(term: str, qs: list[str], combined: dict[str, str], studies: li
     scope, sd_once = ("" if st["scope"] in said else st["scope"]), ("" if sd in said else sd)
     said.update({st["scope"], sd})
     if word == "different":
-        who = (f"alone, over {st['scope']}, it" if st["name"] == "long_horizon"
+        who = (f"alone ({_emulated(lh)}), over {st['scope']}, it" if st["name"] == "long_horizon"
                else f"with Lightning's defaults, over {st['scope']}, DDP")
         if "diff" not in c or not c.get("mean_b"):
             return f"{who} changes the final {term}{_which(qs, combined, word)}"
@@ -197,9 +211,21 @@ def _term_clause(term: str, qs: list[str], combined: dict[str, str], studies: li
             m = f", nor one shown smaller than ±{_n(c['margin'])}" + (f", {sd_once}" if sd_once else "")
         return (f"its effect on the {term}{_which(qs, combined, word)} is inconclusive ({scope + ': ' if scope else ''}"
                 f"no difference detected{m})")
-    margins = [s["cmp"][q]["margin"] for s in studies if "margin" in s["cmp"].get(q, {})]
-    m = f" within ±{_n(max(margins))}, {sd}" if margins else ""
+    margins = [(s["cmp"][q]["margin"], s["cmp"][q].get("mean_b")) for s in studies if "margin" in s["cmp"].get(q, {})]
+    m = ""
+    if margins:
+        margin, mean = max(margins)
+        m = f" within ±{_n(margin)}, {sd}" + (f" ({abs(margin / mean):.1%} of its value)" if mean else "")
     return f"the {term} matches one device's{m} ({' and '.join(s['scope'] for s in studies)})"
+
+
+def _emulated(lh: dict | None) -> str:
+    """How the long-horizon check trained, from its settings: ``one device emulating 2 ranks' shared
+    noise at a global batch of 16``."""
+    st = (lh or {}).get("settings", {})
+    how = (f"one device emulating {st['world_size']} ranks' shared noise" if st.get("devices") == 1 and st.get("world_size")
+           else "shared against independent noise")
+    return how + (f" at a global batch of {st['global_batch_size']}" if st.get("global_batch_size") else "")
 
 
 def _measured_on(seeds: dict, lh: dict | None) -> str:
@@ -226,7 +252,98 @@ def _terms(combined: dict[str, str]) -> dict[str, list[str]]:
     return terms
 
 
-def decide(seeds: dict, long_horizon: dict | None = None) -> dict[str, Any]:
+#: Each training factor's fix, as the report's script takes it (``examples/vae.py``'s flags; the
+#: names are ``vae_ddp.fixes`` exports, checked by tests/test_answer.py).
+FIXES = {"batchnorm": "GlobalSyncBatchNorm", "noise": "GlobalBatchNoise", "sampler": "GlobalBatchDistributedSampler"}
+
+
+def plotted_words(effect: dict) -> str:
+    """What logging rank 0's mean does to the logged curve against the global batch's, by rule, from
+    a [`decompose`][vae_ddp.harness.effect.decompose] result: a shift (the bias interval above 0), a
+    noisier or quieter curve (the noise ratio interval above or below 1), "not a shifted one" only
+    where the shift is shown below the margin (the bias interval's upper end below ``BIAS_MARGIN``)."""
+    from vae_ddp.harness.effect import BIAS_MARGIN
+
+    (b_lo, b_hi), (r_lo, r_hi) = effect["bias_ci"], effect["variance_ratio_ci"]
+    ratio = (f"{_g(effect['variance_ratio'])}x the variance of the global batch's, 95% interval "
+             f"{_n(r_lo)} to {_n(r_hi)}")
+    shifted = f"shifted by {_n(effect['bias'])} sd" if b_lo > 0 else ""
+    if r_lo > 1 or r_hi < 1:
+        noisy = f"a {'noisier' if r_lo > 1 else 'quieter'} curve ({ratio})"
+        if shifted:
+            return f"{noisy}, {shifted}"
+        if b_hi < BIAS_MARGIN:
+            return f"{noisy}, not a shifted one (a shift below {_n(b_hi)} sd)"
+        return f"{noisy}; a shift is neither detected nor excluded"
+    if shifted:
+        return f"a curve {shifted}"
+    if effect["kind"] == "same distribution":
+        return "the same curve up to other luck"
+    return "a curve this study cannot tell from the global batch's"
+
+
+def _step_clause(key: str, e: dict) -> str:
+    """One factor's one-step effect on the gradient, by rule: ``[BatchNorm statistics](...) shifts
+    DDP's gradient by 0.82 sd``, ``... makes it 1.3x as noisy``, ``... changes only the luck``."""
+    name = _factor(key)
+    if e["kind"] == "exact":
+        return f"{name} changes nothing"
+    if e["kind"] == "same distribution":
+        return f"{name} changes only the luck"
+    if e["kind"] == "inconclusive":
+        return f"{name} is not resolved"
+    parts = []
+    if e["bias_ci"][0] > 0:
+        parts.append(f"shifts DDP's gradient by {_n(e['bias'])} sd")
+    lo, hi = e["variance_ratio_ci"]
+    if lo > 1 or hi < 1:
+        parts.append(f"makes it {_n(e['variance_ratio'])}x as {'noisy' if lo > 1 else 'quiet'}" if parts else
+                     f"makes DDP's gradient {_n(e['variance_ratio'])}x as {'noisy' if lo > 1 else 'quiet'}")
+    return f"{name} {' and '.join(parts)}"
+
+
+def step_words(rs: dict | None) -> str:
+    """The report's scale in one clause, by rule, from ``report_scale.json``'s effects (empty where
+    it has none): ``at the report's scale (one step of the ResNet-18 VAE, 24 global batches of 256 = 2
+    x 128 from the same weights; sd: one device's step-to-step standard deviation), [BatchNorm
+    statistics](...) shifts DDP's gradient by 0.82 sd, ... and [Sampler and data order](...) changes
+    only the luck``; the factors that change what DDP trains first."""
+    if not rs:
+        return ""
+    from vae_ddp.studies.report_scale import FACTOR_VARIANTS, ranking
+
+    keys = {v: k for k, v in FACTOR_VARIANTS.items()}
+    rows = [r for r in ranking(rs) if r["variant"] in keys]
+    if not rows:
+        return ""
+    s = rs["settings"]
+    model = "ResNet-18 VAE" if s.get("model") == "resnet18" else f"{s.get('model')} VAE"
+    clauses = [_step_clause(keys[r["variant"]], rs["variants"][r["variant"]]["effect"]["gradient"]) for r in rows]
+    listed = ", ".join(clauses[:-1]) + (" and " if len(clauses) > 1 else "") + clauses[-1]
+    scale = ("at the report's scale (one step of the" if (s.get("model"), s["global_batch_size"]) == ("resnet18", 256)
+             else "in one step (the")
+    return (f"{scale} {model}, {s['effect_batches']} global batches of "
+            f"{s['global_batch_size']} = {s['world_size']} x {s['global_batch_size'] // s['world_size']} from the same "
+            f"weights; sd: one device's step-to-step standard deviation), {listed}")
+
+
+def _change(rs: dict | None) -> str:
+    """The box's third sentence: what to change in the report's script, the fixes of the factors the
+    report's scale shows changing what DDP trains (every training fix where it has no effects)."""
+    keys = list(FIXES)
+    if rs:
+        from vae_ddp.studies.report_scale import FACTOR_VARIANTS
+
+        measured = {k: rs["variants"].get(v, {}).get("effect") for k, v in FACTOR_VARIANTS.items()}
+        if any(measured.values()):
+            keys = [k for k in FIXES if (measured.get(k) or {}).get("kind") == "different"]
+    fixes = "".join(f", `{FIXES[k]}` for {_name(k)}" for k in keys)
+    return ("**What to change**: log with `sync_dist=True` for the curve" + fixes
+            + " ([the report's script with every change](scaling.md), which trains one device's weights on 2 "
+              "processes; [the recipe](recipe.md) explains each change).")
+
+
+def decide(seeds: dict, long_horizon: dict | None = None, report_scale: dict | None = None) -> dict[str, Any]:
     """What the studies support for DDP against one device, by rule (see ``combine``):
     ``{"kind", "title", "verdicts", "training", "scope"}``.
 
@@ -241,8 +358,10 @@ def decide(seeds: dict, long_horizon: dict | None = None) -> dict[str, Any]:
     terms = sorted(_terms(combined).items(), key=lambda t: _ORDER.index(worst([combined[q] for q in t[1]])))
     said: set[str] = set()
     clauses = [_term_clause(term, qs, combined, studies, seeds, long_horizon, said) for term, qs in terms]
-    training = (f"**What training changes**{_measured_on(seeds, long_horizon)}: by default every rank draws the same "
-                "reparameterization noise "
+    step = step_words(report_scale)
+    over = f"over whole trainings{_measured_on(seeds, long_horizon)}" if step else _measured_on(seeds, long_horizon)
+    training = ("**What training changes**" + (f": {step}; {over}, " if step else f"{over}: ")
+                + "by default every rank draws the same reparameterization noise "
                 f"({_factor('noise')}); " + "; ".join(clauses) + ".")
     title = {"different": "DDP plots rank 0's share of each batch, and Lightning's defaults change training",
              "inconclusive": "DDP plots rank 0's share of each batch; whether its training differs is inconclusive",
@@ -260,12 +379,15 @@ def _seen(rs: dict | None) -> str:
     if not rs or not rs.get("logging"):
         return head + f"rank 0's share of each batch, not the global batch {link}"
     s = rs["settings"]
+    share = f"rank 0's {s['global_batch_size'] // s['world_size']} of {s['global_batch_size']} samples"
+    where = "" if s.get("model") == "resnet18" else f" (measured with the {s.get('model')} VAE)"
+    plotted = rs["logging"].get("effect")
+    if plotted:
+        return (head + f"{share}: its KL is {plotted_words(plotted['kl'])}{where} " + link)
     sp = (rs.get("spread") or {}).get("kl_spread_ratio")
     jump = f" and {_g(sp)}x as spread" if sp else ""
-    where = "" if s.get("model") == "resnet18" else f" (measured with the {s.get('model')} VAE)"
-    return (head + f"rank 0's {s['global_batch_size'] // s['world_size']} of {s['global_batch_size']} samples, which "
-            f"alone puts its KL {_g(rs['logging']['kl_ratio'])}x a batch-to-batch change off the global batch's{jump}"
-            f"{where} " + link)
+    return (head + f"{share}, which alone puts its KL {_g(rs['logging']['kl_ratio'])}x a batch-to-batch change off "
+            f"the global batch's{jump}{where} " + link)
 
 
 def _training_words(seeds: dict, config: str, scope: bool = True, long_horizon: dict | None = None) -> str:
@@ -292,15 +414,6 @@ def _training_words(seeds: dict, config: str, scope: bool = True, long_horizon: 
     return f"matches one device in training{m}{f' ({where})' if where else ''}"
 
 
-def _dp(seeds: dict) -> str:
-    """Why DP looked like one device: the same random streams as DDP, by the seed study's words on
-    ``dp``; what each logged (the ``vae_ddp.dp`` docstring)."""
-    what = _training_words(seeds, "dp").replace("differs in training", "differs in training too", 1)
-    return (f"**Why DP looked like one device**: DP shares that default (every replica draws the same noise, "
-            f"[inferred](dataparallel.md)) and {what}, but it logged a replica's chunk of the *same* batches as one "
-            f"device, DDP's rank 0 its share of *other* batches ([DP and DDP]({DP_SECTION})).")
-
-
 def dp_lead(results: dict[str, dict | None]) -> str:
     """The measured line above ``dp_table``'s table: DP's and DDP's training against one device
     (the seed study's words; DDP's by the verdict box's rule, the long-horizon check included)
@@ -309,7 +422,9 @@ def dp_lead(results: dict[str, dict | None]) -> str:
     v = rs.get("variants", {})
     both = v.get("dp (emulation of Lightning 1.x DP)"), v.get("ddp, Lightning defaults")
     step = ""
-    if all(both):
+    if all(both) and all(e.get("effect") for e in both):
+        step = f"; one step at the report's scale: DP (emulation) {_step(both[0])}, DDP {_step(both[1])}"
+    elif all(both):
         step = (f"; one step at the report's scale moves DP's gradient {_g(both[0]['ratio_to_batch_noise']['all'])}x "
                 f"the batch-to-batch noise (emulation), DDP's {_g(both[1]['ratio_to_batch_noise']['all'])}x")
     scope = _scope(seeds["num_seeds"], seeds["settings"].get("steps"))
@@ -319,9 +434,22 @@ def dp_lead(results: dict[str, dict | None]) -> str:
         # DDP's words weigh the long-horizon check too, as the verdict box does: say so where it decides them
         also = (f" (with the [long-horizon check](is-it-a-bug.md#long-horizon-does-noise-shared-across-ranks-shift-"
                 f"the-kl), {_studies(seeds, lh)[-1]['scope']})")
+    dp_words, ddp_words = worst(list(combine(seeds, None, "dp").values())), worst(list(combine(seeds, lh).values()))
+    same = dp_words == ddp_words != "equivalent"
+    if all(both) and all(e.get("effect") for e in both):
+        same = same and both[0]["effect"]["gradient"]["kind"] == both[1]["effect"]["gradient"]["kind"]
+    closer = ". By these measures DP is no closer to one device than DDP" if same else ""
     return (f"Measured with Lightning's defaults ([seed study](is-it-a-bug.md#result-ten-seeds-of-each-configuration), "
             f"{scope}): DP {_training_words(seeds, 'dp', scope=False)}, and DDP "
-            f"{_training_words(seeds, 'ddp', scope=False, long_horizon=lh)}{also}{step}.\n")
+            f"{_training_words(seeds, 'ddp', scope=False, long_horizon=lh)}{also}{step}{closer}.\n")
+
+
+def _step(entry: dict) -> str:
+    """A report-scale variant's one-step effect on the gradient in words: ``trains another model:
+    bias 0.82 sd`` (``report_scale.effect_cell``)."""
+    from vae_ddp.studies.report_scale import effect_cell
+
+    return effect_cell(entry["effect"]["gradient"])
 
 
 def _cell(qs: list[str], verdicts: dict[str, str], cmp: dict) -> str:
@@ -329,8 +457,8 @@ def _cell(qs: list[str], verdicts: dict[str, str], cmp: dict) -> str:
     ws = [verdicts.get(q, "-") for q in qs]
     if len(set(ws)) == 1 and ws[0] != "different":
         return ws[0]
-    return ", ".join(f"{cmp[q]['diff'] / cmp[q]['mean_b']:+.1%}" if w == "different" and "diff" in cmp.get(q, {})
-                     else w for q, w in zip(qs, ws))
+    return ", ".join((f"{cmp[q]['diff'] / cmp[q]['mean_b']:+.1%}" + (" (within the margin)" if cmp[q].get("within_margin") else ""))
+                     if w == "different" and "diff" in cmp.get(q, {}) else w for q, w in zip(qs, ws))
 
 
 def _table(seeds: dict, lh: dict | None, combined: dict[str, str]) -> list[str]:
@@ -353,10 +481,18 @@ def verdict_box(results: dict[str, dict | None]) -> str:
     sentences (what the report saw, what training changes, why DP looked like one device), the
     table of each study's words, and a link to the change."""
     seeds, lh, rs = results["seeds"], results["long_horizon"], results["report_scale"]
-    d = decide(seeds, lh)
-    body = [" ".join([_seen(rs), d["training"], _dp(seeds)]), "", *_table(seeds, lh, d["verdicts"]), "",
-            "**The change**: one script with every change, below ([the recipe](recipe.md) explains each)."]
+    d = decide(seeds, lh, rs)
+    body = [" ".join([_seen(rs), d["training"], _change(rs)]), "", *_table(seeds, lh, d["verdicts"]), "",
+            _equivalent_means(seeds, lh, d["verdicts"])]
     return f'!!! info "{d["title"]}"\n\n' + "\n".join(("    " + ln) if ln else "" for ln in body) + "\n"
+
+
+def _equivalent_means(seeds: dict, lh: dict | None, combined: dict[str, str]) -> str:
+    """The line under the box's table: what its words mean (each study's margin, in the reader's terms)."""
+    sd = _sd({"name": "seeds"}, seeds, lh)
+    return (f"*equivalent*: the difference is shown to lie within the margin, {sd} (an equivalence test at 5%, "
+            "Holm-adjusted over the quantities); *different*: a difference is detected at 5%; *inconclusive*: neither. "
+            "A percentage is DDP's difference from one device's final value.")
 
 
 def _name(key: str) -> str:
@@ -381,6 +517,8 @@ def dp_table(results: dict[str, dict | None]) -> str:
 
     def ratio(name: str) -> str:
         e = v.get(name)
+        if e and e.get("effect"):
+            return f" (one step: {_step(e)}, [report scale](#the-reports-scale))"
         return f" (one step: {_g(e['ratio_to_batch_noise']['all'])}x batch noise, [report scale](#the-reports-scale))" if e else ""
 
     dp_note = "inferred: [DP emulation](dataparallel.md), not observed on GPUs here"
@@ -406,7 +544,11 @@ def dp_table(results: dict[str, dict | None]) -> str:
          "the same, on the all-reduced gradient (measured: " + _page_link("optimizer") + ")"),
     ]
     both = v.get("dp (emulation of Lightning 1.x DP)"), v.get("ddp, Lightning defaults")
-    if all(both):
+    if all(both) and all(e.get("effect") for e in both):
+        rows.append(("All together: one step's gradient vs one device's", "-",
+                     f"{_step(both[0])} (DP emulation, [report scale](#the-reports-scale))",
+                     f"{_step(both[1])} ([report scale](#the-reports-scale))"))
+    elif all(both):
         rows.append(("All together: one step's gradient vs one device's on the same batch", "-",
                      f"{_g(both[0]['ratio_to_batch_noise']['all'])}x batch noise (DP emulation, "
                      "[report scale](#the-reports-scale))",
