@@ -50,7 +50,8 @@ def test_report_scale_reduced(generated):
         assert v[name]["ratio_to_batch_noise"]["all"] > 10 * floor, name
     assert r["batch_noise"]["all"] > 0 and r["grad_norm"]["all"] > r["batch_noise"]["all"] / 10
     lg = r["logging"]
-    assert lg["batches"] == r["settings"]["grad_steps"] + r["settings"]["spread_batches"]
+    st = r["settings"]  # logging reads every step's global batch: the gradient or effect steps, then the spread's
+    assert lg["batches"] == max(st["grad_steps"], st["effect_batches"]) + st["spread_batches"]
     assert all(a != b for a, b in zip(lg["logged_kl"], lg["global_kl"]))  # rank 0's half is not the batch
     assert r["spread"]["relvar_kl"] > r["spread"]["relvar_recon"]  # the one-sample KL estimate is noisier
     # the effects: every variant on every quantity, over the effect batches; the floor is float32's rounding

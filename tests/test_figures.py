@@ -98,11 +98,21 @@ def test_report_scale_figure(tmp_path, captured):
     plot(r, tmp_path / "f.png")
     fig = _single(captured)
     check_readable(fig)
-    ax = fig.axes[0]
-    assert ax.get_xscale() == "linear"  # 0.427 and 0.815 must look as different as they are
-    assert any(list(line.get_xdata()) == [1.0, 1.0] and "noise" in line.get_label() for line in ax.lines)
-    labels = [c.get_label() for c in ax.containers]
-    assert len(labels) == 2 and all(not x.startswith("_") for x in labels)  # one entry per kind of bar
+    bias, ratio = fig.axes
+    assert bias.get_xscale() == ratio.get_xscale() == "linear"  # 0.6x and 2.9x must look as different as they are
+    assert "bias" in bias.get_xlabel() and "noise ratio" in ratio.get_xlabel()
+    # every measured variant is a row, its estimate a dot inside its interval on both panels
+    measured = [v["effect"]["gradient"] for v in r["variants"].values() if v.get("effect")]
+    assert len(bias.get_yticklabels()) == len(measured)
+    for ax, key in ((bias, "bias"), (ratio, "variance_ratio")):
+        dots = sorted(line.get_xdata()[0] for line in ax.lines if line.get_marker() == "o")
+        assert dots == pytest.approx(sorted(e[key] for e in measured))
+    # the margins of 'other luck only' are shaded: [0, 0.5] sd of bias, [0.5, 2] of the noise ratio
+    from vae_ddp.harness import effect as stats
+
+    spans = [(round(p.get_x(), 6), round(p.get_x() + p.get_width(), 6)) for p in ratio.patches]
+    assert (round(1 / stats.RATIO_MARGIN, 6), round(stats.RATIO_MARGIN, 6)) in spans
+    assert any(list(line.get_xdata()) == [1, 1] for line in ratio.lines)  # no change: a noise ratio of 1
 
 
 def _runs(configs, seeds=3, steps=20):

@@ -21,32 +21,41 @@ YLABELS = {"loss": "loss (reconstruction + KL term)", "kl": "KL x kl_coeff (batc
 
 
 def plot_curves(series: Iterable[tuple[str, list[dict], list[dict]]], path: Path, title: str = "") -> Path:
-    """One panel per metric; each series is ``(label, train_records, val_records)``.
-    Train curves are lines, validation points are markers on the same colour; the legend,
-    below the panels, says that validation is computed in eval mode (BatchNorm running
-    statistics), which is why its points can lie far from the training curve."""
+    """One column per metric; each series is ``(label, train_records, val_records)``. Training
+    curves (lines) in the top row, validation points (markers) in the bottom row, each row with its
+    own scale, so that validation, computed in eval mode with BatchNorm's running statistics and
+    often far from training early on, does not squeeze the training curves; the legend, below the
+    panels, says so."""
     series = list(series)
-    fig = Figure(figsize=(14, 4.6), layout="constrained")
-    axes = fig.subplots(1, 3)
+    has_val = any(val for _, _, val in series)
+    fig = Figure(figsize=(10, 6.4 if has_val else 3.8), layout="constrained")
+    grid = fig.subplots(2 if has_val else 1, 3, sharex=True, squeeze=False)
     for i, (label, train, val) in enumerate(series):
         color = f"C{i}"
-        for ax, m in zip(axes, METRICS):
-            ax.plot([r["step"] for r in train], [r[m] for r in train], color=color, lw=1.2,
-                    label=f"{label}: train (batch statistics)")
+        for j, m in enumerate(METRICS):
+            grid[0][j].plot([r["step"] for r in train], [r[m] for r in train], color=color, lw=1.2,
+                            label=f"{label}: train (batch statistics)")
             if val:
-                ax.plot([r["step"] for r in val], [r[m] for r in val], "o--", color=color, ms=4,
-                        label=f"{label}: validation (eval mode, BatchNorm running statistics)")
-    for ax, m in zip(axes, METRICS):
-        ax.set_title(TITLES[m])
-        ax.set_xlabel("optimizer step")
-        ax.set_ylabel(YLABELS[m])
-        ax.grid(alpha=0.3)
-    handles, labels = axes[0].get_legend_handles_labels()
+                grid[1][j].plot([r["step"] for r in val], [r[m] for r in val], "o--", color=color, ms=4,
+                                label=f"{label}: validation (eval mode, BatchNorm running statistics)")
+    for row, name in zip(grid, ("training", "validation")):
+        for ax, m in zip(row, METRICS):
+            ax.set_title(f"{TITLES[m]}, {name}", fontsize=9)
+            ax.set_ylabel(YLABELS[m], fontsize=8)
+            ax.tick_params(labelsize=8)
+            ax.grid(alpha=0.3)
+    for ax in grid.flat:
+        ax.set_xlabel("optimizer step", fontsize=8)
+    handles, labels = [], []
+    for row in grid:
+        h, lab = row[0].get_legend_handles_labels()
+        handles += h
+        labels += lab
     if handles:
         fig.legend(handles, labels, loc="outside lower center", ncols=max(1, len(series)), fontsize=8,
-                   title=VAL_NOTE, title_fontsize=8)
+                   title=VAL_NOTE if has_val else None, title_fontsize=8)
     if title:
-        fig.suptitle(title)
+        fig.suptitle(title, fontsize=10)
     from vae_ddp.outputs import save_figure
 
     save_figure(fig, path)

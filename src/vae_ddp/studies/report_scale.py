@@ -518,6 +518,8 @@ def command_md(result: dict, out: Path) -> str:
                 if s["data"] == "imagefolder" else "# DIR: where torchvision keeps CIFAR-10\n")
     words += ["--model", s["model"], "--global_batch_size", str(s["global_batch_size"]), "--devices",
               str(s["world_size"]), "--grad_steps", str(s["grad_steps"]), "--spread_batches", str(s["spread_batches"])]
+    if s.get("effect_batches"):
+        words += ["--effect_batches", str(s["effect_batches"])]
     if s.get("max_samples"):
         words += ["--max_samples", str(s["max_samples"])]
     if s["variants"] != list(VARIANTS):
@@ -728,7 +730,7 @@ def plot(result: dict, path: Path) -> Path:
     from vae_ddp.outputs import save_figure
 
     s = result["settings"]
-    title = (f"One step from the same weights: {s['model']} VAE, {s['data']}, global batch {s['global_batch_size']} "
+    title = (f"One step from the same weights:\n{s['model']} VAE, {s['data']}, global batch {s['global_batch_size']} "
              f"({s['world_size']} ranks x {s['global_batch_size'] // s['world_size']})")
     measured = [(f"{VARIANTS[n][2] if n in VARIANTS else v['factor']}", v["effect"]["gradient"])
                 for n, v in result["variants"].items() if v.get("effect")]
@@ -753,6 +755,8 @@ def plot(result: dict, path: Path) -> Path:
         axb.set_yticks(y, [m[0] for m in measured], fontsize=8)
         axb.set_xlabel("bias of DDP's gradient\n(one device's step-to-step sd)", fontsize=8)
         axr.set_xlabel("noise ratio: DDP's variance\nover one device's", fontsize=8)
+        axb.set_ylabel("factor left as Lightning's default", fontsize=8)
+        axr.set_ylabel("factor (the rows on the left)", fontsize=8)
         axb.legend(loc="lower right", fontsize=7)
         fig.suptitle(title + f",\n{s['effect_batches']} global batches; dots: estimate, lines: "
                      f"{stats.CONFIDENCE:.0%} interval", fontsize=9)
