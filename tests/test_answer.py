@@ -216,9 +216,9 @@ RS = {"settings": {"model": "resnet18", "world_size": 2, "global_batch_size": 25
 
 
 def _prose(box: str) -> str:
-    """The box's text before its table: its sentences."""
+    """The box's text (before a table, where it has one): its sentences."""
     body = box.split("\n", 2)[2]
-    return body[:body.index("    |")]
+    return body[:body.index("    |")] if "    |" in body else body
 
 
 def _sentences(text: str) -> int:
@@ -249,21 +249,24 @@ def test_verdict_rule_per_quantity():
 def test_verdict_inconclusive_long_horizon_never_says_matches():
     """The seed study says "equivalent" everywhere, the long-horizon check "inconclusive" for the
     KL: the KL is inconclusive, and nothing outside the seed study's own cell says it matches."""
-    from vae_ddp.studies.verdict import decide, verdict_box
+    from vae_ddp.studies.verdict import decide, verdict_box, verdict_table
 
     lh = _lh({"train_kl": "inconclusive", "val_kl": "inconclusive", "train_recon_loss": "equivalent",
               "val_recon_loss": "equivalent"})
     d = decide(_seeds(), lh)
     assert d["kind"] == "inconclusive" and d["verdicts"]["train_kl"] == "inconclusive"
     box = verdict_box({"seeds": _seeds(), "long_horizon": lh, "report_scale": RS})
+    table = verdict_table({"seeds": _seeds(), "long_horizon": lh, "report_scale": RS})
     words = (d["title"] + " " + d["training"]).lower()
-    assert "inconclusive" in d["title"] and "its effect on the kl is inconclusive" in words, words
+    # the long-horizon check is named for what it trains: one factor alone, not DDP against one device
+    assert "inconclusive" in d["title"] and "random streams per rank](factors/noise.md) alone on the kl is inconclusive" \
+        in words, words
     assert "±0.05" in d["training"]  # what "inconclusive" means: not shown within the margin
     kl = next(c for c in d["training"].split(";") if "KL" in c)
     for word in ("match", "equivalent", "not a bug", "same as one device"):
         assert word not in kl.lower() and word not in d["title"].lower(), (word, d)
-    assert "not a bug" not in box.lower()
-    row = next(ln for ln in box.splitlines() if ln.strip().startswith("| KL |"))
+    assert "not a bug" not in box.lower() and "not a bug" not in table.lower()
+    row = next(ln for ln in table.splitlines() if ln.strip().startswith("| KL |"))
     assert row.strip().startswith("| KL | **inconclusive** |"), row
     # p-values alone never show equivalence either
     d = decide(_seeds(p=0.4))
@@ -271,7 +274,7 @@ def test_verdict_inconclusive_long_horizon_never_says_matches():
 
 
 def test_verdict_difference_is_stated_with_its_size_against_the_margin():
-    from vae_ddp.studies.verdict import decide, verdict_box
+    from vae_ddp.studies.verdict import decide, verdict_table
 
     # larger than the margin: the 95% CI lies wholly above it (the committed long-horizon case)
     big = _cmp("different", 0.00081, mean_b=0.0427, margin=0.00051, ci=(0.00055, 0.0011))
@@ -290,8 +293,12 @@ def test_verdict_difference_is_stated_with_its_size_against_the_margin():
     assert ("with Lightning's defaults, over 10 seeds x 150 steps, DDP lowers the final training reconstruction "
             "by 2.0%") in d["training"], d["training"]
     assert "less than one seed-to-seed standard deviation (0.02 against ±0.1)" in d["training"]
-    box = verdict_box({"seeds": seeds, "long_horizon": None, "report_scale": None})
-    assert "| reconstruction | **different** | -2.0% (within the margin), equivalent |" in box, box
+    table = verdict_table({"seeds": seeds, "long_horizon": None, "report_scale": None})
+    assert "| reconstruction | **different** | -2.0% (within the margin), equivalent |" in table, table
+    both = _seeds({"ddp": {"train_kl": "equivalent", "val_kl": "equivalent", "train_recon_loss": "different",
+                           "val_recon_loss": "different"}}, train_recon_loss=-0.02, val_recon_loss=-0.02)
+    table = verdict_table({"seeds": both, "long_horizon": None, "report_scale": None})
+    assert "| reconstruction | **different** | -2.0%, -2.0% (within the margin) |" in table, table
 
 
 def test_verdict_all_equivalent_says_matches_within_the_margin():
@@ -310,7 +317,7 @@ def test_verdict_all_equivalent_says_matches_within_the_margin():
 def test_verdict_box_shape():
     """A neutral admonition; three sentences (what the report saw, what training changes, why DP
     looked like one device) before a small table; the change one click away, no code block."""
-    from vae_ddp.studies.verdict import UPSTREAM, verdict_box
+    from vae_ddp.studies.verdict import UPSTREAM, verdict_box, verdict_table
 
     lh = _lh({"train_kl": "inconclusive", "val_kl": "inconclusive", "train_recon_loss": "different",
               "val_recon_loss": "different"})
@@ -326,10 +333,13 @@ def test_verdict_box_shape():
         assert ["**What the report saw**", "**What training changes**", "**What to change**"] == \
             re.findall(r"\*\*[^*]+\*\*", prose)[:3]
         assert "```" not in box and "self." not in box
-        assert "[the recipe](recipe.md)" in box and "is-it-a-bug.md" in box and "factors/noise.md" in box
+        assert "[the recipe](recipe.md)" in box and "factors/noise.md" in box
         assert UPSTREAM in box and "sync_dist=True" in box and "factors/logging.md" in box
-        table = [ln for ln in box.splitlines() if ln.startswith("    |")]
-        assert 3 <= len(table) <= 4, table
+        assert "|" not in box  # the table is under the box (a phone's width holds the box's prose)
+        table = verdict_table({"seeds": seeds, "long_horizon": lh_, "report_scale": rs})
+        rows = [ln for ln in table.splitlines() if ln.startswith("|")]
+        assert 3 <= len(rows) <= 4 and "is-it-a-bug.md" in table, table
+        assert len(rows[0].split("|")) - 2 <= 4  # columns: term, verdict and one per study
     # the logging row of the report's scale gives the first sentence its sizes
     box = verdict_box({"seeds": _seeds(), "long_horizon": None, "report_scale": RS})
     assert "rank 0's 128 of 256 samples" in box and "0.700x a batch-to-batch change" in box and "1.40x as spread" in box
@@ -374,6 +384,7 @@ def test_home_verdict_is_generated_from_the_committed_results(generated):
         dp_table,
         load,
         verdict_box,
+        verdict_table,
         worst,
     )
 
@@ -383,21 +394,24 @@ def test_home_verdict_is_generated_from_the_committed_results(generated):
     gen = ROOT / "docs" / "generated" / "home_verdict"
     box = (gen / "output.md").read_text()
     assert box.rstrip() == verdict_box(results).rstrip()
+    assert (gen / "verdict_table.md").read_text() == verdict_table(results)
     assert (gen / "dp_lead.md").read_text() == dp_lead(results)
     assert (gen / "dp_table.md").read_text() == dp_table(results)
     lh = results["long_horizon"]
     for q, word in decision["verdicts"].items():
         words = [results["seeds"]["verdict"]["ddp"][q]] + ([lh["comparison"][q]["verdict"]] if lh else [])
         assert word == worst(words), (q, words)
+    table = (gen / "verdict_table.md").read_text()
     for term in ("KL", "reconstruction"):
-        row = next(ln for ln in box.splitlines() if ln.strip().startswith(f"| {term} |"))
+        row = next(ln for ln in table.splitlines() if ln.strip().startswith(f"| {term} |"))
         word = worst([decision["verdicts"][q] for q in QUANTITIES if QUANTITIES[q][0] == term])
         assert row.strip().startswith(f"| {term} | **{word}** |"), row
     assert box.startswith("!!! info ") and _sentences(_prose(box)) <= 3 and "```" not in box
     if decision["verdicts"]["train_kl"] != "equivalent":
         assert "match" not in decision["title"] and "the KL matches" not in decision["training"]
-    if lh and lh["comparison"]["train_recon_loss"]["verdict"] == "different":
-        c = lh["comparison"]["train_recon_loss"]
+    # a difference DDP shows against one device is stated with its size against the margin
+    if results["seeds"]["verdict"]["ddp"]["train_recon_loss"] == "different":
+        c = results["seeds"]["summary"]["ddp"]["train_recon_loss"]["vs_single"]
         assert f"{abs(c['diff']):.2g} against ±{c['margin']:.2g}" in box
         assert f"{abs(c['diff'] / c['mean_b']):.1%}" in box
     rs = results["report_scale"]
@@ -485,8 +499,8 @@ def test_effect_cells_word_the_kind_and_what_was_detected():
     assert effect_cell(dict(_effect(), kind="exact")) == "the same step"
     assert logging_cell(noise) == "noisier 1.9x" and logging_cell(bias) == "shifted 0.82 sd"
     assert _step_clause("batchnorm", bias).endswith("shifts DDP's gradient by 0.82 sd")
-    assert _step_clause("noise", noise).endswith("makes DDP's gradient 1.9x as noisy")
-    assert _step_clause("noise", both).endswith("shifts DDP's gradient by 0.82 sd and makes it 1.9x as noisy")
+    assert _step_clause("noise", noise).endswith("gives DDP's gradient 1.9x one device's variance")
+    assert _step_clause("noise", both).endswith("shifts DDP's gradient by 0.82 sd and 1.9x its variance")
     assert _step_clause("sampler", _effect()).endswith("changes only the luck")
     assert _step_clause("sampler", _effect(ratio_ci=(0.3, 3.0))).endswith("is not resolved")
 

@@ -82,3 +82,33 @@ def test_report_scale_names_each_factor_as_the_registry_does():
 
     for key, variant in FACTOR_VARIANTS.items():
         assert VARIANTS[variant][2] == registry.get(key).name, (key, VARIANTS[variant])
+
+
+#: mkdocs.yml's factor groups, by what the report-scale study measures of each factor's one step
+GROUPS = {"different": "Change what DDP trains", "same distribution": "Change only the luck",
+          "logging": "Change only the plot", None: "Not a cause at equal per-device batches"}
+
+
+def test_nav_groups_the_factors_by_their_measured_kind():
+    """The nav says which factors change what DDP trains, which only the luck or the plot, and
+    which are no cause at equal per-device batches: each factor page sits under the group that the
+    committed report-scale study's kind on the gradient names (logging: the plotted value; a factor
+    the study does not isolate: no cause)."""
+    import json
+
+    from vae_ddp.studies.report_scale import factor_effects
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_multi_constructor("!", lambda loader, suffix, node: None)
+    nav = yaml.load((ROOT / "mkdocs.yml").read_text(), Loader=Loader)["nav"]
+    factors = next(item["The factors"] for item in nav if isinstance(item, dict) and "The factors" in item)
+    group_of = {page: title for group in factors for title, pages in group.items()
+                for entry in pages for page in entry.values()}
+    rs = json.loads((ROOT / "docs" / "results" / "report-scale" / "report_scale.json").read_text())
+    effects = factor_effects(rs)
+    for f in registry.factors():
+        e = effects.get(f.key)
+        kind = "logging" if f.key == "logging" else (e["gradient"]["kind"] if e else None)
+        assert group_of.get(f.page) == GROUPS[kind], (f.key, kind, group_of.get(f.page))

@@ -28,7 +28,7 @@ from vae_ddp.fixes.factor import HOOKS, Factor, Finding, FixParts, Seen, factors
 __all__ = ["Factor", "FixParts", "Finding", "Seen", "HOOKS", "factors", "get", "register", "unregister", "exposures",
            "switches", "audit_fixable", "audit_parts", "watchers"]
 
-#: the fix modules that declare the six factors, in the order of the docs
+#: the fix modules that declare the factors, in the order of the docs
 MODULES = (noise, batchnorm, sampler, item_count, evaluation, optimizer)
 for _module in MODULES:
     register(_module.FACTOR)

@@ -173,9 +173,10 @@ def _against(c: dict, sd: str) -> str:
 
 
 def _pick(study_list: list[dict], qs: list[str], word: str) -> tuple[dict, str] | None:
-    """The study and quantity that say ``word`` for one of ``qs``: the long-horizon check first
-    (it isolates the noise), the training quantity first."""
-    for st in sorted(study_list, key=lambda s: s["name"] != "long_horizon"):
+    """The study and quantity that say ``word`` for one of ``qs``: the seed study first (DDP against
+    one device, the reader's question; the long-horizon check isolates one factor), the training
+    quantity first."""
+    for st in sorted(study_list, key=lambda s: s["name"] != "seeds"):
         for q in qs:
             if st["verdicts"].get(q) == word:
                 return st, q
@@ -208,8 +209,9 @@ def _term_clause(term: str, qs: list[str], combined: dict[str, str], studies: li
     if word == "inconclusive":
         m = ""
         if "margin" in c:
-            m = f", nor one shown smaller than ±{_n(c['margin'])}" + (f", {sd_once}" if sd_once else "")
-        return (f"its effect on the {term}{_which(qs, combined, word)} is inconclusive ({scope + ': ' if scope else ''}"
+            m = f", nor shown within the margin of ±{_n(c['margin'])}" + (f", {sd_once}" if sd_once else "")
+        whose = (f"the effect of {_factor('noise')} alone on the" if st["name"] == "long_horizon" else "its effect on the")
+        return (f"{whose} {term}{_which(qs, combined, word)} is inconclusive ({scope + ': ' if scope else ''}"
                 f"no difference detected{m})")
     margins = [(s["cmp"][q]["margin"], s["cmp"][q].get("mean_b")) for s in studies if "margin" in s["cmp"].get(q, {})]
     m = ""
@@ -284,7 +286,8 @@ def plotted_words(effect: dict) -> str:
 
 def _step_clause(key: str, e: dict) -> str:
     """One factor's one-step effect on the gradient, by rule: ``[BatchNorm statistics](...) shifts
-    DDP's gradient by 0.82 sd``, ``... makes it 1.3x as noisy``, ``... changes only the luck``."""
+    DDP's gradient by 0.82 sd``, ``... gives DDP's gradient 1.3x one device's variance``, ``... changes
+    only the luck``."""
     name = _factor(key)
     if e["kind"] == "exact":
         return f"{name} changes nothing"
@@ -297,8 +300,8 @@ def _step_clause(key: str, e: dict) -> str:
         parts.append(f"shifts DDP's gradient by {_n(e['bias'])} sd")
     lo, hi = e["variance_ratio_ci"]
     if lo > 1 or hi < 1:
-        parts.append(f"makes it {_n(e['variance_ratio'])}x as {'noisy' if lo > 1 else 'quiet'}" if parts else
-                     f"makes DDP's gradient {_n(e['variance_ratio'])}x as {'noisy' if lo > 1 else 'quiet'}")
+        parts.append(f"{_n(e['variance_ratio'])}x its variance" if parts else
+                     f"gives DDP's gradient {_n(e['variance_ratio'])}x one device's variance")
     return f"{name} {' and '.join(parts)}"
 
 
@@ -322,9 +325,10 @@ def step_words(rs: dict | None) -> str:
     listed = ", ".join(clauses[:-1]) + (" and " if len(clauses) > 1 else "") + clauses[-1]
     scale = ("at the report's scale (one step of the" if (s.get("model"), s["global_batch_size"]) == ("resnet18", 256)
              else "in one step (the")
+    sd = "; sd: one device's step-to-step standard deviation" if " sd" in listed else ""
     return (f"{scale} {model}, {s['effect_batches']} global batches of "
             f"{s['global_batch_size']} = {s['world_size']} x {s['global_batch_size'] // s['world_size']} from the same "
-            f"weights; sd: one device's step-to-step standard deviation), {listed}")
+            f"weights{sd}), {listed}")
 
 
 def _change(rs: dict | None) -> str:
@@ -360,9 +364,10 @@ def decide(seeds: dict, long_horizon: dict | None = None, report_scale: dict | N
     clauses = [_term_clause(term, qs, combined, studies, seeds, long_horizon, said) for term, qs in terms]
     step = step_words(report_scale)
     over = f"over whole trainings{_measured_on(seeds, long_horizon)}" if step else _measured_on(seeds, long_horizon)
-    training = ("**What training changes**" + (f": {step}; {over}, " if step else f"{over}: ")
-                + "by default every rank draws the same reparameterization noise "
-                f"({_factor('noise')}); " + "; ".join(clauses) + ".")
+    noise = ("" if step else "by default every rank draws the same reparameterization noise "
+             f"({_factor('noise')}); ")
+    training = ("**What training changes**" + (f": {step}; {over}: " if step else f"{over}: ")
+                + noise + "; ".join(clauses) + ".")
     title = {"different": "DDP plots rank 0's share of each batch, and Lightning's defaults change training",
              "inconclusive": "DDP plots rank 0's share of each batch; whether its training differs is inconclusive",
              "equivalent": "DDP plots rank 0's share of each batch; its training matches one device within the margin",
@@ -383,7 +388,11 @@ def _seen(rs: dict | None) -> str:
     where = "" if s.get("model") == "resnet18" else f" (measured with the {s.get('model')} VAE)"
     plotted = rs["logging"].get("effect")
     if plotted:
-        return (head + f"{share}: its KL is {plotted_words(plotted['kl'])}{where} " + link)
+        names = {"kl": "KL", "reconstruction": "reconstruction"}
+        terms = sorted((q for q in names if q in plotted), key=lambda q: plotted[q]["kind"] == "inconclusive")
+        said = "; ".join(f"its {names[q]} {'is ' if i == 0 else ''}{plotted_words(plotted[q])}"
+                         for i, q in enumerate(terms))
+        return head + f"{share}: {said}{where} " + link
     sp = (rs.get("spread") or {}).get("kl_spread_ratio")
     jump = f" and {_g(sp)}x as spread" if sp else ""
     return (head + f"{share}, which alone puts its KL {_g(rs['logging']['kl_ratio'])}x a batch-to-batch change off "
@@ -457,18 +466,28 @@ def _cell(qs: list[str], verdicts: dict[str, str], cmp: dict) -> str:
     ws = [verdicts.get(q, "-") for q in qs]
     if len(set(ws)) == 1 and ws[0] != "different":
         return ws[0]
+    if all(w == "different" and cmp.get(q, {}).get("within_margin") and "diff" in cmp[q] for q, w in zip(qs, ws)):
+        return ", ".join(f"{cmp[q]['diff'] / cmp[q]['mean_b']:+.1%}" for q in qs) + " (within the margin)"
     return ", ".join((f"{cmp[q]['diff'] / cmp[q]['mean_b']:+.1%}" + (" (within the margin)" if cmp[q].get("within_margin") else ""))
                      if w == "different" and "diff" in cmp.get(q, {}) else w for q, w in zip(qs, ws))
+
+
+STUDY_NAMES = {"seeds": ("DDP vs one device", "is-it-a-bug.md#result-ten-seeds-of-each-configuration"),
+               "long_horizon": ("shared noise alone",
+                                "is-it-a-bug.md#long-horizon-does-noise-shared-across-ranks-shift-the-kl")}
+
+
+def _study_link(name: str) -> str:
+    """``[DDP vs one device](is-it-a-bug.md#...)``: a study's column head, a link to its section."""
+    words, page = STUDY_NAMES[name]
+    return f"[{words}]({page})"
 
 
 def _table(seeds: dict, lh: dict | None, combined: dict[str, str]) -> list[str]:
     """The combined verdict per term, then each study's words (Markdown table rows; the verdict
     second, so that it stays on a phone's screen)."""
     studies = _studies(seeds, lh)
-    names = {"seeds": "[DDP vs one device](is-it-a-bug.md#result-ten-seeds-of-each-configuration)",
-             "long_horizon": "[shared vs independent noise]"
-                             "(is-it-a-bug.md#long-horizon-does-noise-shared-across-ranks-shift-the-kl)"}
-    head = ["final value (training, validation)", "verdict"] + [f"{names[s['name']]}, {s['scope']}" for s in studies]
+    head = ["final (training, validation)", "verdict"] + [_study_link(s["name"]) for s in studies]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for term, qs in _terms(combined).items():
         cells = [_cell(qs, s["verdicts"], s["cmp"]) for s in studies]
@@ -478,19 +497,28 @@ def _table(seeds: dict, lh: dict | None, combined: dict[str, str]) -> list[str]:
 
 def verdict_box(results: dict[str, dict | None]) -> str:
     """The Home page's verdict admonition (Markdown, a neutral Material ``!!! info``): three
-    sentences (what the report saw, what training changes, why DP looked like one device), the
-    table of each study's words, and a link to the change."""
+    sentences (what the report saw, what training changes, what to change), with links to the
+    studies; each study's words per term are ``verdict_table``'s, under the box."""
     seeds, lh, rs = results["seeds"], results["long_horizon"], results["report_scale"]
     d = decide(seeds, lh, rs)
-    body = [" ".join([_seen(rs), d["training"], _change(rs)]), "", *_table(seeds, lh, d["verdicts"]), "",
-            _equivalent_means(seeds, lh, d["verdicts"])]
-    return f'!!! info "{d["title"]}"\n\n' + "\n".join(("    " + ln) if ln else "" for ln in body) + "\n"
+    body = " ".join([_seen(rs), d["training"], _change(rs)])
+    return f'!!! info "{d["title"]}"\n\n    {body}\n'
+
+
+def verdict_table(results: dict[str, dict | None]) -> str:
+    """The table under Home's verdict box (Markdown): each term's combined verdict and each study's
+    words, then what the words mean."""
+    seeds, lh = results["seeds"], results["long_horizon"]
+    verdicts = combine(seeds, lh, "ddp")
+    return "\n".join([*_table(seeds, lh, verdicts), "", _equivalent_means(seeds, lh, verdicts)]) + "\n"
 
 
 def _equivalent_means(seeds: dict, lh: dict | None, combined: dict[str, str]) -> str:
     """The line under the box's table: what its words mean (each study's margin, in the reader's terms)."""
     sd = _sd({"name": "seeds"}, seeds, lh)
-    return (f"*equivalent*: the difference is shown to lie within the margin, {sd} (an equivalence test at 5%, "
+    runs = "; ".join(f"{STUDY_NAMES[s['name']][0]}: {s['scope']}" for s in _studies(seeds, lh))
+    return (f"{runs[0].upper() + runs[1:]}{f' ({_emulated(lh)})' if lh else ''}. "
+            f"*equivalent*: the difference is shown to lie within the margin, {sd} (an equivalence test at 5%, "
             "Holm-adjusted over the quantities); *different*: a difference is detected at 5%; *inconclusive*: neither. "
             "A percentage is DDP's difference from one device's final value.")
 
