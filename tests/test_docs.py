@@ -680,6 +680,23 @@ def test_verdict_box_on_the_first_screen(server, browser):
     page.close()
 
 
+def test_verdict_fits_a_phone(server, browser):
+    """At a phone's width (390 x 844) the verdict box and the table of each study's words under it
+    are read without scrolling sideways: nothing in them is wider than the column."""
+    page = browser.new_page(viewport={"width": 390, "height": 844})
+    page.goto(server + "/", wait_until="networkidle")
+    box = page.locator("article .admonition").first
+    assert box.is_visible()
+    assert box.evaluate("e => e.scrollWidth <= e.clientWidth + 1"), "the verdict box scrolls sideways at 390 px"
+    bb = box.bounding_box()
+    assert bb is not None and bb["x"] >= 0 and bb["x"] + bb["width"] <= 390, f"verdict box at {bb}"
+    wrap = page.locator("article .admonition ~ .md-typeset__scrollwrap").first
+    sizes = wrap.evaluate("e => { const t = e.querySelector('.md-typeset__table') || e; "
+                          "return [t.scrollWidth, e.clientWidth, e.innerText.slice(0, 40)]; }")
+    assert "verdict" in sizes[2] and sizes[0] <= sizes[1] + 1, f"the verdict table is {sizes[0]} px in {sizes[1]} px"
+    page.close()
+
+
 def test_search_finds_syncbatchnorm(server, browser):
     """Material's search box finds SyncBatchNorm (the search index and its worker work)."""
     page = browser.new_page()

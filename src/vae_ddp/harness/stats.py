@@ -98,6 +98,28 @@ def paired(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> 
     return out
 
 
+def margin_interval(c: Mapping[str, float], k: int = len(QUANTITIES),
+                    alpha: float = 0.05) -> tuple[float, float] | None:
+    """The interval that decides a paired difference against the equivalence margin at the level
+    of Holm's correction over ``k`` quantities: the two-sided ``1 - 2 alpha / k`` interval (97.5% for
+    4). Inside ``±margin`` it is the equivalence test (TOST, Schuirmann 1987) at ``alpha / k``, Holm's
+    strictest step, so it holds every Holm-adjusted equivalence decision; wholly beyond the margin it
+    shows the difference larger than the margin by the one-sided test at the same level.
+
+    ``c``: a [`paired`][vae_ddp.harness.stats.paired] result (``diff``, ``std_diff``, ``df``);
+    None where it has none of these (a Welch comparison). Student's t with ``df`` degrees of
+    freedom (``scipy.stats.t``)."""
+    if not all(key in c for key in ("diff", "std_diff", "df")):
+        return None
+    half = float(sps.t.ppf(1 - alpha / k, c["df"])) * c["std_diff"] / (c["df"] + 1) ** 0.5
+    return c["diff"] - half, c["diff"] + half
+
+
+def margin_level(k: int = len(QUANTITIES), alpha: float = 0.05) -> str:
+    """``97.5%``: the level of :func:`margin_interval` for ``k`` quantities, as printed."""
+    return f"{(1 - 2 * alpha / k) * 100:.4g}%"
+
+
 def tost(a: Sequence[float], b: Sequence[float], margin: float, pair: bool) -> float:
     """p-value of the two one-sided tests of ``H0: |mean(a) - mean(b)| >= margin``.
 

@@ -279,8 +279,13 @@ def overall(comparison: dict[str, dict], world_size: int, steps: int) -> tuple[s
                 for q, e in comparison.items() if e["verdict"] == "different"]
         return "different", f"{what}: a systematic difference in {', '.join(diff)}"
     if all(v == "equivalent" for v in verdicts.values()):
+        from vae_ddp.harness.stats import margin_interval, margin_level
+
+        k = len(comparison)
+        lo, hi = margin_interval(kl, k) or (kl["ci_low"], kl["ci_high"])
+        level = margin_level(k) if margin_interval(kl, k) else "95%"
         return "equivalent", (f"{what}: equivalent in every final quantity; train KL differs by {kl['diff']:+.3g} "
-                              f"(95% CI {kl['ci_low']:.3g} to {kl['ci_high']:.3g}), within ±{kl['margin']:.3g}")
+                              f"({level} CI {lo:.3g} to {hi:.3g}), within ±{kl['margin']:.3g}")
     undecided = [q for q, v in verdicts.items() if v == "inconclusive"]
     return "inconclusive", (f"{what}: no difference detected, but equivalence is not shown for "
                             f"{', '.join(undecided)}")
@@ -295,10 +300,19 @@ def _p(p: float) -> str:
 
 def comparison_table(comparison: dict[str, dict], a: str, b: str) -> tuple[list[str], list[list[str]]]:
     """Header and rows of one comparison (``a`` vs the reference ``b``), formatted: the verdict
-    and what it rests on (difference, its 95% CI, the equivalence margin). The test statistics
-    are in :func:`statistics_table` (two narrow tables fit a page; one wide one does not)."""
-    headers = ["quantity", "verdict", f"difference ({a} - {b})", "95% CI", "margin ±"]
-    rows = [[q, e["verdict"], _g(e["diff"]), f"{_g(e['ci_low'])} to {_g(e['ci_high'])}", _g(e["margin"])]
+    and what it rests on (difference, its interval at the level of Holm's correction over the
+    quantities, ``margin_interval``, which decides it against the equivalence margin; 95% where the
+    comparison has no paired spread). The
+    test statistics are in :func:`statistics_table` (two narrow tables fit a page; one wide one does not)."""
+    from vae_ddp.harness.stats import margin_interval, margin_level
+
+    k = len(comparison)
+    cis = {q: margin_interval(e, k) for q, e in comparison.items()}
+    adjusted = all(cis.values())
+    head = f"{margin_level(k)} CI (Holm, {k})" if adjusted else "95% CI"
+    headers = ["quantity", "verdict", f"difference ({a} - {b})", head, "margin ±"]
+    rows = [[q, e["verdict"], _g(e["diff"]),
+             "{} to {}".format(*map(_g, cis[q] if adjusted else (e["ci_low"], e["ci_high"]))), _g(e["margin"])]
             for q, e in comparison.items()]
     return headers, rows
 

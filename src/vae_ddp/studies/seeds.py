@@ -40,7 +40,7 @@ from matplotlib.figure import Figure
 from vae_ddp.errors import UserError
 from vae_ddp.harness.configs import RunSpec
 from vae_ddp.harness.launch import launch_by_world_size
-from vae_ddp.harness.stats import QUANTITIES, compare_metrics, finals
+from vae_ddp.harness.stats import QUANTITIES, compare_metrics, finals, margin_interval, margin_level
 from vae_ddp.harness.table import number
 
 __all__ = ["seed_study", "analyse", "reanalyse", "render", "plot", "plot_finals", "verdict_lines", "STUDY_CONFIGS",
@@ -179,6 +179,15 @@ def _write(result: dict, out_dir: Path) -> None:
 _g = number
 
 
+def _interval(e: dict, k: int) -> str:
+    """``97.5% CI 0.001 to 0.002``: a comparison's interval at the level of Holm's correction over
+    ``k`` quantities (``margin_interval``; 95% where it has no paired spread)."""
+    ci = margin_interval(e, k)
+    if ci is None:
+        return f"95% CI {_g(e['ci_low'])} to {_g(e['ci_high'])}"
+    return f"{margin_level(k)} CI {_g(ci[0])} to {_g(ci[1])}"
+
+
 def render(result: dict) -> str:
     """The study's verdict lines, then its tables (Markdown), from its ``seeds.json`` content."""
     from vae_ddp.studies.long_horizon import STATISTICS_TITLE, comparison_table, statistics_table
@@ -222,7 +231,7 @@ def verdict_lines(summary: dict, margin_sd: float = MARGIN_SD) -> list[str]:
                 + (", smaller than the margin" if e["within_margin"] else "") + ")" for q, e in by["different"]))
         if by["inconclusive"]:
             parts.append("inconclusive in " + ", ".join(
-                f"{q} (95% CI {_g(e['ci_low'])} to {_g(e['ci_high'])} reaches beyond ±{_g(e['margin'])})"
+                f"{q} ({_interval(e, len(QUANTITIES))} reaches beyond ±{_g(e['margin'])})"
                 for q, e in by["inconclusive"]))
         out.append(f"{c}: " + "; ".join(parts))
     return out

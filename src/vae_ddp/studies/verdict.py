@@ -141,16 +141,11 @@ def _sd(study: dict, seeds: dict, lh: dict | None) -> str:
 
 
 def adjusted_interval(c: dict, quantities: int = len(QUANTITIES)) -> tuple[float, float] | None:
-    """The interval of a paired difference that the verdict's correction allows: the
-    ``1 - 0.05 / quantities`` interval (98.75% for 4), Bonferroni's simultaneous interval, which
-    contains every Holm-adjusted decision (``c``: a comparison with ``diff``, ``std_diff``, ``df``;
-    None where it has none). Student's t with ``df`` degrees of freedom (``scipy.stats.t``)."""
-    if not all(k in c for k in ("diff", "std_diff", "df")):
-        return None
-    from scipy import stats
+    """The interval that decides a difference against the margin at the verdict's correction
+    ([`margin_interval`][vae_ddp.harness.stats.margin_interval]: 97.5% for 4 quantities)."""
+    from vae_ddp.harness.stats import margin_interval
 
-    half = float(stats.t.ppf(1 - 0.05 / quantities / 2, c["df"])) * c["std_diff"] / (c["df"] + 1) ** 0.5
-    return c["diff"] - half, c["diff"] + half
+    return margin_interval(c, quantities)
 
 
 def _against(c: dict, sd: str) -> str:
