@@ -690,7 +690,7 @@ def test_verdict_fits_a_phone(server, browser):
     assert box.evaluate("e => e.scrollWidth <= e.clientWidth + 1"), "the verdict box scrolls sideways at 390 px"
     bb = box.bounding_box()
     assert bb is not None and bb["x"] >= 0 and bb["x"] + bb["width"] <= 390, f"verdict box at {bb}"
-    wrap = page.locator("article .admonition ~ .md-typeset__scrollwrap").first
+    wrap = page.locator("article .verdict-table .md-typeset__scrollwrap").first
     sizes = wrap.evaluate("e => { const t = e.querySelector('.md-typeset__table') || e; "
                           "return [t.scrollWidth, e.clientWidth, e.innerText.slice(0, 40)]; }")
     assert "verdict" in sizes[2] and sizes[0] <= sizes[1] + 1, f"the verdict table is {sizes[0]} px in {sizes[1]} px"
@@ -795,24 +795,27 @@ def test_factor_pages_put_the_result_first(site):
 
 
 def test_factor_pages_show_the_number_home_ranks_them_by(site):
-    """One effect-size scale: each factor page states the factor's one-step gradient change over
-    batch noise at the report's scale, the same number as Home's factor table, both read from
-    the committed report-scale JSON (or says it has none)."""
+    """One quantity: each factor page states what the factor changes in one step at the report's
+    scale (its kind, bias and noise ratio), in the same words as Home's factor table, both read
+    from the committed report-scale JSON (or says it has none)."""
     from vae_ddp.fixes import registry
+    from vae_ddp.studies.report_scale import effect_cell, effect_line
 
     effects = _runner().report_scale_effects(ROOT)
     assert effects, "no committed report-scale study"
     rows = re.findall(r"(?s)<tr>(.*?)</tr>", (site / "index.html").read_text())
     for f in registry.factors():
         text = _page_text((site / f.page.replace(".md", "") / "index.html").read_text())
-        if f.key in effects:
-            number = f"{effects[f.key]:.3g}x"
-            assert f"changes the gradient by {number} the batch-to-batch noise" in text, f.key
-            # the factor table's row: the factor's page link, then the ranked number
-            row = next(_page_text(r) for r in rows if re.search(rf'<td><a href="[^"]*{f.key}/">{f.name}</a></td>', r))
-            assert number in row, (f.key, row)
-        else:
-            assert "has no number in the ranking" in text, f.key
+        if f.key in effects:  # every term's words and intervals (logging: the plotted value)
+            assert effect_line(effects[f.key]) in text, (f.key, effect_line(effects[f.key]))
+        if f.key in effects and "gradient" in effects[f.key]:
+            words = effect_cell(effects[f.key]["gradient"])
+            assert words in text, (f.key, words)
+            # the factor table's row: the factor's page link, then the same words
+            row = next(_page_text(r) for r in rows if re.search(rf'<td><a href="[^"]*{f.key}/">{re.escape(f.name)}</a></td>', r))
+            assert words in row, (f.key, row)
+        elif f.key not in effects:
+            assert "this factor has no row" in text, f.key
 
 
 def test_reproduce_page_shows_the_whole_script_as_code(site):
