@@ -17,6 +17,7 @@ import functools
 import http.server
 import os
 import re
+import sys
 import threading
 from pathlib import Path
 
@@ -130,6 +131,18 @@ a.out.mkdir(parents=True, exist_ok=True)
 (a.out / "good.json").write_text(json.dumps({"summary": {"factor": "noise", "fix": "GlobalBatchNoise"}}))
 print("| a | b |\\n|---|---|\\n| 1 | 2 |")
 """
+
+
+def test_results_command_names_the_data_folder_dir():
+    """A command that reads the CIFAR-10 subset shows it as ``--data_dir DIR``, with the line that
+    defines ``DIR`` above it; a command that reads no data folder has no such line."""
+    runner = _runner()
+    cifar = [sys.executable, "-m", "vae_ddp.cli", "seeds", "--data", "imagefolder", "--data_dir", runner.CIFAR]
+    shown = runner.command_md(cifar)
+    assert shown.startswith("```bash\n# DIR: ") and "--data_dir DIR" in shown, shown
+    assert runner.CIFAR not in shown and "path/to" not in shown, shown
+    plain = runner.command_md([sys.executable, "examples/good.py", "--out", "docs/generated/good"])
+    assert "DIR" not in plain and plain == "```bash\npython examples/good.py --out out/good\n```\n", plain
 
 
 def test_results_runs_caches_and_summarises(tmp_path):
@@ -719,7 +732,11 @@ def test_workflows(name):
 #: told what the page shows and the command that produced it instead.
 INTERNAL = ("the issue's bound", "this CPU-only machine", "capstone", "../shared", "/work/",
             "VAE_DDP_FULL", "make test", "make docs", "(and CI)", "every build", "load average",
-            "two CPU cores", "2 CPU cores", "four backticks", "_vae_ddp_user_", "docs/generated")
+            "two CPU cores", "2 CPU cores", "four backticks", "_vae_ddp_user_", "docs/generated",
+            # the site's own build, tests and CI (a page says what was measured and the command)
+            "page was built", "this page is built", "site's build", "site is built", "this build",
+            "a test runs", "the tests check", "the tests require", "make legacy-test", "tests_legacy",
+            "path/to/cifar10-jpg-subset")
 
 
 def _page_text(html: str) -> str:
@@ -733,7 +750,8 @@ def _page_text(html: str) -> str:
 #: (page, word) pairs still on the site, each owned by another part of the project. Remove a
 #: pair when it is fixed (the test fails on a pair that no longer occurs, so that this list
 #: only shrinks).
-KNOWN_INTERNAL: set = set()
+KNOWN_INTERNAL: set = {("/", "site is built"), ("/is-it-a-bug/", "site's build"),
+                       ("/is-it-a-bug/", "path/to/cifar10-jpg-subset")}
 
 
 def test_no_internal_wording(site):
