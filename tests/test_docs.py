@@ -765,6 +765,50 @@ def test_no_internal_wording(site):
     assert not KNOWN_INTERNAL - found, f"fixed, remove from KNOWN_INTERNAL: {sorted(KNOWN_INTERNAL - found)}"
 
 
+def _site_hooks():
+    from helpers import load_script
+
+    return load_script("tools/site_hooks.py", "vae_ddp_site_hooks")
+
+
+def test_site_hooks_render_the_install_command_from_repo_url():
+    """The hook writes one install line from the site setting ``repo_url`` (pyproject's name, pip's
+    ``name @ git+URL``), a clone line and a link; without an address it names no made-up one."""
+    import tomllib
+
+    hooks = _site_hooks()
+    name = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["name"]
+    page = "a\n{{ install_command }}\n{{ clone_command }}\nsee {{ repo_link }}\n"
+    out = hooks.render(page, "https://github.com/someone/vae-ddp/")
+    assert out == (f'a\npip install "{name} @ git+https://github.com/someone/vae-ddp"\n'
+                   "git clone https://github.com/someone/vae-ddp && cd vae-ddp\n"
+                   "see [the repository](https://github.com/someone/vae-ddp)\n"), out
+    for url in ("", None):
+        local = hooks.render(page, url)
+        assert "{{" not in local and "git+" not in local and "http" not in local, local
+        assert "pip install -e ." in local and "clone of this repository" in local, local
+    assert hooks.on_page_markdown("no placeholder {{x}}", None, {"repo_url": "https://h/r"}, None) == \
+        "no placeholder {{x}}"
+
+
+def test_install_command_uses_the_configured_repository(site):
+    """The built audit and gallery pages show the install command and the link with the site's
+    ``repo_url`` (the test build's, ``conftest.REPO_URL``), and no placeholder is left on any page."""
+    from conftest import REPO_URL
+
+    url = REPO_URL.rstrip("/")
+    audit = (site / "audit" / "index.html").read_text()
+    gallery = (site / "gallery" / "index.html").read_text()
+    assert f'pip install "vae-ddp @ git+{url}"' in _page_text(audit), "install command missing on /audit/"
+    assert f"git clone {url} && cd" in _page_text(gallery), "clone command missing on /gallery/"
+    for html in (audit, gallery):
+        assert f'<a href="{url}">the repository</a>' in html
+    keys = _site_hooks().PLACEHOLDERS
+    left = [(path, k) for path in pages(site)
+            for k in keys if k in _page_text((site / path.strip("/") / "index.html").read_text())]
+    assert not left, f"placeholders not rendered: {left}"
+
+
 #: Markdown that did not render: a link, a cross-reference, a snippet include, shown as text.
 UNRENDERED = re.compile(r"\]\(|\]\[|--8<--|^\s*:::\s+\w", re.M)
 
