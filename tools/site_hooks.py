@@ -45,7 +45,7 @@ def render(markdown: str, repo_url: str | None) -> str:
     return markdown
 
 
-def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ARG001 (MkDocs' signature)
+def on_page_markdown(markdown: str, page, config, files) -> str:  # MkDocs calls it with these names
     if "{{ " not in markdown:
         return markdown
     return render(markdown, config.get("repo_url"))
