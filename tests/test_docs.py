@@ -735,7 +735,7 @@ INTERNAL = ("the issue's bound", "this CPU-only machine", "capstone", "../shared
             "two CPU cores", "2 CPU cores", "four backticks", "_vae_ddp_user_", "docs/generated",
             # the site's own build, tests and CI (a page says what was measured and the command)
             "page was built", "this page is built", "site's build", "site is built", "this build",
-            "a test runs", "the tests check", "the tests require", "make legacy-test", "tests_legacy",
+            "a test runs", "a test trains", "the tests check", "the tests require", "make legacy-test", "tests_legacy",
             "path/to/cifar10-jpg-subset")
 
 
