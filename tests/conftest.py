@@ -90,11 +90,16 @@ def generated(request):
 # --------------------------------------------------------------------------- the site build
 _SITE: dict = {}
 
+#: The site setting ``repo_url`` of the test build (mkdocs.yml reads $REPO_URL): the address the Pages
+#: workflow gives, or one of the addresses reserved for examples, so that the pages that show the
+#: install command are built as published (``test_install_command_uses_the_configured_repository``).
+REPO_URL = os.environ.get("REPO_URL") or "https://git.example.org/vae-ddp"
+
 
 def _start_site_build() -> None:
     out = Path(tempfile.mkdtemp(prefix="vae-ddp-site-"))
     log = open(out.with_suffix(".log"), "w+")
-    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1", REPO_URL=REPO_URL)
     from vae_ddp.guard import guarded
 
     # `make results` (every registered example, cached), then `mkdocs build --strict`, which only

@@ -17,6 +17,7 @@ import functools
 import http.server
 import os
 import re
+import sys
 import threading
 from pathlib import Path
 
@@ -130,6 +131,18 @@ a.out.mkdir(parents=True, exist_ok=True)
 (a.out / "good.json").write_text(json.dumps({"summary": {"factor": "noise", "fix": "GlobalBatchNoise"}}))
 print("| a | b |\\n|---|---|\\n| 1 | 2 |")
 """
+
+
+def test_results_command_names_the_data_folder_dir():
+    """A command that reads the CIFAR-10 subset shows it as ``--data_dir DIR``, with the line that
+    defines ``DIR`` above it; a command that reads no data folder has no such line."""
+    runner = _runner()
+    cifar = [sys.executable, "-m", "vae_ddp.cli", "seeds", "--data", "imagefolder", "--data_dir", runner.CIFAR]
+    shown = runner.command_md(cifar)
+    assert shown.startswith("```bash\n# DIR: ") and "--data_dir DIR" in shown, shown
+    assert runner.CIFAR not in shown and "path/to" not in shown, shown
+    plain = runner.command_md([sys.executable, "examples/good.py", "--out", "docs/generated/good"])
+    assert "DIR" not in plain and plain == "```bash\npython examples/good.py --out out/good\n```\n", plain
 
 
 def test_results_runs_caches_and_summarises(tmp_path):
@@ -736,7 +749,11 @@ def test_workflows(name):
 #: told what the page shows and the command that produced it instead.
 INTERNAL = ("the issue's bound", "this CPU-only machine", "capstone", "../shared", "/work/",
             "VAE_DDP_FULL", "make test", "make docs", "(and CI)", "every build", "load average",
-            "two CPU cores", "2 CPU cores", "four backticks", "_vae_ddp_user_", "docs/generated")
+            "two CPU cores", "2 CPU cores", "four backticks", "_vae_ddp_user_", "docs/generated",
+            # the site's own build, tests and CI (a page says what was measured and the command)
+            "page was built", "this page is built", "site's build", "site is built", "this build",
+            "a test runs", "a test trains", "the tests check", "the tests require", "make legacy-test", "tests_legacy",
+            "path/to/cifar10-jpg-subset")
 
 
 def _page_text(html: str) -> str:
@@ -750,7 +767,8 @@ def _page_text(html: str) -> str:
 #: (page, word) pairs still on the site, each owned by another part of the project. Remove a
 #: pair when it is fixed (the test fails on a pair that no longer occurs, so that this list
 #: only shrinks).
-KNOWN_INTERNAL: set = set()
+KNOWN_INTERNAL: set = {("/", "site is built"), ("/is-it-a-bug/", "site's build"),
+                       ("/is-it-a-bug/", "path/to/cifar10-jpg-subset"), ("/is-it-a-bug/", "a test trains")}
 
 
 def test_no_internal_wording(site):
@@ -762,6 +780,50 @@ def test_no_internal_wording(site):
         found |= {(path, w) for w in INTERNAL if w.lower() in text}
     assert not found - KNOWN_INTERNAL, f"internal wording on the site: {sorted(found - KNOWN_INTERNAL)}"
     assert not KNOWN_INTERNAL - found, f"fixed, remove from KNOWN_INTERNAL: {sorted(KNOWN_INTERNAL - found)}"
+
+
+def _site_hooks():
+    from helpers import load_script
+
+    return load_script("tools/site_hooks.py", "vae_ddp_site_hooks")
+
+
+def test_site_hooks_render_the_install_command_from_repo_url():
+    """The hook writes one install line from the site setting ``repo_url`` (pyproject's name, pip's
+    ``name @ git+URL``), a clone line and a link; without an address it names no made-up one."""
+    import tomllib
+
+    hooks = _site_hooks()
+    name = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["name"]
+    page = "a\n{{ install_command }}\n{{ clone_command }}\nsee {{ repo_link }}\n"
+    out = hooks.render(page, "https://github.com/someone/vae-ddp/")
+    assert out == (f'a\npip install "{name} @ git+https://github.com/someone/vae-ddp"\n'
+                   "git clone https://github.com/someone/vae-ddp && cd vae-ddp\n"
+                   "see [the repository](https://github.com/someone/vae-ddp)\n"), out
+    for url in ("", None):
+        local = hooks.render(page, url)
+        assert "{{" not in local and "git+" not in local and "http" not in local, local
+        assert "pip install -e ." in local and "clone of this repository" in local, local
+    assert hooks.on_page_markdown("no placeholder {{x}}", None, {"repo_url": "https://h/r"}, None) == \
+        "no placeholder {{x}}"
+
+
+def test_install_command_uses_the_configured_repository(site):
+    """The built audit and gallery pages show the install command and the link with the site's
+    ``repo_url`` (the test build's, ``conftest.REPO_URL``), and no placeholder is left on any page."""
+    from conftest import REPO_URL
+
+    url = REPO_URL.rstrip("/")
+    audit = (site / "audit" / "index.html").read_text()
+    gallery = (site / "gallery" / "index.html").read_text()
+    assert f'pip install "vae-ddp @ git+{url}"' in _page_text(audit), "install command missing on /audit/"
+    assert f"git clone {url} && cd" in _page_text(gallery), "clone command missing on /gallery/"
+    for html in (audit, gallery):
+        assert f'<a href="{url}">the repository</a>' in html
+    keys = _site_hooks().PLACEHOLDERS
+    left = [(path, k) for path in pages(site)
+            for k in keys if k in _page_text((site / path.strip("/") / "index.html").read_text())]
+    assert not left, f"placeholders not rendered: {left}"
 
 
 #: Markdown that did not render: a link, a cross-reference, a snippet include, shown as text.

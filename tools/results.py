@@ -109,9 +109,11 @@ def load_registry(root: Path) -> list[dict[str, Any]]:
 
 
 #: Where the entries read the CIFAR-10 subset (``{cifar}`` in their args): $VAE_DDP_CIFAR_SUBSET,
-#: else the folder beside the checkout that CI provides; pages show it as ``CIFAR_SHOWN``.
+#: else the folder beside the checkout that CI provides; pages show it as ``CIFAR_SHOWN``, which
+#: the line ``CIFAR_SHOWN_LINE`` above the command defines.
 CIFAR = os.environ.get("VAE_DDP_CIFAR_SUBSET", "../shared/data/cifar10-jpg-subset")
-CIFAR_SHOWN = "path/to/cifar10-jpg-subset"
+CIFAR_SHOWN = "DIR"
+CIFAR_SHOWN_LINE = "# DIR: the CIFAR-10 subset that .github/scripts/cifar10-subset.sh builds (ImageFolder tree)"
 
 
 def command_of(e: dict[str, Any], out: str) -> list[str]:
@@ -160,6 +162,13 @@ def wrapped_command(argv: list[str], width: int = 88) -> str:
         else:
             line = f"{line} {g}" if line else g
     return "\n".join(lines + [line])
+
+
+def command_md(argv: list[str]) -> str:
+    """The ``command.md`` of an entry: its command as a bash block, with the line that says what
+    ``DIR`` is when the command reads the CIFAR-10 subset."""
+    head = CIFAR_SHOWN_LINE + "\n" if any(CIFAR in a for a in argv) else ""
+    return f"```bash\n{head}{wrapped_command(argv)}\n```\n"
 
 
 def digest(root: Path, e: dict[str, Any], argv: list[str]) -> str:
@@ -231,7 +240,7 @@ def _run_entry(root: Path, e: dict[str, Any], worker: "Worker") -> str:
     stamp = out / STAMP
     if stamp.is_file() and stamp.read_text() == key and (out / "stdout.txt").is_file():
         write_if_changed(out / "output.md", render_output(e, out))
-        write_if_changed(out / "command.md", f"```bash\n{wrapped_command(argv)}\n```\n")
+        write_if_changed(out / "command.md", command_md(argv))
         return "cached"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
@@ -249,7 +258,7 @@ def _run_entry(root: Path, e: dict[str, Any], worker: "Worker") -> str:
         raise ResultsError(f"example {e['name']!r} failed (exit code {code}, expected {e['exit_code']}): "
                            f"{display_command(argv)}\n--- stderr (end) ---\n{tail}")
     (out / "output.md").write_text(render_output(e, out))
-    (out / "command.md").write_text(f"```bash\n{wrapped_command(argv)}\n```\n")
+    (out / "command.md").write_text(command_md(argv))
     stamp.write_text(key)
     log.info("results: %s ran in %.0f s", e["name"], time.monotonic() - t0)
     return "ran"

@@ -13,8 +13,8 @@ processes) for a few steps and records, on each rank:
 
 Configurations (``--configs``):
 
-- ``seed42``: ``seed_everything(42)`` then fit (the report with an explicit seed).
-- ``noseed``: ``seed_everything()`` with no seed, as the report's ``cli_main`` does.
+- ``seed42``: ``seed_everything(42)`` then fit (an explicit seed).
+- ``noseed``: ``seed_everything()`` with no seed, as bolts' ``cli_main`` does (the file the report ran).
 - ``per_rank_seed``: ``seed_everything(42)`` plus :class:`vae_ddp.fixes.noise.PerRankSeed`
   (reseeds each rank's generators with ``42 + rank`` in ``Callback.setup``).
 

@@ -136,7 +136,7 @@ def render(parity: dict, pl1: dict, pl2: dict | None) -> str:
     row("its `seed` / `shuffle` (after `seed_everything(42)`)",
         lambda d: f"{cfg(d, 'seed42')['sampler'][0]['seed']} / {cfg(d, 'seed42')['sampler'][0]['shuffle']}")
     row("DDP `find_unused_parameters`", lambda d: _fmt(cfg(d, "seed42")["ddp_find_unused_parameters"]))
-    for name, label in (("seed42", "`seed_everything(42)`"), ("noseed", "`seed_everything()` (the report's call)"),
+    for name, label in (("seed42", "`seed_everything(42)`"), ("noseed", "`seed_everything()` (bolts' `cli_main`)"),
                         ("per_rank_seed", "`seed_everything(42)` + `PerRankSeed`")):
         if name not in pl1["configs"]:
             continue
