@@ -252,15 +252,18 @@ def trainings(seeds: dict, lh: dict | None) -> str:
     return out + "."
 
 
-def terms_line() -> str:
-    """What the answer's words mean (the page defines them again where its studies are shown)."""
+def terms_line(seeds: dict, lh: dict | None = None) -> str:
+    """What the answer's words mean (the page defines them again where its studies are shown); the
+    margin in the seed study's terms (``verdict._sd``)."""
+    sd = _sd({"name": "seeds"}, seeds, lh)
+    against = "one device's, or independent noise's" if lh and lh.get("comparison") else "one device's"
     return ("*One step*: DDP's step against one device's over the same global batches from the same weights; "
             "*sd*: one device's step-to-step standard deviation; *bias 0.5 sd*: DDP's step off one device's by "
             "half an sd on average; *noise 2x*: DDP's step-to-step variance twice one device's. A one-step "
             "difference says what DDP trains, not where a training ends. *Over whole trainings*, final values "
-            "paired by seed: *equivalent*, the difference is shown to lie within the margin, one seed-to-seed "
-            "standard deviation of one device's final value (what separates two seeds of one configuration); "
-            "*different*, a difference is detected; *inconclusive*, neither.")
+            f"paired by seed: *equivalent*, the difference is shown to lie within the margin, {sd} of the final "
+            f"value compared against ({against}; what separates two seeds of one configuration); *different*, a "
+            "difference is detected; *inconclusive*, neither.")
 
 
 def answer(results: dict[str, dict | None]) -> str:
@@ -269,7 +272,7 @@ def answer(results: dict[str, dict | None]) -> str:
     lines = [headline(rs, seeds), ""]
     rest = [luck_and_plot(rs), changed(rs, seeds), trainings(seeds, lh)]
     lines += [f"- {x}" for x in rest if x]
-    return "\n".join(lines + ["", terms_line()]) + "\n"
+    return "\n".join(lines + ["", terms_line(seeds, lh)]) + "\n"
 
 
 def main(argv=None) -> str:

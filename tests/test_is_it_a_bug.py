@@ -168,3 +168,9 @@ def test_the_page_answers_with_the_committed_results(generated, bug):
     page = (ROOT / "docs" / "is-it-a-bug.md").read_text().splitlines()
     assert page[0] == "# Is it a bug?" and page[2] == '--8<-- "docs/generated/is-it-a-bug/answer.md"', page[:3]
     assert text.startswith(("**No: not a bug in Lightning", "**Not shown**"))
+
+
+def test_the_terms_line_states_the_studies_margin(bug):
+    assert "within the margin, one seed-to-seed standard deviation of the final value compared against (one " \
+           "device's;" in bug.terms_line(SEEDS)
+    assert "within the margin, 2 seed-to-seed standard deviations" in bug.terms_line(dict(SEEDS, margin_sd=2))
