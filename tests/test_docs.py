@@ -767,8 +767,7 @@ def _page_text(html: str) -> str:
 #: (page, word) pairs still on the site, each owned by another part of the project. Remove a
 #: pair when it is fixed (the test fails on a pair that no longer occurs, so that this list
 #: only shrinks).
-KNOWN_INTERNAL: set = {("/", "site is built"), ("/is-it-a-bug/", "site's build"),
-                       ("/is-it-a-bug/", "path/to/cifar10-jpg-subset"), ("/is-it-a-bug/", "a test trains")}
+KNOWN_INTERNAL: set = set()
 
 
 def test_no_internal_wording(site):
