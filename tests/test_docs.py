@@ -787,6 +787,31 @@ def _site_hooks():
     return load_script("tools/site_hooks.py", "vae_ddp_site_hooks")
 
 
+def test_site_hooks_link_each_figure_to_its_full_size():
+    hooks = _site_hooks()
+    html = '<p><img alt="a" src="f.png" /></p><a href="g.png"><img src="g.png"></a>'
+    out = hooks.link_figures(html)
+    assert out.count("<a ") == 2 and f'<a href="f.png" title="{hooks.FULL_SIZE}"><img alt="a" src="f.png" /></a>' in out
+    assert hooks.link_figures(out) == out  # a figure already linked is left alone
+
+
+def test_every_figure_opens_at_full_size(site):
+    """Figures are drawn wider than the text column and shown scaled down: on every page each one
+    is a link to its own file."""
+    missing = []
+    for path in pages(site):
+        html = (site / path.strip("/") / "index.html").read_text()
+        article = html[html.find("<article"):html.find("</article>")]
+        for m in re.finditer(r"<img\b[^>]*?\bsrc=\"([^\"]+)\"[^>]*>", article):
+            if m.group(1).startswith("data:"):  # a notebook's inlined output: browsers do not open it
+                continue
+            before = article[max(0, m.start() - 400):m.start()]
+            link = re.search(r'<a\b[^>]*href="([^"]+)"[^>]*>\s*$', before)
+            if not link or link.group(1) != m.group(1):
+                missing.append(f"{path}: {m.group(1)}")
+    assert not missing, missing
+
+
 def test_site_hooks_render_the_install_command_from_repo_url():
     """The hook writes one install line from the site setting ``repo_url`` (pyproject's name, pip's
     ``name @ git+URL``), a clone line and a link; without an address it names no made-up one."""

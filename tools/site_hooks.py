@@ -12,10 +12,14 @@ workflow sets it to the repository that publishes the site). A page writes
 
 Without a ``repo_url`` (a local build) each says to work in a clone of the repository instead,
 so no page shows a command with a made-up address.
+
+Every figure of a page's content is also a link to itself at full size (``on_page_content``): the
+figures are drawn wider than the text column, which shows them scaled down.
 """
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 
@@ -49,3 +53,24 @@ def on_page_markdown(markdown: str, page, config, files) -> str:  # MkDocs calls
     if "{{ " not in markdown:
         return markdown
     return render(markdown, config.get("repo_url"))
+
+
+_IMG = re.compile(r"<img\b[^>]*?\bsrc=\"([^\"]+)\"[^>]*>")
+_OPEN_A = re.compile(r"<a\b[^>]*>\s*$")
+FULL_SIZE = "Open the figure at full size"
+
+
+def link_figures(html: str) -> str:
+    """``html`` with every ``<img>`` that is not already inside a link wrapped in a link to its own
+    source (``title``: ``FULL_SIZE``); an image inlined as a ``data:`` URI (a notebook's output) is
+    left alone: browsers do not open those as pages."""
+    def wrap(m: re.Match) -> str:
+        if m.group(1).startswith("data:") or _OPEN_A.search(html[max(0, m.start() - 400):m.start()]):
+            return m.group(0)
+        return f'<a href="{m.group(1)}" title="{FULL_SIZE}">{m.group(0)}</a>'
+
+    return _IMG.sub(wrap, html)
+
+
+def on_page_content(html: str, page, config, files) -> str:  # MkDocs calls it with these names
+    return link_figures(html) if "<img" in html else html
