@@ -221,6 +221,13 @@ def _prose(box: str) -> str:
     return body[:body.index("    |")] if "    |" in body else body
 
 
+def _column(table: str, term: str) -> dict[str, str]:
+    """``{row head: cell}`` of ``term``'s column in Home's verdict table (``verdict_table``)."""
+    rows = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in table.splitlines() if ln.startswith("|")]
+    i = rows[0].index(term)
+    return {r[0]: r[i] for r in rows[2:]}
+
+
 def _sentences(text: str) -> int:
     return len(re.findall(r"[.!?](?=\s|$)", text.strip()))
 
@@ -266,8 +273,7 @@ def test_verdict_inconclusive_long_horizon_never_says_matches():
     for word in ("match", "equivalent", "not a bug", "same as one device"):
         assert word not in kl.lower() and word not in d["title"].lower(), (word, d)
     assert "not a bug" not in box.lower() and "not a bug" not in table.lower()
-    row = next(ln for ln in table.splitlines() if ln.strip().startswith("| KL |"))
-    assert row.strip().startswith("| KL | **inconclusive** |"), row
+    assert _column(table, "KL")["**verdict**"] == "**inconclusive**", table
     # p-values alone never show equivalence either
     d = decide(_seeds(p=0.4))
     assert d["kind"] == "inconclusive" and "match" not in (d["title"] + d["training"]).lower()
@@ -294,11 +300,12 @@ def test_verdict_difference_is_stated_with_its_size_against_the_margin():
             "by 2.0%") in d["training"], d["training"]
     assert "less than one seed-to-seed standard deviation (0.02 against ±0.1)" in d["training"]
     table = verdict_table({"seeds": seeds, "long_horizon": None, "report_scale": None})
-    assert "| reconstruction | **different** | -2.0% (within the margin), equivalent |" in table, table
+    col = _column(table, "reconstruction")
+    assert col["**verdict**"] == "**different**" and "-2.0% (within the margin), equivalent" in col.values(), table
     both = _seeds({"ddp": {"train_kl": "equivalent", "val_kl": "equivalent", "train_recon_loss": "different",
                            "val_recon_loss": "different"}}, train_recon_loss=-0.02, val_recon_loss=-0.02)
     table = verdict_table({"seeds": both, "long_horizon": None, "report_scale": None})
-    assert "| reconstruction | **different** | -2.0%, -2.0% (within the margin) |" in table, table
+    assert "-2.0%, -2.0% (within the margin)" in _column(table, "reconstruction").values(), table
 
 
 def test_verdict_all_equivalent_says_matches_within_the_margin():
@@ -338,8 +345,8 @@ def test_verdict_box_shape():
         assert "|" not in box  # the table is under the box (a phone's width holds the box's prose)
         table = verdict_table({"seeds": seeds, "long_horizon": lh_, "report_scale": rs})
         rows = [ln for ln in table.splitlines() if ln.startswith("|")]
-        assert 3 <= len(rows) <= 4 and "is-it-a-bug.md" in table, table
-        assert len(rows[0].split("|")) - 2 <= 4  # columns: term, verdict and one per study
+        assert 4 <= len(rows) <= 5 and "is-it-a-bug.md" in table, table  # head, verdict, one row per study
+        assert len(rows[0].split("|")) - 2 <= 3  # columns: the row's name and one per term
     # the logging row of the report's scale gives the first sentence its sizes
     box = verdict_box({"seeds": _seeds(), "long_horizon": None, "report_scale": RS})
     assert "rank 0's 128 of 256 samples" in box and "0.700x a batch-to-batch change" in box and "1.40x as spread" in box
@@ -403,9 +410,8 @@ def test_home_verdict_is_generated_from_the_committed_results(generated):
         assert word == worst(words), (q, words)
     table = (gen / "verdict_table.md").read_text()
     for term in ("KL", "reconstruction"):
-        row = next(ln for ln in table.splitlines() if ln.strip().startswith(f"| {term} |"))
         word = worst([decision["verdicts"][q] for q in QUANTITIES if QUANTITIES[q][0] == term])
-        assert row.strip().startswith(f"| {term} | **{word}** |"), row
+        assert _column(table, term)["**verdict**"] == f"**{word}**", table
     assert box.startswith("!!! info ") and _sentences(_prose(box)) <= 3 and "```" not in box
     if decision["verdicts"]["train_kl"] != "equivalent":
         assert "match" not in decision["title"] and "the KL matches" not in decision["training"]

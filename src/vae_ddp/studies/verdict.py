@@ -479,14 +479,15 @@ def _study_link(name: str) -> str:
 
 
 def _table(seeds: dict, lh: dict | None, combined: dict[str, str]) -> list[str]:
-    """The combined verdict per term, then each study's words (Markdown table rows; the verdict
-    second, so that it stays on a phone's screen)."""
+    """Markdown table rows: a column per term (final training and validation values), the combined
+    verdict first, then a row of each study's words (few columns: it fits a phone's width)."""
     studies = _studies(seeds, lh)
-    head = ["final (training, validation)", "verdict"] + [_study_link(s["name"]) for s in studies]
-    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for term, qs in _terms(combined).items():
-        cells = [_cell(qs, s["verdicts"], s["cmp"]) for s in studies]
-        out.append(f"| {term} | **{worst([combined[q] for q in qs])}** | " + " | ".join(cells) + " |")
+    terms = _terms(combined)
+    out = ["| final value (training, validation) | " + " | ".join(terms) + " |", "|" + "---|" * (len(terms) + 1),
+           "| **verdict** | " + " | ".join(f"**{worst([combined[q] for q in qs])}**" for qs in terms.values()) + " |"]
+    for s in studies:
+        out.append(f"| {_study_link(s['name'])} | " + " | ".join(_cell(qs, s["verdicts"], s["cmp"])
+                                                                  for qs in terms.values()) + " |")
     return out
 
 
