@@ -37,6 +37,7 @@ from vae_ddp.studies.verdict import (
     _factor,
     _scope,
     _sd,
+    _terms,
     combine,
     load,
     worst,
@@ -215,14 +216,6 @@ def _term(term: str, qs: list[str], verdicts: dict[str, str], cmp: dict, sd: str
         each = "" if len(sized) == 1 else ("both " if len(sized) == 2 else "each ")
         return f"the {term} **different**: {_join(pcts)}, {each}{rels[0]} {sd}"
     return f"the {term} **different**: " + ", ".join(f"{p} ({r} {sd})" for p, r in zip(pcts, rels))
-
-
-def _terms(verdicts: dict[str, str]) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for q in QUANTITIES:
-        if q in verdicts:
-            out.setdefault(QUANTITIES[q][0], []).append(q)
-    return out
 
 
 def _study_words(verdicts: dict[str, str], cmp: dict, sd: str) -> str:

@@ -232,8 +232,6 @@ def run_in_fork(main: Callable[[], int], argv: Sequence[str], env: dict, timeout
     Raises:
         subprocess.TimeoutExpired: ``timeout`` passed (the tree has been ended).
     """
-    import select
-
     stall = default_stall() if stall is None else stall
     parent = os.getpid()
     for stream in (sys.stdout, sys.stderr):
@@ -277,6 +275,18 @@ def run_in_fork(main: Callable[[], int], argv: Sequence[str], env: dict, timeout
             traceback.print_exc()
         finally:
             os._exit(code)
+    return _wait_for_guard(pid, argv, timeout, grace)
+
+
+def _wait_for_guard(pid: int, argv: Sequence[str], timeout: Optional[float], grace: float) -> int:
+    """The guard's exit code once it ends; on ``timeout``, an exception or KeyboardInterrupt here,
+    the guard is sent SIGTERM (it ends its tree), SIGKILL after ``grace + 5`` s, and the error raised.
+
+    Raises:
+        subprocess.TimeoutExpired: ``timeout`` passed.
+    """
+    import select
+
     fd = os.pidfd_open(pid)
     try:
         try:
