@@ -1,5 +1,5 @@
-"""One name per factor: the registry's ``name`` is the factor page's title, its ``nav`` entry in
-mkdocs.yml and the name in the tables that list the factors (Home's, the recipe's)."""
+"""One name per factor: the registry's ``name`` is the factor page's title, its entry in the
+site's nav (which tools/site_hooks.py writes from the registry) and the name in the tables that list the factors (Home's, the recipe's)."""
 
 import ast
 import re
@@ -11,13 +11,19 @@ from vae_ddp.fixes import registry
 from helpers import ROOT, load_script
 
 
-def _nav() -> dict[str, str]:
-    """``{page: title}`` of every titled page in mkdocs.yml's ``nav`` (``!ENV`` tags read as None)."""
+def _site_nav() -> list:
+    """The site's ``nav``: mkdocs.yml's, with what the site hook writes into it (``on_config``:
+    the factors' section). ``!ENV`` tags read as None."""
     class Loader(yaml.SafeLoader):
         pass
 
     Loader.add_multi_constructor("!", lambda loader, suffix, node: None)
     config = yaml.load((ROOT / "mkdocs.yml").read_text(), Loader=Loader)
+    return load_script("tools/site_hooks.py", "names_site_hooks").on_config(config)["nav"]
+
+
+def _nav() -> dict[str, str]:
+    """``{page: title}`` of every titled page in the site's ``nav``."""
     out: dict[str, str] = {}
 
     def walk(items):
@@ -29,7 +35,7 @@ def _nav() -> dict[str, str]:
                     else:
                         out[target] = title
 
-    walk(config["nav"])
+    walk(_site_nav())
     return out
 
 
@@ -98,11 +104,7 @@ def test_nav_groups_the_factors_by_their_measured_kind():
 
     from vae_ddp.studies.report_scale import factor_effects
 
-    class Loader(yaml.SafeLoader):
-        pass
-
-    Loader.add_multi_constructor("!", lambda loader, suffix, node: None)
-    nav = yaml.load((ROOT / "mkdocs.yml").read_text(), Loader=Loader)["nav"]
+    nav = _site_nav()
     factors = next(item["The factors"] for item in nav if isinstance(item, dict) and "The factors" in item)
     group_of = {page: title for group in factors for title, pages in group.items()
                 for entry in pages for page in entry.values()}

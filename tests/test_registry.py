@@ -127,6 +127,45 @@ def test_a_new_factor_needs_only_its_registry_entry_and_its_field(seventh_factor
     assert static_findings(Plain(), dm, batches, 2) == [{"factor": "jitter", "evidence": "2 chunks"}]
 
 
+SEVENTH = '''"""A made-up seventh factor: a module of vae_ddp.fixes that declares its FACTOR, nothing else."""
+
+from vae_ddp.fixes.factor import Factor
+
+FACTOR = Factor(position=7, key="jitter", name="Augmentation jitter", page="factors/jitter.md",
+                changes="a callback", check=lambda trainer, module, datamodule: None)
+'''
+
+SHOW = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import site_hooks
+from vae_ddp.fixes import registry
+print(json.dumps({"keys": [f.key for f in registry.factors()], "nav": site_hooks.factor_nav(),
+                  "api": site_hooks.fix_modules_markdown()}))
+"""
+
+
+def test_a_seventh_factor_module_is_in_the_registry_the_nav_and_the_api_page(tmp_path):
+    """A copy of the package with one more fix module, ``fixes/jitter.py``, and no other edit: the
+    registry finds its factor (after the six), the site's nav lists its page under its name, and
+    the API page renders the module (what tools/site_hooks.py writes into mkdocs' config and page)."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    shutil.copytree(ROOT / "src" / "vae_ddp", tmp_path / "vae_ddp", ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "vae_ddp" / "fixes" / "jitter.py").write_text(SEVENTH)
+    out = subprocess.run([sys.executable, "-c", SHOW, str(ROOT / "tools")], capture_output=True, text=True,
+                         timeout=120, env={**__import__("os").environ, "PYTHONPATH": str(tmp_path)}, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout)
+    assert got["keys"] == ["noise", "batchnorm", "sampler", "reduction", "logging", "optimizer", "jitter"]
+    assert {"Not measured at the report's scale": [{"Augmentation jitter": "factors/jitter.md"}]} in got["nav"]
+    assert "::: vae_ddp.fixes.jitter\n" in got["api"]
+    assert got["api"].index("vae_ddp.fixes.optimizer") < got["api"].index("vae_ddp.fixes.jitter")
+
+
 def test_the_derived_places_name_no_factor():
     """What a fix changes is written in the registry only: the CLI, the runner, the ablation and
     the benchmark enumerate the registry and name no switch."""

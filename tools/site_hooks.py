@@ -15,6 +15,13 @@ so no page shows a command with a made-up address.
 
 Every figure of a page's content is also a link to itself at full size (``on_page_content``): the
 figures are drawn wider than the text column, which shows them scaled down.
+
+The nav's "The factors" section is written here, not in mkdocs.yml (``on_config``): one entry per
+factor of the registry (``vae_ddp.fixes.registry``: its name, its page), grouped by what the
+committed report-scale study measured of its one step (``factor_nav``); and the API page's
+``{{ fix_modules }}`` becomes one mkdocstrings block per module of ``vae_ddp.fixes``
+(``fix_modules_markdown``): the factors' modules in the registry's order, then the other fix
+modules. A new factor is its module, its example and its page: the nav and the API page follow.
 """
 
 from __future__ import annotations
@@ -25,6 +32,20 @@ from pathlib import Path
 
 #: The package's name on the install line: pyproject's ``[project] name``.
 PROJECT = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]["name"]
+
+#: The nav section the hook writes (mkdocs.yml holds it empty, where it goes).
+FACTORS_SECTION = "The factors"
+#: The report-scale study whose measured kinds group the factors in the nav.
+REPORT_SCALE = Path(__file__).resolve().parents[1] / "docs" / "results" / "report-scale" / "report_scale.json"
+#: The nav's groups, in order: the measured kind of a factor's gradient step at the report's scale
+#: (``vae_ddp.harness.effect.KINDS``), then what the study does not measure on the gradient.
+GROUPS = {"different": "Change what DDP trains", "same distribution": "Change only the luck",
+          "plot": "Change only the plot", "no cause": "Not a cause at equal per-device batches",
+          "exact": "Change nothing at the report's scale", "inconclusive": "Not resolved at the report's scale",
+          "unmeasured": "Not measured at the report's scale"}
+
+#: The API page's placeholder for the fix modules' blocks.
+FIX_MODULES = "{{ fix_modules }}"
 
 PLACEHOLDERS = ("{{ install_command }}", "{{ clone_command }}", "{{ repo_link }}")
 
@@ -52,6 +73,8 @@ def render(markdown: str, repo_url: str | None) -> str:
 def on_page_markdown(markdown: str, page, config, files) -> str:  # MkDocs calls it with these names
     if "{{ " not in markdown:
         return markdown
+    if FIX_MODULES in markdown:
+        markdown = markdown.replace(FIX_MODULES, fix_modules_markdown())
     return render(markdown, config.get("repo_url"))
 
 
@@ -74,3 +97,56 @@ def link_figures(html: str) -> str:
 
 def on_page_content(html: str, page, config, files) -> str:  # MkDocs calls it with these names
     return link_figures(html) if "<img" in html else html
+
+
+def group_of(factor, effect: dict | None) -> str:
+    """The key of ``GROUPS`` a factor's nav entry goes under: the kind the report-scale study
+    measured on its gradient; ``plot`` when it measured only the plotted value (logging changes
+    no gradient); ``no cause`` for a factor it does not isolate whose fix is another factor's
+    (``fixed_by``: gone at equal per-device batches with that fix); else ``unmeasured``."""
+    if effect and "gradient" in effect:
+        return effect["gradient"]["kind"]
+    if effect:
+        return "plot"
+    return "no cause" if factor.fixed_by else "unmeasured"
+
+
+def factor_nav(report_scale: Path = REPORT_SCALE) -> list[dict]:
+    """The nav's "The factors" section: ``[{group title: [{factor name: page}, ...]}, ...]``,
+    the groups in ``GROUPS`` order, the factors in the registry's order."""
+    import json
+
+    from vae_ddp.fixes import registry
+    from vae_ddp.studies.report_scale import factor_effects
+
+    effects = factor_effects(json.loads(report_scale.read_text())) if report_scale.is_file() else {}
+    groups: dict[str, list] = {key: [] for key in GROUPS}
+    for f in registry.factors():
+        groups[group_of(f, effects.get(f.key))].append({f.name: f.page})
+    return [{GROUPS[key]: pages} for key, pages in groups.items() if pages]
+
+
+def on_config(config):  # MkDocs calls it with this name
+    for i, item in enumerate(config["nav"] or []):
+        if isinstance(item, dict) and FACTORS_SECTION in item:
+            config["nav"][i] = {FACTORS_SECTION: factor_nav()}
+    return config
+
+
+def fix_modules() -> list[str]:
+    """Every public module of ``vae_ddp.fixes`` but the factor store (``factor``, ``registry``):
+    the modules that declare a factor in the registry's order, then the others by name."""
+    import pkgutil
+
+    import vae_ddp.fixes
+    from vae_ddp.fixes import registry
+
+    declared = [m.__name__ for m in registry.MODULES]
+    others = sorted(f"vae_ddp.fixes.{i.name}" for i in pkgutil.iter_modules(vae_ddp.fixes.__path__)
+                    if not i.name.startswith("_") and i.name not in ("factor", "registry"))
+    return declared + [name for name in others if name not in declared]
+
+
+def fix_modules_markdown() -> str:
+    """One mkdocstrings block (``::: module``) per module of ``fix_modules()``."""
+    return "\n\n".join(f"::: {name}\n    options:\n      heading_level: 3" for name in fix_modules())

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from vae_ddp.audit import DDPAudit
 from vae_ddp.fixes import GlobalBatchDistributedSampler, PerRankSeed
-from vae_ddp.fixes.evaluation import unrepeated_sampler
+from vae_ddp.fixes.logging import unrepeated_sampler
 from vae_ddp.utils import close_process_group, quiet
 
 

@@ -10,7 +10,7 @@ Each factor declares its own (``before`` of its [`Factor`][vae_ddp.fixes.factor.
   ``collate_fn`` return different batches for the same samples? A batch-level draw there
   (mixup's lambda and pairing) is made from the same seed on every rank, over B/N samples
   instead of B.
-- Mean reduction ([`vae_ddp.fixes.item_count`][vae_ddp.fixes.item_count]): is the loss a mean
+- Mean reduction ([`vae_ddp.fixes.reduction`][vae_ddp.fixes.reduction]): is the loss a mean
   over samples? With the same weights, the gradient of the global batch must equal the mean of
   the gradients of its N per-rank chunks (what DDP's gradient all-reduce averages). A loss
   averaged over a variable number of items per rank (tokens with ``ignore_index``, valid

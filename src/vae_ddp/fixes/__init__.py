@@ -6,15 +6,15 @@
 - [`vae_ddp.fixes.augmentation`][vae_ddp.fixes.augmentation]: random augmentation keyed by sample and epoch ([`SeededAugmentation`][vae_ddp.fixes.augmentation.SeededAugmentation]).
 - [`vae_ddp.fixes.batchnorm`][vae_ddp.fixes.batchnorm]: BatchNorm over the global batch on any backend, gloo on CPUs included ([`GlobalSyncBatchNorm`][vae_ddp.fixes.batchnorm.GlobalSyncBatchNorm]).
 - [`vae_ddp.fixes.sampler`][vae_ddp.fixes.sampler]: the single-device batch split across ranks ([`GlobalBatchDistributedSampler`][vae_ddp.fixes.sampler.GlobalBatchDistributedSampler]).
-- [`vae_ddp.fixes.item_count`][vae_ddp.fixes.item_count]: means over a variable number of items (tokens) ([`global_item_mean`][vae_ddp.fixes.item_count.global_item_mean], [`global_token_cross_entropy`][vae_ddp.fixes.item_count.global_token_cross_entropy]).
-- [`vae_ddp.fixes.evaluation`][vae_ddp.fixes.evaluation]: validation without padded duplicates ([`unrepeated_sampler`][vae_ddp.fixes.evaluation.unrepeated_sampler]).
+- [`vae_ddp.fixes.reduction`][vae_ddp.fixes.reduction]: means over a variable number of items (tokens) ([`global_item_mean`][vae_ddp.fixes.reduction.global_item_mean], [`global_token_cross_entropy`][vae_ddp.fixes.reduction.global_token_cross_entropy]).
+- [`vae_ddp.fixes.logging`][vae_ddp.fixes.logging]: validation without padded duplicates ([`unrepeated_sampler`][vae_ddp.fixes.logging.unrepeated_sampler]).
 """
 
 from vae_ddp.fixes.augmentation import SeededAugmentation
 from vae_ddp.fixes.batchnorm import GlobalBatchNorm, GlobalSyncBatchNorm
 from vae_ddp.fixes.dropout import GlobalBatchDropout, GlobalBatchDropPath
-from vae_ddp.fixes.evaluation import padded_duplicates, unrepeated_sampler
-from vae_ddp.fixes.item_count import global_item_count, global_item_mean, global_token_cross_entropy
+from vae_ddp.fixes.logging import padded_duplicates, unrepeated_sampler
+from vae_ddp.fixes.reduction import global_item_count, global_item_mean, global_token_cross_entropy
 from vae_ddp.fixes.noise import GlobalBatchNoise, PerRankSeed
 from vae_ddp.fixes.randomness import GlobalBatchRandomness, GlobalBatchStream, global_batch_draw
 from vae_ddp.fixes.sampler import GlobalBatchDistributedSampler

@@ -347,7 +347,7 @@ def _watch_layers(seen: Seen) -> list:
 
 
 FACTOR = Factor(
-    key="batchnorm", name="BatchNorm statistics", page="factors/batchnorm.md",
+    position=2, key="batchnorm", name="BatchNorm statistics", page="factors/batchnorm.md",
     changes="Trainer(sync_batchnorm=True) on GPUs; plugin GlobalSyncBatchNorm (a LayerSync) on CPU",
     check=_check, field="sync_bn", default=False, fixed=True, choices=(True,), parts=_parts,
     audit_parts=_audit_parts, off_label="BatchNorm back to per-rank", watch={"train_start": _watch_layers},

@@ -1,12 +1,13 @@
 """What a factor is: the objects a fix module declares beside its fix, and the store they go in.
 
-Each fix module (``noise``, ``batchnorm``, ``sampler``, ``item_count``, ``evaluation``,
-``optimizer``) declares one [`Factor`][vae_ddp.fixes.factor.Factor] as ``FACTOR``: its name
+Each fix module, named by its factor's key (``noise``, ``batchnorm``, ``sampler``, ``reduction``,
+``logging``, ``optimizer``), declares one [`Factor`][vae_ddp.fixes.factor.Factor] as ``FACTOR``: its name
 and page, what its fix adds to a run ([`FixParts`][vae_ddp.fixes.factor.FixParts]), the static
 exposure check, and the checks [`DDPAudit`][vae_ddp.audit.callback.DDPAudit] runs during a real
 fit (``watch``: one function per Lightning hook, each returning
 [`Finding`][vae_ddp.fixes.factor.Finding]s). [`vae_ddp.fixes.registry`][vae_ddp.fixes.registry]
-collects them in the order of the docs; everything else reads the registry.
+finds them (every module of ``vae_ddp.fixes`` that declares one) and keeps them in the order of
+the docs (``position``); everything else reads the registry.
 
 This module imports no fix module (the fix modules import it), so the imports go one way:
 ``registry`` → fix modules → ``factor``. The helpers at the end are what the ``watch``
@@ -93,7 +94,7 @@ class Factor:
     Attributes:
         key: short identifier (``noise``, ``batchnorm``, ...).
         name: its name wherever the site names it (the field's term): the factor page's title
-            and ``nav`` entry in ``mkdocs.yml``, the tables that list the factors (Home's
+            and nav entry (the site's hook writes the nav from the registry), the tables that list the factors (Home's
             factor table, the recipe's). The only place the name is written: the rest read it
             (``tests/test_names.py`` checks the title and the ``nav`` entry against it).
         page: its docs page, relative to ``docs/``.
@@ -121,6 +122,9 @@ class Factor:
         clean: what `vae-ddp audit`'s table says when nothing of this factor is seen.
         fixed_by: key of the factor whose switch fixes this one (when ``field`` is None).
         off_label: the ablation's name for the run with this fix off (default ``"<key> fix off"``).
+        position: its place in the order of the docs (the site's tables and nav, the ablation's
+            runs, ``RunSpec.fixes()``): [`factors`][vae_ddp.fixes.factor.factors] sorts by it,
+            then by registration.
     """
 
     key: str
@@ -140,6 +144,7 @@ class Factor:
     clean: str = "not detected"
     fixed_by: Optional[str] = None
     off_label: str = ""
+    position: int = 1000
 
     def __post_init__(self) -> None:
         unknown = set(self.watch) - set(HOOKS)
@@ -184,8 +189,8 @@ def unregister(key: str) -> None:
 
 
 def factors() -> tuple[Factor, ...]:
-    """Every registered factor, in registration order (the order of the docs)."""
-    return tuple(_REGISTRY.values())
+    """Every registered factor, in the order of the docs (``position``, then registration)."""
+    return tuple(sorted(_REGISTRY.values(), key=lambda f: f.position))  # sorted() is stable
 
 
 def get(key: str) -> Factor:

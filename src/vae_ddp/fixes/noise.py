@@ -219,7 +219,7 @@ def _before(model: Any, datamodule: Any, batches: list, n: int) -> list:
 
 
 FACTOR = Factor(
-    key="noise", name="Random streams per rank", page="factors/noise.md",
+    position=1, key="noise", name="Random streams per rank", page="factors/noise.md",
     changes="Trainer callback GlobalBatchNoise (global-batch noise, sliced by rank) or PerRankSeed (seed + rank)",
     check=_check, field="noise", default="default", fixed="global", choices=("per_rank", "global"),
     parts=_parts, audit_parts=_audit_parts, off_label="noise back to default",

@@ -25,6 +25,6 @@ def _check(trainer, module, datamodule) -> Optional[str]:
 
 
 FACTOR = Factor(
-    key="optimizer", name="Optimizer (Adam)", page="factors/optimizer.md",
+    position=6, key="optimizer", name="Optimizer (Adam)", page="factors/optimizer.md",
     changes="none of its own: fixing the noise removes it", check=_check, fixed_by="noise",
     clean="follows the noise check")

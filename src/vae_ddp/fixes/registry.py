@@ -1,9 +1,10 @@
-"""The six factors, collected from their fix modules in the order of the docs.
+"""The factors, found in their fix modules and kept in the order of the docs.
 
-Each fix module declares its [`Factor`][vae_ddp.fixes.factor.Factor] as ``FACTOR`` beside the
-fix (name, page, what the fix adds, the exposure check, what ``DDPAudit`` watches); this
-module only collects them: ``noise``, ``batchnorm``, ``sampler``, ``item_count`` (Mean
-reduction), ``evaluation`` (Logging), ``optimizer``.
+Each fix module, named by its factor's key, declares its [`Factor`][vae_ddp.fixes.factor.Factor]
+as ``FACTOR`` beside the fix (name, page, place in the docs' order, what the fix adds, the
+exposure check, what ``DDPAudit`` watches); this module only finds them: every module of
+``vae_ddp.fixes`` that declares a ``FACTOR`` (today ``noise``, ``batchnorm``, ``sampler``,
+``reduction``, ``logging``, ``optimizer``). No list of factors is written anywhere else.
 
 Every place that enumerates the fixes reads this registry instead of listing them:
 ``RunSpec.exact()`` and ``RunSpec.fixes()`` ([`RunSpec`][vae_ddp.harness.configs.RunSpec]), the
@@ -11,25 +12,41 @@ Every place that enumerates the fixes reads this registry instead of listing the
 step-time benchmark's variants, the ``vae-ddp`` switches, and the runs of `vae-ddp audit`
 (its fixes and its ablation: [`audit_parts`][vae_ddp.fixes.registry.audit_parts],
 [`audit_fixable`][vae_ddp.fixes.registry.audit_fixable]). Adding a factor is one fix
-module, one example, one page and one [`Factor`][vae_ddp.fixes.factor.Factor] passed to
-[`register`][vae_ddp.fixes.factor.register] (plus, if it has a ``RunSpec`` switch, that field
-with its ``Literal``/``bool`` type: the field is the typed flag).
+module declaring its ``FACTOR``, one example and one page (plus, if it has a ``RunSpec`` switch,
+that field with its ``Literal``/``bool`` type: the field is the typed flag); code that is not
+a fix module (a test) passes its [`Factor`][vae_ddp.fixes.factor.Factor] to
+[`register`][vae_ddp.fixes.factor.register].
 [`exposures`][vae_ddp.fixes.registry.exposures]``(trainer, model, datamodule)`` runs every
 factor's exposure check and returns ``{factor key: evidence}`` for the factors a run is exposed to.
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-from vae_ddp.fixes import batchnorm, evaluation, item_count, noise, optimizer, sampler
 from vae_ddp.fixes.factor import HOOKS, Factor, Finding, FixParts, Seen, factors, get, register, unregister
 
 __all__ = ["Factor", "FixParts", "Finding", "Seen", "HOOKS", "factors", "get", "register", "unregister", "exposures",
            "switches", "audit_fixable", "audit_parts", "watchers"]
 
+
+def _fix_modules() -> tuple[ModuleType, ...]:
+    """Every module of ``vae_ddp.fixes`` that declares a ``FACTOR``, in the order of the docs."""
+    found = []
+    for info in pkgutil.iter_modules([str(Path(__file__).parent)]):
+        if not info.name.startswith("_") and info.name not in ("factor", "registry"):
+            module = importlib.import_module(f"vae_ddp.fixes.{info.name}")
+            if isinstance(getattr(module, "FACTOR", None), Factor):
+                found.append(module)
+    return tuple(sorted(found, key=lambda m: m.FACTOR.position))
+
+
 #: the fix modules that declare the factors, in the order of the docs
-MODULES = (noise, batchnorm, sampler, item_count, evaluation, optimizer)
+MODULES = _fix_modules()
 for _module in MODULES:
     register(_module.FACTOR)
 

@@ -367,7 +367,7 @@ def _watch_shapes(seen: Seen) -> list:
 
 
 FACTOR = Factor(
-    key="sampler", name="Sampler and data order", page="factors/sampler.md",
+    position=3, key="sampler", name="Sampler and data order", page="factors/sampler.md",
     changes="datamodule sampler GlobalBatchDistributedSampler; Trainer(use_distributed_sampler=False)",
     check=_check, field="sampler", default="default", fixed="global", choices=("global",),
     parts=_parts, audit_parts=_audit_parts, off_label="sampler back to DistributedSampler",

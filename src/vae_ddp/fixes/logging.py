@@ -12,7 +12,7 @@ The fix uses what Lightning and torchmetrics provide:
 - Lightning's ``UnrepeatedDistributedSampler`` (``pytorch_lightning.overrides.distributed``,
   the sampler Lightning uses for ``predict``): rank ``r`` takes ``indices[r::N]``, no
   padding, so the ranks hold ``ceil(n/N)`` or ``floor(n/N)`` samples.
-  [`unrepeated_sampler`][vae_ddp.fixes.evaluation.unrepeated_sampler] builds it with or without
+  [`unrepeated_sampler`][vae_ddp.fixes.logging.unrepeated_sampler] builds it with or without
   a process group. Lightning keeps a ``DistributedSampler`` subclass that a loader already
   has (``_requires_distributed_sampler``).
 - a torchmetrics metric (e.g. ``MulticlassAccuracy(average="micro")``, ``MeanMetric``)
@@ -125,11 +125,11 @@ def _watch_epoch_mean(seen: Seen) -> list:
         f"{', '.join(names[:4])} with sync_dist=True: Lightning averages the ranks' counts in an integer tensor "
         f"at the epoch end, so the epoch mean is {factor:.4g}x the true mean (Lightning issues #21838, #21859)",
         "log a torchmetrics.MeanMetric updated with (value, weight=batch size) as an object, "
-        "self.log(name, metric), whose states are summed over the ranks (vae_ddp.fixes.evaluation)")]
+        "self.log(name, metric), whose states are summed over the ranks (vae_ddp.fixes.logging)")]
 
 
 FACTOR = Factor(
-    key="logging", name="Logging", page="factors/logging.md",
+    position=5, key="logging", name="Logging", page="factors/logging.md",
     changes="module hook: self.log(..., sync_dist=True, batch_size=len(x))",
     check=_check, field="sync_dist_logging", default=False, fixed=True, choices=(True,),
     parts=_parts, off_label="logging back to rank 0",

@@ -64,7 +64,7 @@ def global_item_mean(total: Tensor, count: Union[Tensor, int, float]) -> Tensor:
 
     Returns:
         ``total * N / global_count`` in ``total``'s dtype, where ``N`` is the world size (1
-        without a process group) and ``global_count`` is [`global_item_count`][vae_ddp.fixes.item_count.global_item_count]
+        without a process group) and ``global_count`` is [`global_item_count`][vae_ddp.fixes.reduction.global_item_count]
         of ``count``. DDP's gradient average of it is the gradient of the global mean
         ``sum_r total_r / sum_r count_r``; its mean over ranks (``self.log(...,
         sync_dist=True)``) is the global mean. On one rank alone it is *not* a mean (it is
@@ -85,7 +85,7 @@ def global_item_mean(total: Tensor, count: Union[Tensor, int, float]) -> Tensor:
 def global_token_cross_entropy(logits: Tensor, target: Tensor, ignore_index: int = -100) -> Tensor:
     """``F.cross_entropy(logits, target, ignore_index=ignore_index)`` as one device computes it
     over the global batch, for use under DDP: the per-token sum over this rank divided by
-    the global token count (see [`global_item_mean`][vae_ddp.fixes.item_count.global_item_mean]).
+    the global token count (see [`global_item_mean`][vae_ddp.fixes.reduction.global_item_mean]).
 
     Args:
         logits: ``(M, V)`` float scores for ``M`` tokens and ``V`` classes (flatten ``(b, T, V)``).
@@ -94,7 +94,7 @@ def global_token_cross_entropy(logits: Tensor, target: Tensor, ignore_index: int
             ``transformers``).
 
     Returns:
-        Scalar tensor; see [`global_item_mean`][vae_ddp.fixes.item_count.global_item_mean].
+        Scalar tensor; see [`global_item_mean`][vae_ddp.fixes.reduction.global_item_mean].
 
     Raises:
         ValueError: no token counts on any rank.
@@ -159,7 +159,7 @@ def reduction_gap(model: Any, batch: Any, n: int) -> Optional[float]:
 
 def reduction(model: Any, batch: Any, n: int) -> Optional[tuple[float, str]]:
     """How the loss reduces the batch: ``(gap, kind)``, ``gap`` as in
-    [`reduction_gap`][vae_ddp.fixes.item_count.reduction_gap] and ``kind`` from the least-squares fit
+    [`reduction_gap`][vae_ddp.fixes.reduction.reduction_gap] and ``kind`` from the least-squares fit
     ``g(batch) = sum_r a_r g(chunk_r)`` over the ``n`` per-rank chunks (float64, eval mode):
 
     - ``"mean"``: every ``a_r = 1/n``: a mean over samples (what DDP's gradient average assumes);
@@ -251,7 +251,7 @@ def _before(model: Any, datamodule: Any, batches: list, n: int) -> list:
 
 
 FACTOR = Factor(
-    key="reduction", name="Mean reduction", page="factors/reduction.md",
+    position=4, key="reduction", name="Mean reduction", page="factors/reduction.md",
     changes="equal per-rank batches: incomplete global batches dropped by the sampler switch",
     check=_check, fixed_by="sampler", watch={"train_start": _watch_padding}, before=_before,
     ablated_with="sampler",  # the audit's sampler fix (global batches, the last one dropped) removes the padding
