@@ -373,3 +373,30 @@ def test_a_guard_inside_a_guard_passes_the_heartbeat_on(tmp_path):
         os.close(events)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err[-2000:]
+
+
+def _python(text: str):
+    """``text`` parsed as Python, or None when it is prose (a docstring)."""
+    import ast
+
+    try:
+        return ast.parse(text)
+    except SyntaxError:
+        return None
+
+
+def test_the_project_forks_in_one_place():
+    """``os.fork()`` is called once in the project's code (src/, tools/, benchmarks/, examples/,
+    tests/): in ``vae_ddp.guard.fork``; every other fork goes through it."""
+    import ast
+
+    calls = []
+    for folder in ("src", "tools", "benchmarks", "examples", "tests"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            tree = ast.parse(path.read_text())
+            scripts = [n.value for n in ast.walk(tree)  # the scripts tests write and run
+                       if isinstance(n, ast.Constant) and isinstance(n.value, str) and "os.fork" in n.value]
+            for t in (tree, *filter(None, map(_python, scripts))):
+                calls += [f"{path.relative_to(ROOT)}:{n.lineno}" for n in ast.walk(t)
+                          if isinstance(n, ast.Call) and ast.unparse(n.func) in ("os.fork", "os.forkpty")]
+    assert len(calls) == 1 and calls[0].startswith("src/vae_ddp/guard.py:"), calls

@@ -338,18 +338,17 @@ specs = [RunSpec(config=c, devices=2, steps=2, global_batch_size=16, data="digit
                  save_params=True).validate() for c in ("single", "ddp")]
 runner = [sys.executable, "-m", "vae_ddp.harness.runner"]
 assert not guard.can_fork()  # an interpreter that imported torch runs threads: its launches start one
-pid = os.fork()
-if pid == 0:  # one thread, as the results runner's entries are: the launch is a fork of this process
-    code = 1
-    try:
-        assert guard.can_fork() and _forkable(runner, specs[0])
-        os.environ["VAE_DDP_LAUNCH"] = "exec"
-        assert not _forkable(runner, specs[0])
-        del os.environ["VAE_DDP_LAUNCH"]
-        launch_by_world_size(specs, os.path.join(out, "forked"), quiet=True)
-        code = 0
-    finally:
-        os._exit(code)
+
+
+def forked():  # one thread, as the results runner's entries are: the launch is a fork of this process
+    assert guard.can_fork() and _forkable(runner, specs[0])
+    os.environ["VAE_DDP_LAUNCH"] = "exec"
+    assert not _forkable(runner, specs[0])
+    del os.environ["VAE_DDP_LAUNCH"]
+    launch_by_world_size(specs, os.path.join(out, "forked"), quiet=True)
+
+
+pid = guard.fork(forked)
 assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
 launch_by_world_size(specs, os.path.join(out, "execed"), quiet=True)
 launch_group([specs[1]], os.path.join(out, "alone"), quiet=True)

@@ -335,16 +335,15 @@ def _serve(preload: list[str]) -> None:
     import importlib
     import select
 
+    from vae_ddp.guard import fork
+
     for name in preload:
         importlib.import_module(name)
     replies = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # what the worker itself prints does not reach the replies
     for line in sys.stdin:
         request = json.loads(line)
-        pid = os.fork()
-        if pid == 0:
-            replies.close()
-            os._exit(_child(request))
+        pid = fork(lambda: _child(request, replies))
         fd = os.pidfd_open(pid)  # readable when the child has ended
         try:
             ended = bool(select.select([fd], [], [], request["timeout"])[0])
@@ -359,32 +358,30 @@ def _serve(preload: list[str]) -> None:
         replies.flush()
 
 
-def _child(request: dict[str, Any]) -> int:
-    """Run one entry in this fork as its command line would; return its exit code."""
+def _child(request: dict[str, Any], replies: Any) -> None:
+    """Run one entry in this fork (``vae_ddp.guard.fork``) as its command line would."""
     import runpy
 
-    from vae_ddp.guard import beat, call_as_main
+    from vae_ddp.guard import beat
 
-    def entry() -> None:
-        os.setpgid(0, 0)
-        out = os.open(request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-        err = out if request["stderr"] == request["stdout"] else os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-        os.dup2(out, 1)
-        os.dup2(err, 2)
-        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-        if request["argv"][0] != sys.executable:  # a registry command that is not Python: run it as it is
-            os.execvp(request["argv"][0], request["argv"])
-        argv = request["argv"][1:]
-        module = argv[1] if argv[0] == "-m" else None
-        sys.argv = argv[1:] if module else argv
-        sys.path[0] = os.getcwd() if module else os.path.dirname(os.path.abspath(argv[0]))
-        beat()  # the entry's start is progress: the watchdog's stall limit counts from here, as for a guard of its own
-        if module:
-            runpy.run_module(module, run_name="__main__", alter_sys=True)
-        else:
-            runpy.run_path(argv[0], run_name="__main__")
-
-    return call_as_main(entry)
+    replies.close()  # the worker's channel to the runner: not the entry's
+    os.setpgid(0, 0)
+    out = os.open(request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    err = out if request["stderr"] == request["stdout"] else os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    os.dup2(out, 1)
+    os.dup2(err, 2)
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    if request["argv"][0] != sys.executable:  # a registry command that is not Python: run it as it is
+        os.execvp(request["argv"][0], request["argv"])
+    argv = request["argv"][1:]
+    module = argv[1] if argv[0] == "-m" else None
+    sys.argv = argv[1:] if module else argv
+    sys.path[0] = os.getcwd() if module else os.path.dirname(os.path.abspath(argv[0]))
+    beat()  # the entry's start is progress: the watchdog's stall limit counts from here, as for a guard of its own
+    if module:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    else:
+        runpy.run_path(argv[0], run_name="__main__")
 
 
 def write_if_changed(path: Path, text: str) -> None:

@@ -54,7 +54,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-__all__ = ["run", "run_all", "run_in_fork", "can_fork", "call_as_main", "guarded", "beat", "last_step", "how_it_ended",
+__all__ = ["run", "run_all", "run_in_fork", "fork", "can_fork", "call_as_main", "guarded", "beat", "last_step", "how_it_ended",
            "under_guard", "STALLED", "TIMED_OUT", "DEFAULT_STALL_S"]
 
 #: Exit code of the guard when ``--timeout`` passed.
@@ -213,6 +213,36 @@ def call_as_main(main: Callable[[], Optional[int]]) -> int:
     return code
 
 
+def fork(main: Callable[[], Optional[int]], parent_death: Optional[int] = None,
+         on_error: Optional[Callable[[], None]] = None) -> int:
+    """The one ``fork`` of this project: run ``main()`` in a child process; return its pid here.
+
+    The child never returns to the caller's code: it leaves with ``os._exit`` and the exit code
+    [`call_as_main`][vae_ddp.guard.call_as_main] gives ``main`` (its copy of this interpreter runs
+    none of this process's exit handlers). ``parent_death``: the signal the child gets when this
+    process dies, even by SIGKILL (Linux ``prctl(PR_SET_PDEATHSIG)``; elsewhere a guard's polling
+    covers it). ``on_error``: called in the child before it leaves with a non-zero code. This
+    process's buffered output is flushed first (the child would write it again).
+
+    Only where [`can_fork`][vae_ddp.guard.can_fork] holds (one thread: a fork copies only the
+    calling thread, and a lock another thread holds stays held)."""
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:
+            stream.flush()
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        if parent_death is not None:
+            _prctl(1, parent_death)  # PR_SET_PDEATHSIG
+        code = call_as_main(main)
+        if code != 0 and on_error is not None:
+            call_as_main(on_error)
+    finally:
+        os._exit(code)
+
+
 def run_in_fork(main: Callable[[], int], argv: Sequence[str], env: dict, timeout: Optional[float] = None,
                 stall: Optional[float] = None, grace: float = 10.0, startup: Optional[float] = None,
                 stdout: Optional[int] = None, stderr: Optional[int] = None) -> int:
@@ -234,48 +264,34 @@ def run_in_fork(main: Callable[[], int], argv: Sequence[str], env: dict, timeout
     """
     stall = default_stall() if stall is None else stall
     parent = os.getpid()
-    for stream in (sys.stdout, sys.stderr):
-        if stream is not None:
-            stream.flush()  # what this process buffered is not written again by its forks
-    pid = os.fork()
-    if pid == 0:  # the guard
-        code = 1
-        try:
-            for fd, target in ((1, stdout), (2, stderr)):
-                if target is not None:
-                    os.dup2(target, fd)
-            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-            for sig in (signal.SIGINT, signal.SIGALRM, signal.SIGUSR1):
-                signal.signal(sig, signal.SIG_DFL)
 
-            def start(guard_env: dict) -> int:
-                child = os.fork()
-                if child:
-                    return child
+    def guard() -> int:  # the guard: a fork of this process, the command a fork of it
+        for fd, target in ((1, stdout), (2, stderr)):
+            if target is not None:
+                os.dup2(target, fd)
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        for sig in (signal.SIGINT, signal.SIGALRM, signal.SIGUSR1):
+            signal.signal(sig, signal.SIG_DFL)
+        os.environ.clear()
+        os.environ.update(env)
+        start = lambda guard_env: fork(lambda: _as_command(main, argv, guard_env))  # noqa: E731
+        return _Guard(list(argv), timeout, stall, grace, startup, parent, start=start).main()
 
-                def command() -> Optional[int]:  # as a fresh interpreter would have it (the guard's handlers undone)
-                    for sig in (signal.SIGTERM, signal.SIGHUP):
-                        signal.signal(sig, signal.SIG_DFL)
-                    signal.signal(signal.SIGINT, signal.default_int_handler)
-                    os.environ.clear()
-                    os.environ.update(guard_env)
-                    sys.argv = list(argv)
-                    if hasattr(sys.stdout, "reconfigure"):
-                        sys.stdout.reconfigure(write_through=True)  # PYTHONUNBUFFERED, as the ranks have it
-                    return main()
+    return _wait_for_guard(fork(guard), argv, timeout, grace)
 
-                os._exit(call_as_main(command))
 
-            os.environ.clear()
-            os.environ.update(env)
-            code = _Guard(list(argv), timeout, stall, grace, startup, parent, start=start).main()
-        except BaseException:
-            import traceback
-
-            traceback.print_exc()
-        finally:
-            os._exit(code)
-    return _wait_for_guard(pid, argv, timeout, grace)
+def _as_command(main: Callable[[], Optional[int]], argv: Sequence[str], env: dict) -> Optional[int]:
+    """``main()`` as a fresh interpreter would run it (the guard's signal handlers undone), with
+    ``sys.argv = argv`` and ``os.environ = env``."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.environ.clear()
+    os.environ.update(env)
+    sys.argv = list(argv)
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(write_through=True)  # PYTHONUNBUFFERED, as the ranks have it
+    return main()
 
 
 def _wait_for_guard(pid: int, argv: Sequence[str], timeout: Optional[float], grace: float) -> int:

@@ -33,10 +33,11 @@ import socket
 import sys
 import threading
 import time
-import traceback
 from typing import Any, Callable, Optional
 
-__all__ = ["run_ranks", "fork", "die_with_parent", "cluster_plugins", "alive", "FORKED_RANK"]
+from vae_ddp import guard
+
+__all__ = ["run_ranks", "fork", "cluster_plugins", "alive", "FORKED_RANK"]
 
 #: Set in the environment of the ranks this module forked (rank 0 included): "1".
 FORKED_RANK = "VAE_DDP_FORKED_RANK"
@@ -48,18 +49,6 @@ def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def die_with_parent() -> None:
-    """SIGKILL this process when its parent (rank 0) dies (Linux; elsewhere the guard does it)."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 def _observe(children: dict[int, int], done: threading.Event) -> None:
@@ -85,9 +74,7 @@ def _reap(children: dict[int, int]) -> bool:
         del children[pid]
         code = os.waitstatus_to_exitcode(status)
         if code != 0:
-            from vae_ddp.guard import how_it_ended
-
-            print(f"vae-ddp: rank {rank} (PID {pid}) {how_it_ended(code, pid)}: ending every rank",
+            print(f"vae-ddp: rank {rank} (PID {pid}) {guard.how_it_ended(code, pid)}: ending every rank",
                   file=sys.stderr, flush=True)
             return True
     return False
@@ -103,32 +90,18 @@ def _kill(children: dict[int, int]) -> None:
 
 def fork(main: Callable[[], Any], env: Optional[dict[str, str]] = None,
          on_error: Optional[Callable[[], None]] = None) -> int:
-    """Run ``main()`` in a forked process that dies with this one; return its pid.
+    """Run ``main()`` in a forked process that gets SIGKILL when this one dies; return its pid.
 
-    The child sets ``env`` in its environment, runs ``main`` and leaves with ``os._exit``: with
-    ``main``'s return value as its exit code (None: 0), or 1 after printing the exception;
-    ``on_error`` is called before a non-zero exit. It never returns to the caller's code.
+    The child sets ``env`` in its environment, runs ``main`` and leaves with ``os._exit``
+    ([`guard.fork`][vae_ddp.guard.fork], the project's one fork: ``main``'s return value as
+    its exit code, None being 0, 1 after printing an exception); ``on_error`` is called before a
+    non-zero exit. It never returns to the caller's code.
     """
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid:
-        return pid
-    code = 1
-    try:
-        die_with_parent()
+    def child() -> Any:
         os.environ.update(env or {})
-        code = int(main() or 0)
-    except SystemExit as e:
-        code = 0 if e.code is None else e.code if isinstance(e.code, int) else 1
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        if code != 0 and on_error is not None:
-            on_error()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        return main()
+
+    return guard.fork(child, parent_death=signal.SIGKILL, on_error=on_error)
 
 
 def cluster_plugins() -> list:
