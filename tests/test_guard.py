@@ -233,6 +233,22 @@ def test_launch_fails_with_the_watchdogs_line(tmp_path):
         launch(spec, tmp_path / "run", quiet=True, entry=stuck, stall=2)
 
 
+def test_a_launch_passes_its_spec_in_a_file_not_on_the_command_line(tmp_path):
+    """The child of a launch gets the path of ``OUT_DIR/job.json`` (the spec's JSON), not the JSON:
+    a command line is what ``ps`` shows, and a group's specs are kilobytes."""
+    import json
+
+    from vae_ddp.harness.configs import RunSpec
+
+    spec = RunSpec(config="single", steps=1).validate()
+    child = [sys.executable, "-c", "import json, pathlib, sys\n"
+             "out = pathlib.Path(sys.argv[2])\n"
+             "(out / 'run.json').write_text(json.dumps({'argv': sys.argv[1:], 'job': json.loads(pathlib.Path(sys.argv[1]).read_text())}))"]
+    got = launch(spec, tmp_path / "run", quiet=True, entry=child)
+    assert got["argv"] == [str(tmp_path / "run" / "job.json"), str(tmp_path / "run")]
+    assert got["job"] == json.loads(spec.to_json())
+
+
 HUNG_RANK = textwrap.dedent("""
     import signal, sys
     import pytorch_lightning as pl

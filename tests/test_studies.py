@@ -370,7 +370,7 @@ def test_launches_train_the_same_runs_in_a_sequence_forked_or_alone(tmp_path):
     script.write_text(FORKED_AND_EXECED)
     proc = run([sys.executable, str(script), str(tmp_path)], timeout=900, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert sorted(p.name for p in (tmp_path / "execed").iterdir()) == ["1-process", "2-processes", "run.json", "stderr.log"]
+    assert sorted(p.name for p in (tmp_path / "execed").iterdir()) == ["1-process", "2-processes", "job.json", "run.json", "stderr.log"]
 
     def run_of(folder: Path, tag: str = "") -> tuple[dict, dict]:
         found = json.loads((folder / tag / "run.json").read_text())["group"][0]["runs"][0]

@@ -1,6 +1,6 @@
-"""Audit runs in one process tree: ``python -m vae_ddp.audit.run RUNS_JSON OUT_DIR``.
+"""Audit runs in one process tree: ``python -m vae_ddp.audit.run JOB_FILE OUT_DIR``.
 
-``RUNS_JSON`` is a list of [`AuditRun`][vae_ddp.audit.spec.AuditRun] with the same ``devices``,
+The job (the JSON in ``JOB_FILE``, [`read_job`][vae_ddp.harness.launch.read_job]) is a list of [`AuditRun`][vae_ddp.audit.spec.AuditRun] with the same ``devices``,
 or ``{tag: [runs]}`` (the audit's one-device runs and its DDP runs, see ``main``); the runs of a
 list are trained one after the other in the same processes (Lightning reuses the process
 group), which saves a launch per variant. On CPU the other ranks are forks of this process
@@ -34,6 +34,7 @@ from vae_ddp.audit.spec import AuditRun, failed_marker, import_class
 from vae_ddp import heartbeat
 from vae_ddp.fixes import registry
 from vae_ddp.guard import beat
+from vae_ddp.harness.launch import read_job
 from vae_ddp.harness.permutation import WithinBatchPermutation
 from vae_ddp.outputs import replacing, write_atomic
 from vae_ddp.probes import StepProbe
@@ -179,12 +180,12 @@ def wait_for_steps(steps_file: Path, timeout: float = WAIT_S) -> list[dict]:
 
 
 def main(argv: list[str]) -> int:
-    """``RUNS_JSON OUT_DIR``: a list of runs of one world size, trained in ``OUT_DIR``; or
+    """``JOB_FILE OUT_DIR``: a list of runs of one world size, trained in ``OUT_DIR``; or
     ``{TAG: [runs], ...}``, groups trained at the same time in ``OUT_DIR/TAG/``: the last group
     in the ranks of this process tree, each other group in a process forked beside them (the
     one-device runs beside the DDP runs, without a second import of torch and Lightning), and
     then ``OUT_DIR/run.json`` = ``{TAG: that group's run.json}``."""
-    payload, out = json.loads(argv[0]), Path(argv[1])
+    payload, out = read_job(argv[0]), Path(argv[1])
     groups = payload if isinstance(payload, dict) else {"": payload}
     groups = {tag: [AuditRun(**r) for r in runs] for tag, runs in groups.items()}
     *beside, (tag, runs) = groups.items()

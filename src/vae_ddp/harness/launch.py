@@ -1,7 +1,9 @@
 """Start a run, or a group of runs of one world size, in its own process tree (under a
 [guard][vae_ddp.guard]: own process group, watchdog, no orphans) and collect what rank 0 wrote.
 
-Each run is ``python -m vae_ddp.harness.runner SPEC_JSON OUT_DIR``; Lightning's DDP launcher then
+Each run is ``python -m vae_ddp.harness.runner JOB_FILE OUT_DIR``, ``JOB_FILE`` being
+``OUT_DIR/job.json``, the spec's JSON (a file, not the command line: a spec is kilobytes, and a
+command line is what ``ps`` shows every user); Lightning's DDP launcher then
 starts the other ranks by re-running that command (on CPU the runner forks them,
 [`vae_ddp.ranks`][vae_ddp.ranks]). From a process that runs one thread and has imported Lightning
 (the entries of ``make results``), a CPU launch is that command run in a fork of the caller
@@ -22,13 +24,19 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from vae_ddp import guard
 from vae_ddp.errors import RunFailed, UserError
 from vae_ddp.harness.configs import RunSpec
+from vae_ddp.outputs import write_atomic
 
-__all__ = ["launch", "launch_group", "launch_by_world_size", "RunGroup", "RunSequence", "RunFailed"]
+__all__ = ["launch", "launch_group", "launch_by_world_size", "read_job", "RunGroup", "RunSequence", "RunFailed",
+           "JOB_FILE"]
+
+#: The file in a launch's ``OUT_DIR`` that holds what its child runs (a spec's, a group's or a
+#: sequence's ``to_json()``); the child's first argument is its path.
+JOB_FILE = "job.json"
 
 _ERROR_LINE = re.compile(r"^(\[rank\d+\]: )?[A-Za-z_][\w.]*(Error|Exception)(:|$)")
 #: what a rank's watcher, the sequence runner or the guard says of a rank that ended (vae_ddp.ranks)
@@ -107,8 +115,8 @@ def launch(spec: "RunSpec | RunGroup", out_dir: Path, timeout: Optional[float] =
     """Run ``spec`` (already validated) in a child process tree under a guard
     ([`vae_ddp.guard`][vae_ddp.guard]); return its ``run.json``.
 
-    Progress lines stream to this process's stdout (unless ``quiet``); stderr goes to
-    ``out_dir/stderr.log``. ``entry`` replaces ``[python, -m, vae_ddp.harness.runner]`` (tests use
+    The child reads the spec from ``out_dir/job.json`` (``read_job``). Progress lines stream to
+    this process's stdout (unless ``quiet``); stderr goes to ``out_dir/stderr.log``. ``entry`` replaces ``[python, -m, vae_ddp.harness.runner]`` (tests use
     it to inject a failing rank). ``stall``: seconds without progress of any rank before the
     watchdog dumps every rank's stacks into ``stderr.log`` and ends the tree (default
     ``$VAE_DDP_WATCHDOG_S`` or 300). On ``timeout``, SIGINT/SIGTERM of this process, or its
@@ -132,13 +140,15 @@ def launch(spec: "RunSpec | RunGroup", out_dir: Path, timeout: Optional[float] =
     check_space(out_dir, space_needed(spec))
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "run.json").unlink(missing_ok=True)
+    job = out_dir / JOB_FILE
+    write_atomic(job, spec.to_json())
     log = out_dir / "stderr.log"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.pop("LOCAL_RANK", None)
     if spec.accelerator == "cpu" and "OMP_NUM_THREADS" not in os.environ:
         # like torchrun: do not let N ranks x all cores threads fight over the cores
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // spec.world_size))
-    cmd = (entry or [sys.executable, "-m", "vae_ddp.harness.runner"]) + [spec.to_json(), str(out_dir)]
+    cmd = (entry or [sys.executable, "-m", "vae_ddp.harness.runner"]) + [str(job), str(out_dir)]
     with open(log, "w") as err:
         try:
             # under a guard: its own process group, a watchdog, nothing left behind (vae_ddp.guard)
@@ -159,6 +169,11 @@ def launch(spec: "RunSpec | RunGroup", out_dir: Path, timeout: Optional[float] =
             raise RunFailed(f"{head}\n(every rank's stacks: {log})")
         raise _failure(spec.label, code, lines, log, out_dir)
     return json.loads((out_dir / "run.json").read_text())
+
+
+def read_job(path: "str | Path") -> Any:
+    """What a launch's child runs: the JSON in ``path`` (its first argument, ``OUT_DIR/job.json``)."""
+    return json.loads(Path(path).read_text())
 
 
 def _failure(label: str, code: Optional[int], lines: list[str], log: Path, out_dir: Path) -> RunFailed:

@@ -1,6 +1,7 @@
 """Run one [`RunSpec`][vae_ddp.harness.configs.RunSpec] through Lightning's ``Trainer``.
 
-Entry point for a child process: ``python -m vae_ddp.harness.runner SPEC_JSON OUT_DIR``. A DDP
+Entry point for a child process: ``python -m vae_ddp.harness.runner JOB_FILE OUT_DIR`` (``JOB_FILE``:
+the spec's JSON, [`read_job`][vae_ddp.harness.launch.read_job]). A DDP
 run on CPU forks its other ranks from this process once it has imported Lightning
 ([`vae_ddp.ranks`][vae_ddp.ranks]); on GPUs Lightning starts them by re-running this same
 command (``_SubprocessScriptLauncher``). Either way a study launches its runs in a process
@@ -27,6 +28,7 @@ from vae_ddp import heartbeat
 from vae_ddp.outputs import replacing, write_atomic
 from vae_ddp.ranks import cluster_plugins, fork, run_ranks
 from vae_ddp.harness.configs import RunSpec
+from vae_ddp.harness.launch import read_job
 from vae_ddp.dp import DataParallelVAE
 from vae_ddp.recording import GlobalBatchRecorder
 from vae_ddp.utils import close_process_group, quiet
@@ -127,7 +129,7 @@ def train_one(spec: RunSpec, seed: int, out_dir: Optional[Path] = None, progress
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """``SPEC_JSON OUT_DIR``: one spec, ``OUT_DIR/run.json`` = ``{"spec", "runs"}``. ``SPEC_JSON``
+    """``JOB_FILE OUT_DIR``: one spec, ``OUT_DIR/run.json`` = ``{"spec", "runs"}``. The job
     may be a JSON list of specs of one world size (a [`RunGroup`][vae_ddp.harness.launch.RunGroup]):
     they train one after the other in these processes, spec ``k`` saving its parameters under
     ``OUT_DIR/k/``, and ``run.json`` = ``{"group": [{"spec", "runs"}, ...]}``. Or
@@ -135,7 +137,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     CPU): each group in turn in a process forked from this one, with ``threads`` intra-op
     threads, into ``OUT_DIR/<tag>/``; then ``run.json`` = ``{tag: that group's run.json}``."""
     argv = sys.argv[1:] if argv is None else argv
-    payload, out_dir = json.loads(argv[0]), Path(argv[1])
+    payload, out_dir = read_job(argv[0]), Path(argv[1])
     if isinstance(payload, dict) and "sequence" in payload:
         return _sequence(payload["sequence"], out_dir)
     return _group(payload, out_dir)

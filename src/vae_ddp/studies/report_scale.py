@@ -165,7 +165,7 @@ def _spread(trainer, module, skip: int, batches: int) -> dict:
     return out
 
 
-def _worker(specs_json: str, out_dir: str) -> int:
+def _worker(payload: Any, out_dir: Path) -> int:
     """Frozen-weights runs of one world size, one after the other in these processes (a
     [`RunGroup`][vae_ddp.harness.launch.RunGroup]; on CPU the ranks are forks of this process,
     [`vae_ddp.ranks`][vae_ddp.ranks]): ``OUT_DIR/worker.json`` lists, per spec, its ``folder``
@@ -175,9 +175,8 @@ def _worker(specs_json: str, out_dir: str) -> int:
     from vae_ddp.harness.runner import run_sequence
     from vae_ddp.ranks import run_ranks
 
-    payload = json.loads(specs_json)
     if isinstance(payload, dict) and "sequence" in payload:
-        return run_sequence(payload["sequence"], Path(out_dir), lambda specs, out: _worker(json.dumps(specs), str(out)))
+        return run_sequence(payload["sequence"], Path(out_dir), _worker)
     specs = [RunSpec(**d) for d in payload]
     forked = specs[0].config == "ddp" and specs[0].accelerator == "cpu"
     return run_ranks(specs[0].world_size if forked else 1, lambda: _frozen_runs(specs, Path(out_dir)))
@@ -780,4 +779,6 @@ def plot(result: dict, path: Path) -> Path:
 
 
 if __name__ == "__main__":
-    sys.exit(_worker(sys.argv[1], sys.argv[2]))
+    from vae_ddp.harness.launch import read_job
+
+    sys.exit(_worker(read_job(sys.argv[1]), Path(sys.argv[2])))
