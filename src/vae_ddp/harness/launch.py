@@ -31,7 +31,7 @@ from vae_ddp.errors import RunFailed, UserError
 from vae_ddp.harness.configs import RunSpec
 from vae_ddp.outputs import write_atomic
 
-__all__ = ["launch", "launch_group", "launch_by_world_size", "read_job", "RunGroup", "RunSequence", "RunFailed",
+__all__ = ["launch", "launch_group", "launch_by_world_size", "group_folder", "read_job", "RunGroup", "RunSequence", "RunFailed",
            "JOB_FILE"]
 
 #: The file in a launch's ``OUT_DIR`` that holds what its child runs (a spec's, a group's or a
@@ -319,46 +319,56 @@ def _run_module(module: str) -> int:
     return 0
 
 
-def launch_group(specs: list[RunSpec], out_dir: Path, timeout: Optional[float] = None, quiet: bool = False) -> list[dict]:
-    """Train ``specs`` (one world size) in one launch of the study runner; return the
-    ``run.json`` of each, in order (``{"spec", "runs"}``; a run's ``params`` file name is
-    relative to ``out_dir``).
+def launch_group(specs: list[RunSpec], out_dir: Path, timeout: Optional[float] = None, quiet: bool = False,
+                 entry: Optional[list[str]] = None) -> list[dict]:
+    """Train ``specs`` (one world size) in one launch of the study runner (or of ``entry``, as
+    [`launch`][vae_ddp.harness.launch.launch]); return the ``run.json`` of each, in order
+    (``{"spec", "runs"}``; a run's ``params`` file name is relative to ``out_dir``).
 
     Raises:
         RunFailed: as [`launch`][vae_ddp.harness.launch.launch].
         ValueError: specs of different world sizes.
     """
-    return launch(RunGroup(specs), out_dir, timeout=timeout, quiet=quiet)["group"]
+    return launch(RunGroup(specs), out_dir, timeout=timeout, quiet=quiet, entry=entry)["group"]
+
+
+def group_folder(world_size: int, accelerator: str) -> str:
+    """The folder of ``launch_by_world_size``'s group of one world size: ``1-process``,
+    ``2-processes``, ``2-processes-gpu``."""
+    return f"{world_size}-process{'es' if world_size > 1 else ''}{'' if accelerator == 'cpu' else '-' + accelerator}"
 
 
 def launch_by_world_size(specs: list[RunSpec], out_dir: Path, timeout: Optional[float] = None,
-                         quiet: bool = False, same_threads: bool = False) -> list[tuple[dict, Path]]:
+                         quiet: bool = False, same_threads: bool = False,
+                         entry: Optional[list[str]] = None) -> list[tuple[dict, Path]]:
     """Train ``specs`` in groups of one world size (a [`RunGroup`][vae_ddp.harness.launch.RunGroup]
-    each, in the order the world sizes first appear) under ``out_dir/<N>-process/``: on CPU all
-    groups in one launch (a [`RunSequence`][vae_ddp.harness.launch.RunSequence], ``same_threads``
-    passed to it), else one launch per group.
+    each, in the order the world sizes first appear) under ``out_dir/<N>-process/``
+    ([`group_folder`][vae_ddp.harness.launch.group_folder]): on CPU all groups in one launch (a
+    [`RunSequence`][vae_ddp.harness.launch.RunSequence], ``same_threads`` passed to it), else one
+    launch per group. ``entry``: the child's command instead of the study runner's, as
+    [`launch`][vae_ddp.harness.launch.launch] (it writes each group's ``{"group": [one result
+    per spec]}``).
 
     Returns:
-        for each spec, in the order given: its ``{"spec", "runs"}`` and the folder its runs'
-        ``params`` file names are relative to.
+        for each spec, in the order given: its ``{"spec", "runs"}`` (an ``entry``'s result) and
+        the folder its runs' ``params`` file names are relative to.
     """
     groups: dict[tuple[int, str], list[int]] = {}
     for i, spec in enumerate(specs):
         groups.setdefault((spec.world_size, spec.accelerator), []).append(i)
-    tags = {key: f"{key[0]}-process{'es' if key[0] > 1 else ''}{'' if key[1] == 'cpu' else '-' + key[1]}"
-            for key in groups}
+    tags = {key: group_folder(*key) for key in groups}
     found: list[Optional[tuple[dict, Path]]] = [None] * len(specs)
     if all(accelerator == "cpu" for _, accelerator in groups):
         sequence = RunSequence({tags[key]: RunGroup([specs[i] for i in idx]) for key, idx in groups.items()},
                                same_threads=same_threads)
-        launched = launch(sequence, Path(out_dir), timeout=timeout, quiet=quiet)
+        launched = launch(sequence, Path(out_dir), timeout=timeout, quiet=quiet, entry=entry)
         for key, idx in groups.items():
             for i, result in zip(idx, launched[tags[key]]["group"]):
                 found[i] = (result, Path(out_dir) / tags[key])
         return found  # type: ignore[return-value]
     for key, idx in groups.items():
         where = Path(out_dir) / tags[key]
-        for i, result in zip(idx, launch_group([specs[i] for i in idx], where, timeout=timeout, quiet=quiet)):
+        for i, result in zip(idx, launch_group([specs[i] for i in idx], where, timeout=timeout, quiet=quiet, entry=entry)):
             found[i] = (result, where)
     return found  # type: ignore[return-value]
 

@@ -212,7 +212,7 @@ def _frozen_runs(specs: list[RunSpec], out: Path) -> int:
                 torch.save({"grads": frozen.grads, "sketches": frozen.sketches}, tmp)
             write_atomic(folder / "run.json", json.dumps({"records": recorder.records, "spread": spread}))
     if is_zero:
-        write_atomic(out / "run.json", json.dumps({"folders": [job["folder"] for job in jobs]}))
+        write_atomic(out / "run.json", json.dumps({"group": [{"folder": job["folder"]} for job in jobs]}))
     close_process_group()
     return 0
 
@@ -345,7 +345,7 @@ def report_scale(
                         f"of {global_batch_size} in one epoch: lower --grad_steps, --effect_batches or "
                         "--spread_batches, or use more data")
     runs = _run_all([(ref_spec, "single", 0)] + [(specs[name], f"variant{i}", spread_batches if name == DEFAULT_VARIANT else 0)
-                                                 for i, name in enumerate(names)], out, base.accelerator,
+                                                 for i, name in enumerate(names)], out,
                    keep=grad_steps, sketch=SKETCH if effect_batches else 0)
     result = _compare(runs, specs, names)
     result["settings"] = {**dataclasses.asdict(ref_spec), "grad_steps": grad_steps, "spread_batches": spread_batches,
@@ -375,40 +375,28 @@ def _check(variants: list[str] | None, grad_steps: int, spread_batches: int, eff
     return names
 
 
-def _run_all(jobs: list[tuple[RunSpec, str, int]], out: Path, accelerator: str,
-             keep: int, sketch: int) -> dict[str, tuple[dict, dict]]:
+def _run_all(jobs: list[tuple[RunSpec, str, int]], out: Path, keep: int, sketch: int) -> dict[str, tuple[dict, dict]]:
     """Train ``(spec, folder, spread_batches)`` jobs, a group per world size, all in one launch
-    on CPU (a [`RunSequence`][vae_ddp.harness.launch.RunSequence]); {folder: ({"grads": the first
-    ``keep`` steps' gradients, "sketches": every step's ``sketch``-long sketch}, info)}."""
-    from vae_ddp.harness.launch import RunGroup, RunSequence, launch
+    on CPU ([`launch_by_world_size`][vae_ddp.harness.launch.launch_by_world_size] with this
+    module's child); {folder: ({"grads": the first ``keep`` steps' gradients, "sketches": every
+    step's ``sketch``-long sketch}, info)}."""
+    from vae_ddp.harness.launch import group_folder, launch_by_world_size
 
-    found = {}
-    by_size: dict[int, list] = {}
-    for job in jobs:
-        by_size.setdefault(job[0].world_size, []).append(job)
-    groups = {}
-    for n, group in by_size.items():
-        tag = f"{n}-process{'es' if n > 1 else ''}"
-        d = out / "runs" / tag
+    by_folder: dict[Path, list] = {}
+    for spec, folder, spread in jobs:
+        by_folder.setdefault(out / "runs" / group_folder(spec.world_size, spec.accelerator), []).append((folder, spread))
+        print(f"== {spec.label}: {spec.world_size} process(es) x per-device batch {spec.per_device_batch_size}", flush=True)
+    for d, group in by_folder.items():  # what each group's runs keep, beside the specs
         d.mkdir(parents=True, exist_ok=True)
         (d / "worker.json").write_text(json.dumps([{"folder": str(d / folder), "spread_batches": spread,
-                                                    "keep": keep, "sketch": sketch} for _, folder, spread in group]))
-        for spec, _, _ in group:
-            print(f"== {spec.label}: {spec.world_size} process(es) x per-device batch "
-                  f"{spec.per_device_batch_size}", flush=True)
-        groups[tag] = (RunGroup([spec for spec, _, _ in group]), d)
-    entry = [sys.executable, "-m", "vae_ddp.studies.report_scale"]
-    if accelerator == "cpu":
-        launch(RunSequence({tag: g for tag, (g, _) in groups.items()}), out / "runs", entry=entry)
-    else:
-        for g, d in groups.values():
-            launch(g, d, entry=entry)
-    for n, group in by_size.items():
-        d = out / "runs" / f"{n}-process{'es' if n > 1 else ''}"
-        for _, folder, _ in group:
-            grads = torch.load(d / folder / "grads.pt")  # {"grads": [...], "sketches": [...]}
-            (d / folder / "grads.pt").unlink()  # ~80 MB per step for ResNet-18: keep only the numbers
-            found[folder] = (grads, json.loads((d / folder / "run.json").read_text()))
+                                                    "keep": keep, "sketch": sketch} for folder, spread in group]))
+    found = {}
+    launched = launch_by_world_size([spec for spec, _, _ in jobs], out / "runs",
+                                    entry=[sys.executable, "-m", "vae_ddp.studies.report_scale"])
+    for (_, folder, _), (_, d) in zip(jobs, launched):
+        grads = torch.load(d / folder / "grads.pt")  # {"grads": [...], "sketches": [...]}
+        (d / folder / "grads.pt").unlink()  # ~80 MB per step for ResNet-18: keep only the numbers
+        found[folder] = (grads, json.loads((d / folder / "run.json").read_text()))
     return found
 
 
