@@ -24,14 +24,14 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from vae_ddp import guard
 from vae_ddp.errors import RunFailed, UserError
 from vae_ddp.harness.configs import RunSpec
 from vae_ddp.outputs import write_atomic
 
-__all__ = ["launch", "launch_group", "launch_by_world_size", "group_folder", "read_job", "RunGroup", "RunSequence", "RunFailed",
+__all__ = ["launch", "launch_group", "launch_by_world_size", "group_folder", "read_job", "run_job", "run_sequence", "RunGroup", "RunSequence", "RunFailed",
            "JOB_FILE"]
 
 #: The file in a launch's ``OUT_DIR`` that holds what its child runs (a spec's, a group's or a
@@ -174,6 +174,61 @@ def launch(spec: "RunSpec | RunGroup", out_dir: Path, timeout: Optional[float] =
 def read_job(path: "str | Path") -> Any:
     """What a launch's child runs: the JSON in ``path`` (its first argument, ``OUT_DIR/job.json``)."""
     return json.loads(Path(path).read_text())
+
+
+# --------------------------------------------------------------------------- the child's side
+def run_job(argv: list[str], parse: Callable[[dict], Any], train: Callable[[list, Path, bool], int]) -> int:
+    """The child of a launch, for every runner (the study runner, report-scale's frozen runs):
+    ``argv`` = ``JOB_FILE OUT_DIR``. The job is one spec (a dict), a group of specs of one world
+    size (a list: [`RunGroup`][vae_ddp.harness.launch.RunGroup]) or a sequence of groups
+    (``{"sequence": ...}``: [`RunSequence`][vae_ddp.harness.launch.RunSequence], each group in
+    turn in a fork, [`run_sequence`][vae_ddp.harness.launch.run_sequence]). A group runs as
+    ``train(specs, out_dir, grouped)`` in every rank, ``specs`` being ``parse``'s of the job's
+    dicts and ``grouped`` whether the job was a list; on CPU the ranks are forks of this process
+    ([`run_ranks`][vae_ddp.ranks.run_ranks]). Returns the exit code."""
+    return _run_payload(read_job(argv[0]), Path(argv[1]), parse, train)
+
+
+def _run_payload(payload: Any, out_dir: Path, parse: Callable[[dict], Any],
+                 train: Callable[[list, Path, bool], int]) -> int:
+    from vae_ddp.ranks import run_ranks
+
+    if isinstance(payload, dict) and "sequence" in payload:
+        return run_sequence(payload["sequence"], out_dir, lambda p, out: _run_payload(p, out, parse, train))
+    specs = [parse(p) for p in payload] if isinstance(payload, list) else [parse(payload)]
+    # on CPU the ranks are forks of this process (no second import of Lightning, vae_ddp.ranks)
+    ranks = specs[0].world_size if specs[0].accelerator == "cpu" else 1
+    return run_ranks(ranks, lambda: train(specs, out_dir, isinstance(payload, list)))
+
+
+def run_sequence(groups: list[dict], out_dir: Path, run_group: Callable[[Any, Path], int]) -> int:
+    """The child's side of a [`RunSequence`][vae_ddp.harness.launch.RunSequence]: for each
+    ``{"tag", "threads", "specs"}`` in turn, ``run_group(specs, OUT_DIR/tag)`` in a process forked
+    from this one, with ``threads`` intra-op threads; then ``OUT_DIR/run.json`` = ``{tag: that
+    group's run.json}``. This process trains nothing itself, so it stays one that may fork (no
+    thread, no process group; [`vae_ddp.ranks`][vae_ddp.ranks]). Returns the first non-zero exit
+    code of a group (the groups after it do not run), else 0."""
+    from vae_ddp.ranks import fork
+
+    for g in groups:
+        def one(g: dict = g) -> int:
+            if g["threads"]:  # what launch() sets for a launch of this world size alone
+                import torch
+
+                os.environ["OMP_NUM_THREADS"] = str(g["threads"])
+                torch.set_num_threads(g["threads"])
+            return run_group(g["specs"], out_dir / g["tag"])
+
+        pid = fork(one)
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        if code != 0:
+            if code < 0:  # rank 0 of the group ended by a signal (a rank that failed names itself)
+                print(f"vae-ddp: rank 0 (PID {pid}) {guard.how_it_ended(code, pid)}", file=sys.stderr, flush=True)
+            print(f"the runs of '{g['tag']}' exited with code {code}", file=sys.stderr, flush=True)
+            return code if code > 0 else 128 - code
+    write_atomic(out_dir / "run.json", json.dumps({g["tag"]: json.loads((out_dir / g["tag"] / "run.json").read_text())
+                                                   for g in groups}))
+    return 0
 
 
 def _failure(label: str, code: Optional[int], lines: list[str], log: Path, out_dir: Path) -> RunFailed:

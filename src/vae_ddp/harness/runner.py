@@ -15,7 +15,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import pytorch_lightning as pl
 import torch
@@ -26,14 +26,14 @@ from vae_ddp.fixes.registry import FixParts
 from vae_ddp.model import VAE
 from vae_ddp import heartbeat
 from vae_ddp.outputs import replacing, write_atomic
-from vae_ddp.ranks import cluster_plugins, fork, run_ranks
+from vae_ddp.ranks import cluster_plugins
 from vae_ddp.harness.configs import RunSpec
-from vae_ddp.harness.launch import read_job
+from vae_ddp.harness.launch import run_job
 from vae_ddp.dp import DataParallelVAE
 from vae_ddp.recording import GlobalBatchRecorder
 from vae_ddp.utils import close_process_group, quiet
 
-__all__ = ["build_model", "build_trainer", "build_datamodule", "fix_parts", "train_one", "run_sequence",
+__all__ = ["build_model", "build_trainer", "build_datamodule", "fix_parts", "train_one",
            "close_process_group"]
 
 
@@ -129,74 +129,29 @@ def train_one(spec: RunSpec, seed: int, out_dir: Optional[Path] = None, progress
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """``JOB_FILE OUT_DIR``: one spec, ``OUT_DIR/run.json`` = ``{"spec", "runs"}``. The job
-    may be a JSON list of specs of one world size (a [`RunGroup`][vae_ddp.harness.launch.RunGroup]):
-    they train one after the other in these processes, spec ``k`` saving its parameters under
-    ``OUT_DIR/k/``, and ``run.json`` = ``{"group": [{"spec", "runs"}, ...]}``. Or
-    ``{"sequence": [{"tag", "threads", "specs"}, ...]}`` (a [`RunSequence`][vae_ddp.harness.launch.RunSequence],
-    CPU): each group in turn in a process forked from this one, with ``threads`` intra-op
-    threads, into ``OUT_DIR/<tag>/``; then ``run.json`` = ``{tag: that group's run.json}``."""
-    argv = sys.argv[1:] if argv is None else argv
-    payload, out_dir = read_job(argv[0]), Path(argv[1])
-    if isinstance(payload, dict) and "sequence" in payload:
-        return _sequence(payload["sequence"], out_dir)
-    return _group(payload, out_dir)
+    """``JOB_FILE OUT_DIR``: one spec, ``OUT_DIR/run.json`` = ``{"spec", "runs"}``; a group of
+    specs of one world size, one after the other in these processes, spec ``k`` saving its
+    parameters under ``OUT_DIR/k/``, ``run.json`` = ``{"group": [{"spec", "runs"}, ...]}``; or a
+    sequence of groups ([`run_job`][vae_ddp.harness.launch.run_job])."""
+    return run_job(sys.argv[1:] if argv is None else argv, lambda d: RunSpec(**d), _train)
 
 
-def _group(payload: Any, out_dir: Path) -> int:
-    specs = [RunSpec(**p) for p in payload] if isinstance(payload, list) else [RunSpec(**payload)]
-    # DDP on CPU: the ranks are forks of this process (no second import of Lightning, vae_ddp.ranks)
-    forked = specs[0].config == "ddp" and specs[0].accelerator == "cpu"
-    return run_ranks(specs[0].world_size if forked else 1, lambda: _train(specs, payload, out_dir))
-
-
-def _sequence(groups: list[dict], out_dir: Path) -> int:
-    return run_sequence(groups, out_dir, _group)
-
-
-def run_sequence(groups: list[dict], out_dir: Path, run_group: Callable[[Any, Path], int]) -> int:
-    """The child's side of a [`RunSequence`][vae_ddp.harness.launch.RunSequence]: for each
-    ``{"tag", "threads", "specs"}`` in turn, ``run_group(specs, OUT_DIR/tag)`` in a process forked
-    from this one, with ``threads`` intra-op threads; then ``OUT_DIR/run.json`` = ``{tag: that
-    group's run.json}``. This process trains nothing itself, so it stays one that may fork (no
-    thread, no process group; [`vae_ddp.ranks`][vae_ddp.ranks]). Returns the first non-zero exit
-    code of a group (the groups after it do not run), else 0."""
-    for g in groups:
-        def one(g: dict = g) -> int:
-            if g["threads"]:  # what launch() sets for a launch of this world size alone
-                os.environ["OMP_NUM_THREADS"] = str(g["threads"])
-                torch.set_num_threads(g["threads"])
-            return run_group(g["specs"], out_dir / g["tag"])
-
-        pid = fork(one)
-        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-        if code != 0:
-            if code < 0:  # rank 0 of the group ended by a signal (a rank that failed names itself)
-                from vae_ddp.guard import how_it_ended
-
-                print(f"vae-ddp: rank 0 (PID {pid}) {how_it_ended(code, pid)}", file=sys.stderr, flush=True)
-            print(f"the runs of '{g['tag']}' exited with code {code}", file=sys.stderr, flush=True)
-            return code if code > 0 else 128 - code
-    write_atomic(out_dir / "run.json", json.dumps({g["tag"]: json.loads((out_dir / g["tag"] / "run.json").read_text())
-                                                   for g in groups}))
-    return 0
-
-
-def _train(specs: list[RunSpec], payload: Any, out_dir: Path) -> int:
-    """Train ``specs`` one after the other in this rank; rank 0 writes ``OUT_DIR/run.json``."""
+def _train(specs: list[RunSpec], out_dir: Path, grouped: bool) -> int:
+    """Train ``specs`` one after the other in this rank; rank 0 writes ``OUT_DIR/run.json``
+    (``grouped``: the job was a list of specs)."""
     quiet()
     out_dir.mkdir(parents=True, exist_ok=True)
     results = []
     for k, spec in enumerate(specs):
-        where = out_dir / str(k) if isinstance(payload, list) else out_dir
+        where = out_dir / str(k) if grouped else out_dir
         where.mkdir(parents=True, exist_ok=True)
         runs = [train_one(spec, seed, where) for seed in spec.seeds]
-        if isinstance(payload, list):
+        if grouped:
             runs = [r and dict(r, params=r["params"] and f"{k}/{r['params']}",
                                steps=r.get("steps") and f"{k}/{r['steps']}") for r in runs]
         results.append({"spec": json.loads(spec.to_json()), "runs": runs})
     if int(os.environ.get("LOCAL_RANK", "0")) == 0 and int(os.environ.get("NODE_RANK", "0")) == 0:
-        out = {"group": results} if isinstance(payload, list) else results[0]
+        out = {"group": results} if grouped else results[0]
         write_atomic(out_dir / "run.json", json.dumps(out))
     close_process_group()
     return 0

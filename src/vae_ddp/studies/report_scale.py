@@ -165,24 +165,11 @@ def _spread(trainer, module, skip: int, batches: int) -> dict:
     return out
 
 
-def _worker(payload: Any, out_dir: Path) -> int:
-    """Frozen-weights runs of one world size, one after the other in these processes (a
-    [`RunGroup`][vae_ddp.harness.launch.RunGroup]; on CPU the ranks are forks of this process,
-    [`vae_ddp.ranks`][vae_ddp.ranks]): ``OUT_DIR/worker.json`` lists, per spec, its ``folder``
-    and ``spread_batches``; rank 0 writes ``grads.pt`` and ``run.json`` into each folder, and
-    ``OUT_DIR/run.json``. Or a [`RunSequence`][vae_ddp.harness.launch.RunSequence] of such
-    groups, one world size after the other, in this one launch."""
-    from vae_ddp.harness.runner import run_sequence
-    from vae_ddp.ranks import run_ranks
-
-    if isinstance(payload, dict) and "sequence" in payload:
-        return run_sequence(payload["sequence"], Path(out_dir), _worker)
-    specs = [RunSpec(**d) for d in payload]
-    forked = specs[0].config == "ddp" and specs[0].accelerator == "cpu"
-    return run_ranks(specs[0].world_size if forked else 1, lambda: _frozen_runs(specs, Path(out_dir)))
-
-
-def _frozen_runs(specs: list[RunSpec], out: Path) -> int:
+def _frozen_runs(specs: list[RunSpec], out: Path, grouped: bool = True) -> int:
+    """Frozen-weights runs of one world size, one after the other in this rank (the child of a
+    launch, [`run_job`][vae_ddp.harness.launch.run_job]): ``OUT_DIR/worker.json`` lists, per
+    spec, its ``folder`` and ``spread_batches``; rank 0 writes ``grads.pt`` and ``run.json``
+    into each folder, and ``OUT_DIR/run.json``."""
     import pytorch_lightning as pl
 
     from vae_ddp.data import make_datamodule
@@ -767,6 +754,6 @@ def plot(result: dict, path: Path) -> Path:
 
 
 if __name__ == "__main__":
-    from vae_ddp.harness.launch import read_job
+    from vae_ddp.harness.launch import run_job
 
-    sys.exit(_worker(read_job(sys.argv[1]), Path(sys.argv[2])))
+    sys.exit(run_job(sys.argv[1:], lambda d: RunSpec(**d), _frozen_runs))
