@@ -1,7 +1,7 @@
 """Audit runs in one process tree: ``python -m vae_ddp.audit.run JOB_FILE OUT_DIR``.
 
 The job (the JSON in ``JOB_FILE``, [`read_job`][vae_ddp.harness.launch.read_job]) is a list of [`AuditRun`][vae_ddp.audit.spec.AuditRun] with the same ``devices``,
-or ``{tag: [runs]}`` (the audit's one-device runs and its DDP runs, see ``main``); the runs of a
+or ``{"together": {tag: [runs]}}`` (the audit's one-device runs and its DDP runs, see ``main``); the runs of a
 list are trained one after the other in the same processes (Lightning reuses the process
 group), which saves a launch per variant. On CPU the other ranks are forks of this process
 ([`vae_ddp.ranks`][vae_ddp.ranks]); on GPUs Lightning's launcher re-runs this command for them.
@@ -34,11 +34,11 @@ from vae_ddp.audit.spec import AuditRun, failed_marker, import_class
 from vae_ddp import heartbeat
 from vae_ddp.fixes import registry
 from vae_ddp.guard import beat
-from vae_ddp.harness.launch import read_job
+from vae_ddp.harness.launch import BESIDE_PID, run_job
 from vae_ddp.harness.permutation import WithinBatchPermutation
 from vae_ddp.outputs import replacing, write_atomic
 from vae_ddp.probes import StepProbe
-from vae_ddp.ranks import alive, cluster_plugins, fork, run_ranks
+from vae_ddp.ranks import alive, cluster_plugins
 from vae_ddp.utils import close_process_group, quiet
 from vae_ddp.workers import make_fork_safe
 
@@ -153,8 +153,9 @@ NOTES: list[str] = []
 #: process beside it, record them; the guard's watchdog ends a stalled tree long before).
 WAIT_S = 1800.0
 
-#: The pid of the process that trains the reference (the one-device runs), for the runs that wait for it.
-REFERENCE_PID = "VAE_DDP_REFERENCE_PID"
+#: The pid of the process that trains the reference (the one-device runs, the first group beside
+#: the ranks), for the runs that wait for it.
+REFERENCE_PID = BESIDE_PID
 
 
 def wait_for_steps(steps_file: Path, timeout: float = WAIT_S) -> list[dict]:
@@ -181,43 +182,24 @@ def wait_for_steps(steps_file: Path, timeout: float = WAIT_S) -> list[dict]:
 
 def main(argv: list[str]) -> int:
     """``JOB_FILE OUT_DIR``: a list of runs of one world size, trained in ``OUT_DIR``; or
-    ``{TAG: [runs], ...}``, groups trained at the same time in ``OUT_DIR/TAG/``: the last group
-    in the ranks of this process tree, each other group in a process forked beside them (the
-    one-device runs beside the DDP runs, without a second import of torch and Lightning), and
-    then ``OUT_DIR/run.json`` = ``{TAG: that group's run.json}``."""
-    payload, out = read_job(argv[0]), Path(argv[1])
-    groups = payload if isinstance(payload, dict) else {"": payload}
-    groups = {tag: [AuditRun(**r) for r in runs] for tag, runs in groups.items()}
-    *beside, (tag, runs) = groups.items()
-    # started by Lightning's launcher (GPUs) or torchrun: the groups beside run in the first process only
-    children = {} if "LOCAL_RANK" in os.environ else {_fork_group(rs, out / t): t for t, rs in beside}
-    if children:  # the runs that wait for the reference's weights stop waiting when it is gone
-        os.environ[REFERENCE_PID] = str(next(iter(children)))
-    # DDP on CPU: the ranks are forks of this process (no second import of Lightning, vae_ddp.ranks)
-    forked = runs[0].devices > 1 and runs[0].accelerator == "cpu"
-    code = run_ranks(runs[0].devices if forked else 1, lambda: _train(runs, out / tag))
-    if "LOCAL_RANK" in os.environ and os.environ["LOCAL_RANK"] != "0":
-        return code
-    for pid, t in children.items():
-        child = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-        if child != 0:
-            print(f"the runs of '{t}' exited with code {child}", file=sys.stderr, flush=True)
-            code = code or 1
-    if code == 0 and isinstance(payload, dict):
-        write_atomic(out / "run.json", json.dumps({t: json.loads((out / t / "run.json").read_text()) for t in groups}))
-    return code
+    ``{"together": {TAG: [runs], ...}}``, groups trained at the same time in ``OUT_DIR/TAG/``: the
+    last group in the ranks of this process tree, each other group in a process forked beside
+    them (the one-device runs beside the DDP runs, without a second import of torch and
+    Lightning), and then ``OUT_DIR/run.json`` = ``{TAG: that group's run.json}``
+    ([`run_job`][vae_ddp.harness.launch.run_job])."""
+    return run_job(argv, lambda d: AuditRun(**d), _train_or_mark)
 
 
-def _fork_group(runs: list[AuditRun], out: Path) -> int:
-    """Train ``runs`` (one device) in a forked process; return its pid. If they fail, the
-    teacher-forced runs waiting for their weights are told so (their marker file)."""
-
-    def failed() -> None:
+def _train_or_mark(runs: list[AuditRun], out: Path, grouped: bool = True) -> int:
+    """``_train(runs, out)``; if it fails, the teacher-forced runs waiting for the weights these
+    runs record are told so (their marker file)."""
+    try:
+        return _train(runs, out)
+    except BaseException:
         for run in runs:
             if run.steps_file and not run.teacher_forced:
                 failed_marker(Path(run.steps_file)).touch()
-
-    return fork(lambda: _train(runs, out), on_error=failed)
+        raise
 
 
 def _train(runs: list[AuditRun], out: Path) -> int:

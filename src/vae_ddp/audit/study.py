@@ -649,7 +649,7 @@ class _Groups:
         self.label = ", ".join(r.label for runs in groups.values() for r in runs)
 
     def to_json(self) -> str:
-        return json.dumps({tag: [json.loads(r.to_json()) for r in runs] for tag, runs in self.groups.items()})
+        return json.dumps({"together": {tag: [json.loads(r.to_json()) for r in runs] for tag, runs in self.groups.items()}})
 
 
 def shown_name(cls: dict, file: Optional[str]) -> str:

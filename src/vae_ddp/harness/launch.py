@@ -31,7 +31,7 @@ from vae_ddp.errors import RunFailed, UserError
 from vae_ddp.harness.configs import RunSpec
 from vae_ddp.outputs import write_atomic
 
-__all__ = ["launch", "launch_group", "launch_by_world_size", "group_folder", "read_job", "run_job", "run_sequence", "RunGroup", "RunSequence", "RunFailed",
+__all__ = ["launch", "launch_group", "launch_by_world_size", "group_folder", "read_job", "run_job", "run_sequence", "run_together", "RunGroup", "RunSequence", "RunFailed",
            "JOB_FILE"]
 
 #: The file in a launch's ``OUT_DIR`` that holds what its child runs (a spec's, a group's or a
@@ -178,14 +178,15 @@ def read_job(path: "str | Path") -> Any:
 
 # --------------------------------------------------------------------------- the child's side
 def run_job(argv: list[str], parse: Callable[[dict], Any], train: Callable[[list, Path, bool], int]) -> int:
-    """The child of a launch, for every runner (the study runner, report-scale's frozen runs):
-    ``argv`` = ``JOB_FILE OUT_DIR``. The job is one spec (a dict), a group of specs of one world
-    size (a list: [`RunGroup`][vae_ddp.harness.launch.RunGroup]) or a sequence of groups
-    (``{"sequence": ...}``: [`RunSequence`][vae_ddp.harness.launch.RunSequence], each group in
-    turn in a fork, [`run_sequence`][vae_ddp.harness.launch.run_sequence]). A group runs as
-    ``train(specs, out_dir, grouped)`` in every rank, ``specs`` being ``parse``'s of the job's
-    dicts and ``grouped`` whether the job was a list; on CPU the ranks are forks of this process
-    ([`run_ranks`][vae_ddp.ranks.run_ranks]). Returns the exit code."""
+    """The child of a launch, for every runner (the study runner, report-scale's frozen runs, the
+    audit's runs): ``argv`` = ``JOB_FILE OUT_DIR``. The job is one spec (a dict), a group of specs
+    of one world size (a list: [`RunGroup`][vae_ddp.harness.launch.RunGroup]), a sequence of
+    groups (``{"sequence": ...}``: [`RunSequence`][vae_ddp.harness.launch.RunSequence], each group
+    in turn in a fork, [`run_sequence`][vae_ddp.harness.launch.run_sequence]) or groups at the same
+    time (``{"together": {tag: specs}}``, [`run_together`][vae_ddp.harness.launch.run_together]).
+    A group runs as ``train(specs, out_dir, grouped)`` in every rank, ``specs`` being ``parse``'s
+    of the job's dicts and ``grouped`` whether they came as a list; on CPU the ranks are forks of
+    this process ([`run_ranks`][vae_ddp.ranks.run_ranks]). Returns the exit code."""
     return _run_payload(read_job(argv[0]), Path(argv[1]), parse, train)
 
 
@@ -195,10 +196,46 @@ def _run_payload(payload: Any, out_dir: Path, parse: Callable[[dict], Any],
 
     if isinstance(payload, dict) and "sequence" in payload:
         return run_sequence(payload["sequence"], out_dir, lambda p, out: _run_payload(p, out, parse, train))
+    if isinstance(payload, dict) and "together" in payload:
+        return run_together({tag: [parse(p) for p in group] for tag, group in payload["together"].items()},
+                            out_dir, train)
     specs = [parse(p) for p in payload] if isinstance(payload, list) else [parse(payload)]
     # on CPU the ranks are forks of this process (no second import of Lightning, vae_ddp.ranks)
     ranks = specs[0].world_size if specs[0].accelerator == "cpu" else 1
     return run_ranks(ranks, lambda: train(specs, out_dir, isinstance(payload, list)))
+
+
+#: Set in the ranks of a ``together`` job: the pid of the first group forked beside them.
+BESIDE_PID = "VAE_DDP_BESIDE_PID"
+
+
+def run_together(groups: dict[str, list], out_dir: Path, train: Callable[[list, Path, bool], int]) -> int:
+    """The child's side of groups trained at the same time (the audit's one-device runs beside its
+    DDP runs), ``groups[tag]`` in ``OUT_DIR/tag``: the last group in the ranks of this process
+    tree, each other in a process forked beside them (one device; the ranks find the first one's
+    pid in ``$VAE_DDP_BESIDE_PID``); started by Lightning's launcher (GPUs) or torchrun, the groups
+    beside run in the first process only. Then ``OUT_DIR/run.json`` = ``{tag: that group's
+    run.json}``. Returns the ranks' exit code, or 1 when a group beside failed."""
+    from vae_ddp.ranks import fork, run_ranks
+
+    *beside, (tag, last) = groups.items()
+    children = {} if "LOCAL_RANK" in os.environ else {
+        fork(lambda rs=rs, t=t: train(rs, out_dir / t, True)): t for t, rs in beside}
+    if children:
+        os.environ[BESIDE_PID] = str(next(iter(children)))
+    ranks = last[0].world_size if last[0].accelerator == "cpu" else 1
+    code = run_ranks(ranks, lambda: train(last, out_dir / tag, True))
+    if os.environ.get("LOCAL_RANK", "0") != "0":
+        return code
+    for pid, t in children.items():
+        child = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        if child != 0:
+            print(f"the runs of '{t}' exited with code {child}", file=sys.stderr, flush=True)
+            code = code or 1
+    if code == 0:
+        write_atomic(out_dir / "run.json", json.dumps({t: json.loads((out_dir / t / "run.json").read_text())
+                                                       for t in groups}))
+    return code
 
 
 def run_sequence(groups: list[dict], out_dir: Path, run_group: Callable[[Any, Path], int]) -> int:
