@@ -1,7 +1,8 @@
 """Audit runs in one process tree: ``python -m vae_ddp.audit.run JOB_FILE OUT_DIR``.
 
-The job (the JSON in ``JOB_FILE``, [`read_job`][vae_ddp.harness.launch.read_job]) is a list of [`AuditRun`][vae_ddp.audit.spec.AuditRun] with the same ``devices``,
-or ``{"together": {tag: [runs]}}`` (the audit's one-device runs and its DDP runs, see ``main``); the runs of a
+The job (the JSON in ``JOB_FILE``, [`read_job`][vae_ddp.harness.launch.read_job]) is a list of
+[`AuditRun`][vae_ddp.audit.spec.AuditRun] with the same ``devices``, or ``{"together": {tag: [runs]}}``
+(the audit's one-device runs and its DDP runs, see ``main``); the runs of a
 list are trained one after the other in the same processes (Lightning reuses the process
 group), which saves a launch per variant. On CPU the other ranks are forks of this process
 ([`vae_ddp.ranks`][vae_ddp.ranks]); on GPUs Lightning's launcher re-runs this command for them.

@@ -31,8 +31,8 @@ from vae_ddp.errors import RunFailed, UserError
 from vae_ddp.harness.configs import RunSpec
 from vae_ddp.outputs import write_atomic
 
-__all__ = ["launch", "launch_group", "launch_by_world_size", "group_folder", "read_job", "run_job", "run_sequence", "run_together", "RunGroup", "RunSequence", "RunFailed",
-           "JOB_FILE"]
+__all__ = ["launch", "launch_group", "launch_by_world_size", "group_folder", "RunGroup", "RunSequence", "RunFailed",
+           "JOB_FILE", "read_job", "run_job", "run_sequence", "run_together", "BESIDE_PID"]
 
 #: The file in a launch's ``OUT_DIR`` that holds what its child runs (a spec's, a group's or a
 #: sequence's ``to_json()``); the child's first argument is its path.
@@ -115,8 +115,9 @@ def launch(spec: "RunSpec | RunGroup", out_dir: Path, timeout: Optional[float] =
     """Run ``spec`` (already validated) in a child process tree under a guard
     ([`vae_ddp.guard`][vae_ddp.guard]); return its ``run.json``.
 
-    The child reads the spec from ``out_dir/job.json`` (``read_job``). Progress lines stream to
-    this process's stdout (unless ``quiet``); stderr goes to ``out_dir/stderr.log``. ``entry`` replaces ``[python, -m, vae_ddp.harness.runner]`` (tests use
+    The child reads the spec from ``out_dir/job.json`` ([`read_job`][vae_ddp.harness.launch.read_job]).
+    Progress lines stream to this process's stdout (unless ``quiet``); stderr goes to
+    ``out_dir/stderr.log``. ``entry`` replaces ``[python, -m, vae_ddp.harness.runner]`` (tests use
     it to inject a failing rank). ``stall``: seconds without progress of any rank before the
     watchdog dumps every rank's stacks into ``stderr.log`` and ends the tree (default
     ``$VAE_DDP_WATCHDOG_S`` or 300). On ``timeout``, SIGINT/SIGTERM of this process, or its
