@@ -90,7 +90,7 @@ def test_report_scale_names_each_factor_as_the_registry_does():
         assert VARIANTS[variant][2] == registry.get(key).name, (key, VARIANTS[variant])
 
 
-#: mkdocs.yml's factor groups, by what the report-scale study measures of each factor's one step
+#: the nav's factor groups (tools/site_hooks.py), by what the report-scale study measures of each factor's one step
 GROUPS = {"different": "Change what DDP trains", "same distribution": "Change only the luck",
           "logging": "Change only the plot", None: "Not a cause at equal per-device batches"}
 
