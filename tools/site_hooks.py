@@ -134,17 +134,12 @@ def on_config(config):  # MkDocs calls it with this name
 
 
 def fix_modules() -> list[str]:
-    """Every public module of ``vae_ddp.fixes`` but the factor store (``factor``, ``registry``):
-    the modules that declare a factor in the registry's order, then the others by name."""
-    import pkgutil
-
-    import vae_ddp.fixes
+    """The fix modules (``registry.fix_modules``): those that declare a factor in the registry's
+    order, then the others by name."""
     from vae_ddp.fixes import registry
 
     declared = [m.__name__ for m in registry.MODULES]
-    others = sorted(f"vae_ddp.fixes.{i.name}" for i in pkgutil.iter_modules(vae_ddp.fixes.__path__)
-                    if not i.name.startswith("_") and i.name not in ("factor", "registry"))
-    return declared + [name for name in others if name not in declared]
+    return declared + [name for name in registry.fix_modules() if name not in declared]
 
 
 def fix_modules_markdown() -> str:

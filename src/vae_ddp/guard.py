@@ -213,16 +213,14 @@ def call_as_main(main: Callable[[], Optional[int]]) -> int:
     return code
 
 
-def fork(main: Callable[[], Optional[int]], parent_death: Optional[int] = None,
-         on_error: Optional[Callable[[], None]] = None) -> int:
+def fork(main: Callable[[], Optional[int]], parent_death: Optional[int] = None) -> int:
     """The one ``fork`` of this project: run ``main()`` in a child process; return its pid here.
 
     The child never returns to the caller's code: it leaves with ``os._exit`` and the exit code
     [`call_as_main`][vae_ddp.guard.call_as_main] gives ``main`` (its copy of this interpreter runs
     none of this process's exit handlers). ``parent_death``: the signal the child gets when this
     process dies, even by SIGKILL (Linux ``prctl(PR_SET_PDEATHSIG)``; elsewhere a guard's polling
-    covers it). ``on_error``: called in the child before it leaves with a non-zero code. This
-    process's buffered output is flushed first (the child would write it again).
+    covers it). This process's buffered output is flushed first (the child would write it again).
 
     Only where [`can_fork`][vae_ddp.guard.can_fork] holds (one thread: a fork copies only the
     calling thread, and a lock another thread holds stays held)."""
@@ -237,8 +235,6 @@ def fork(main: Callable[[], Optional[int]], parent_death: Optional[int] = None,
         if parent_death is not None:
             _prctl(1, parent_death)  # PR_SET_PDEATHSIG
         code = call_as_main(main)
-        if code != 0 and on_error is not None:
-            call_as_main(on_error)
     finally:
         os._exit(code)
 

@@ -88,20 +88,19 @@ def _kill(children: dict[int, int]) -> None:
             pass
 
 
-def fork(main: Callable[[], Any], env: Optional[dict[str, str]] = None,
-         on_error: Optional[Callable[[], None]] = None) -> int:
+def fork(main: Callable[[], Any], env: Optional[dict[str, str]] = None) -> int:
     """Run ``main()`` in a forked process that gets SIGKILL when this one dies; return its pid.
 
     The child sets ``env`` in its environment, runs ``main`` and leaves with ``os._exit``
     ([`guard.fork`][vae_ddp.guard.fork], the project's one fork: ``main``'s return value as
-    its exit code, None being 0, 1 after printing an exception); ``on_error`` is called before a
-    non-zero exit. It never returns to the caller's code.
+    its exit code, None being 0, 1 after printing an exception). It never returns to the
+    caller's code.
     """
     def child() -> Any:
         os.environ.update(env or {})
         return main()
 
-    return guard.fork(child, parent_death=signal.SIGKILL, on_error=on_error)
+    return guard.fork(child, parent_death=signal.SIGKILL)
 
 
 def cluster_plugins() -> list:

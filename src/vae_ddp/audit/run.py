@@ -154,11 +154,6 @@ NOTES: list[str] = []
 #: process beside it, record them; the guard's watchdog ends a stalled tree long before).
 WAIT_S = 1800.0
 
-#: The pid of the process that trains the reference (the one-device runs, the first group beside
-#: the ranks), for the runs that wait for it.
-REFERENCE_PID = BESIDE_PID
-
-
 def wait_for_steps(steps_file: Path, timeout: float = WAIT_S) -> list[dict]:
     """The per-batch weights θ_k the reference run records in ``steps_file`` (``states``),
     once it has written them; the guard's heartbeat goes on meanwhile.
@@ -168,7 +163,7 @@ def wait_for_steps(steps_file: Path, timeout: float = WAIT_S) -> list[dict]:
     """
     rank = int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")))
     deadline = time.monotonic() + timeout
-    reference = int(os.environ.get(REFERENCE_PID, "0"))
+    reference = int(os.environ.get(BESIDE_PID, "0"))  # the one-device runs: the group beside the ranks
     while not steps_file.exists():
         if failed_marker(steps_file).exists():
             raise RuntimeError(f"the one-device reference run failed; no weights in {steps_file}")

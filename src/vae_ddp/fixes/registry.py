@@ -31,22 +31,24 @@ from typing import Any
 from vae_ddp.fixes.factor import HOOKS, Factor, Finding, FixParts, Seen, factors, get, register, unregister
 
 __all__ = ["Factor", "FixParts", "Finding", "Seen", "HOOKS", "factors", "get", "register", "unregister", "exposures",
-           "switches", "audit_fixable", "audit_parts", "watchers"]
+           "switches", "audit_fixable", "audit_parts", "watchers", "fix_modules", "MODULES"]
 
 
-def _fix_modules() -> tuple[ModuleType, ...]:
-    """Every module of ``vae_ddp.fixes`` that declares a ``FACTOR``, in the order of the docs."""
-    found = []
-    for info in pkgutil.iter_modules([str(Path(__file__).parent)]):
-        if not info.name.startswith("_") and info.name not in ("factor", "registry"):
-            module = importlib.import_module(f"vae_ddp.fixes.{info.name}")
-            if isinstance(getattr(module, "FACTOR", None), Factor):
-                found.append(module)
+def fix_modules() -> tuple[str, ...]:
+    """The names of the fix modules: every public module of ``vae_ddp.fixes`` but the factor
+    store (``factor``, this ``registry``), by name."""
+    return tuple(f"vae_ddp.fixes.{info.name}" for info in pkgutil.iter_modules([str(Path(__file__).parent)])
+                 if not info.name.startswith("_") and info.name not in ("factor", "registry"))
+
+
+def _factor_modules() -> tuple[ModuleType, ...]:
+    """Every fix module that declares a ``FACTOR``, in the order of the docs."""
+    found = [m for m in map(importlib.import_module, fix_modules()) if isinstance(getattr(m, "FACTOR", None), Factor)]
     return tuple(sorted(found, key=lambda m: m.FACTOR.position))
 
 
 #: the fix modules that declare the factors, in the order of the docs
-MODULES = _fix_modules()
+MODULES = _factor_modules()
 for _module in MODULES:
     register(_module.FACTOR)
 
