@@ -120,7 +120,7 @@ def check(steps: int, seed: int, permutations: int, out: Path, world_sizes: tupl
     are deleted once compared (``recipe.json`` keeps the numbers)."""
     from vae_ddp.probes import per_step_differences
     from vae_ddp.studies.equivalence import FLOOR_FACTOR, verdict
-    from vae_ddp.harness.launch import drop_tensors
+    from vae_ddp.outputs import drop_tensors
 
     result = {"method": "teacher-forced", "floor_factor": FLOOR_FACTOR, "steps": steps, "permutations": permutations,
               "global_batch_size": GLOBAL_BATCH_SIZE, "world_sizes": list(world_sizes), "dtypes": {}}

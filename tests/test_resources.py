@@ -12,9 +12,10 @@ def test_a_world_size_that_does_not_fit_is_refused_before_launch(tmp_path, monke
     """--devices 64 with 2 GB available: one line with the estimate and what fits, exit 2, no
     process started and nothing written (it started 67 processes and took 129 s for one step)."""
     import vae_ddp.harness.launch as launch
+    import vae_ddp.harness.resources as resources
     from vae_ddp.cli import main_captured
 
-    monkeypatch.setattr(launch, "_available_memory", lambda: 2 * 10 ** 9)
+    monkeypatch.setattr(resources, "_available_memory", lambda: 2 * 10 ** 9)
     started = []
     monkeypatch.setattr(launch.guard, "run", lambda *a, **k: started.append(a))
     monkeypatch.setattr(launch.guard, "run_in_fork", lambda *a, **k: started.append(a))
@@ -29,6 +30,6 @@ def test_a_world_size_that_does_not_fit_is_refused_before_launch(tmp_path, monke
 def test_four_ranks_fit_here():
     """The estimate lets 4 ranks of the small VAE run where they ran (a few hundred MB)."""
     from vae_ddp.harness.configs import RunSpec
-    from vae_ddp.harness.launch import check_memory
+    from vae_ddp.harness.resources import check_memory
 
     check_memory(RunSpec(config="ddp", devices=4).validate())

@@ -54,9 +54,9 @@ from vae_ddp.fixes import noise, registry
 from vae_ddp.fixes.factor import page_url
 from vae_ddp.probes import per_step_differences
 from vae_ddp.studies.equivalence import FLOOR_FACTOR
-from vae_ddp.harness.launch import RunFailed, drop_tensors, launch
+from vae_ddp.harness.launch import RunFailed, launch
 from vae_ddp.harness.table import format_table
-from vae_ddp.outputs import result_set
+from vae_ddp.outputs import drop_tensors, result_set
 
 __all__ = ["audit", "render", "FLOOR_RATIO", "FLOOR_DRAWS", "ROUNDING_EPS"]
 

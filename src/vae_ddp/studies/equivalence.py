@@ -32,9 +32,9 @@ import torch
 
 from vae_ddp.errors import UserError
 from vae_ddp.harness.configs import RunSpec
-from vae_ddp.harness.launch import drop_tensors, launch_by_world_size
+from vae_ddp.harness.launch import launch_by_world_size
 from vae_ddp.harness.table import format_table, number, write_tables
-from vae_ddp.outputs import result_set
+from vae_ddp.outputs import drop_tensors, result_set
 
 __all__ = ["equivalence", "max_abs_diff", "param_diffs", "FLOOR_FACTOR", "verdict"]
 
