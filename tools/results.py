@@ -27,7 +27,6 @@ import queue
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -270,17 +269,15 @@ PRELOAD = ("torch", "torchvision", "pytorch_lightning")
 
 class Worker:
     """A process that has imported ``PRELOAD`` once and runs each entry it is given in a fork
-    of itself, as ``python SCRIPT ARGS`` or ``python -m MODULE ARGS`` would run it (``runpy``:
-    the entry's ``__main__``, ``sys.argv`` and ``sys.path[0]`` are those of that command, so
-    Lightning's launcher re-runs the same command for the other DDP ranks). Importing torch and
-    Lightning costs a process 8-10 s of CPU here, most of what a small entry spends.
+    of itself, as ``python SCRIPT ARGS`` or ``python -m MODULE ARGS`` would run it
+    (``vae_ddp.guard.run_python``; Lightning's launcher re-runs the same command for the other
+    DDP ranks). Importing torch and Lightning costs a process 8-10 s of CPU here, most of what a
+    small entry spends.
 
-    The worker runs under the guard (``vae_ddp.guard``: a session of its own, the watchdog, its
-    tree ended when it or its caller ends); each entry's fork leads a process group of its own,
-    which is killed when the entry ends (nothing it started outlives it) or passes its timeout.
-    The worker forks before anything has run in it: its only thread is the main one (a fork of
-    a process that runs threads can hang, ``vae_ddp.workers``). Requests and replies are lines
-    of JSON on its stdin and stdout."""
+    The worker runs under a guard (its tree ended when it or its caller ends), and each entry
+    under one of its own (``vae_ddp.guard.run_in_fork``). The worker forks before anything has
+    run in it: its only thread is the main one (a fork of a process that runs threads can hang,
+    ``vae_ddp.workers``). Requests and replies are lines of JSON on its stdin and stdout."""
 
     def __init__(self, root: Path, preload: tuple[str, ...] = PRELOAD) -> None:
         from vae_ddp.guard import guarded  # a watchdog on the entries' ranks (dumps their stacks if they hang)
@@ -331,11 +328,12 @@ class Worker:
 
 
 def _serve(preload: list[str]) -> None:
-    """The worker's side of ``Worker``: import ``preload``, then fork one child per request."""
+    """The worker's side of ``Worker``: import ``preload``, then run each request's command in a
+    fork under a guard of its own (``vae_ddp.guard.run_in_fork``: its process group, watchdog and
+    timeout; nothing the entry started outlives it)."""
     import importlib
-    import select
 
-    from vae_ddp.guard import fork
+    from vae_ddp import guard
 
     for name in preload:
         importlib.import_module(name)
@@ -343,45 +341,27 @@ def _serve(preload: list[str]) -> None:
     os.dup2(2, 1)  # what the worker itself prints does not reach the replies
     for line in sys.stdin:
         request = json.loads(line)
-        pid = fork(lambda: _child(request, replies))
-        fd = os.pidfd_open(pid)  # readable when the child has ended
+        argv = request["argv"]
+        out = os.open(request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        err = out if request["stderr"] == request["stdout"] else os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+
+        def entry() -> int:  # the command, as its command line would run it
+            replies.close()  # the worker's channel to the runner: not the entry's
+            guard.beat()  # the entry's start is progress: the watchdogs count from here
+            if argv[0] != sys.executable:  # a registry command that is not Python: run it as it is
+                os.execvp(argv[0], argv)
+            return guard.run_python(argv[1:])
+
         try:
-            ended = bool(select.select([fd], [], [], request["timeout"])[0])
+            code, timed_out = guard.run_in_fork(entry, argv[1:], dict(os.environ), timeout=request["timeout"],
+                                                stdout=out, stderr=err), False
+        except subprocess.TimeoutExpired:
+            code, timed_out = guard.TIMED_OUT, True
         finally:
-            os.close(fd)
-        try:  # the entry's group: what it left behind (its ranks, workers) ends with it
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-        replies.write(json.dumps({"code": code, "timed_out": not ended}) + "\n")
+            for fd in {out, err}:
+                os.close(fd)
+        replies.write(json.dumps({"code": code, "timed_out": timed_out}) + "\n")
         replies.flush()
-
-
-def _child(request: dict[str, Any], replies: Any) -> None:
-    """Run one entry in this fork (``vae_ddp.guard.fork``) as its command line would."""
-    import runpy
-
-    from vae_ddp.guard import beat
-
-    replies.close()  # the worker's channel to the runner: not the entry's
-    os.setpgid(0, 0)
-    out = os.open(request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    err = out if request["stderr"] == request["stdout"] else os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    os.dup2(out, 1)
-    os.dup2(err, 2)
-    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-    if request["argv"][0] != sys.executable:  # a registry command that is not Python: run it as it is
-        os.execvp(request["argv"][0], request["argv"])
-    argv = request["argv"][1:]
-    module = argv[1] if argv[0] == "-m" else None
-    sys.argv = argv[1:] if module else argv
-    sys.path[0] = os.getcwd() if module else os.path.dirname(os.path.abspath(argv[0]))
-    beat()  # the entry's start is progress: the watchdog's stall limit counts from here, as for a guard of its own
-    if module:
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
-    else:
-        runpy.run_path(argv[0], run_name="__main__")
 
 
 def write_if_changed(path: Path, text: str) -> None:

@@ -54,7 +54,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-__all__ = ["run", "run_all", "run_in_fork", "fork", "can_fork", "call_as_main", "guarded", "beat", "last_step", "how_it_ended",
+__all__ = ["run", "run_all", "run_in_fork", "run_python", "fork", "can_fork", "call_as_main", "guarded", "beat", "last_step", "how_it_ended",
            "under_guard", "STALLED", "TIMED_OUT", "DEFAULT_STALL_S"]
 
 #: Exit code of the guard when ``--timeout`` passed.
@@ -274,6 +274,27 @@ def run_in_fork(main: Callable[[], int], argv: Sequence[str], env: dict, timeout
         return _Guard(list(argv), timeout, stall, grace, startup, parent, start=start).main()
 
     return _wait_for_guard(fork(guard), argv, timeout, grace)
+
+
+def run_python(argv: Sequence[str]) -> int:
+    """``python ARGV`` in this process (a fork that already imported what the command would):
+    ``argv`` is ``["-m", MODULE, *args]`` or ``[SCRIPT, *args]``, run as ``__main__`` with the
+    ``sys.argv`` and ``sys.path[0]`` that command line gives (``runpy``), and torch's intra-op
+    threads set from ``$OMP_NUM_THREADS``, which a new interpreter's torch reads at import. Returns 0
+    (an exception or ``SystemExit`` leaves as from the interpreter, [`call_as_main`][vae_ddp.guard.call_as_main])."""
+    import runpy
+
+    module = argv[1] if argv[0] == "-m" else None
+    sys.argv = list(argv[1:] if module else argv)
+    sys.path[0] = os.getcwd() if module else os.path.dirname(os.path.abspath(argv[0]))
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if "torch" in sys.modules and threads.isdigit() and int(threads) > 0:
+        sys.modules["torch"].set_num_threads(int(threads))
+    if module:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    else:
+        runpy.run_path(argv[0], run_name="__main__")
+    return 0
 
 
 def _as_command(main: Callable[[], Optional[int]], argv: Sequence[str], env: dict) -> Optional[int]:

@@ -156,7 +156,7 @@ def launch(spec: "RunSpec | RunGroup", out_dir: Path, timeout: Optional[float] =
             # under a guard: its own process group, a watchdog, nothing left behind (vae_ddp.guard)
             if _forkable(cmd, spec):
                 with open(os.devnull, "w") as null:
-                    code = guard.run_in_fork(lambda: _run_module(cmd[2]), ["-m", *cmd[3:]], env, timeout=timeout,
+                    code = guard.run_in_fork(lambda: guard.run_python(cmd[1:]), cmd[1:], env, timeout=timeout,
                                              stall=stall, stdout=null.fileno() if quiet else None, stderr=err.fileno())
             else:
                 proc = guard.run(cmd, stdout=subprocess.DEVNULL if quiet else None, stderr=err, env=env,
@@ -309,22 +309,6 @@ def _forkable(cmd: list[str], spec) -> bool:
     notebook launches as before)."""
     return (cmd[:2] == [sys.executable, "-m"] and cmd[2] in _FORKED_MODULES and spec.accelerator == "cpu"
             and "pytorch_lightning" in sys.modules and os.environ.get(_LAUNCH_ENV) != "exec" and guard.can_fork())
-
-
-def _run_module(module: str) -> int:
-    """``python -m MODULE`` in this process (a fork): ``__main__`` is the module, and torch's
-    intra-op threads are ``$OMP_NUM_THREADS`` (which a new interpreter's torch reads at import),
-    as they would be."""
-    import runpy
-
-    import torch
-
-    threads = os.environ.get("OMP_NUM_THREADS", "")
-    if threads.isdigit() and int(threads) > 0:
-        torch.set_num_threads(int(threads))
-    sys.path[0:1] = [os.getcwd()]
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
-    return 0
 
 
 def launch_group(specs: list[RunSpec], out_dir: Path, timeout: Optional[float] = None, quiet: bool = False,
