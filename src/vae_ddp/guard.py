@@ -1,43 +1,28 @@
 """Every process tree this project starts ends: a guard process, a watchdog and a heartbeat.
 
-A launch (a study's run, the audit's runs, a docs example, a test's ranks) runs as::
+``python -m vae_ddp.guard [--timeout S] [--stall S] -- CMD ...`` runs ``CMD`` under a guard, a
+small standard-library process that
 
-    python -m vae_ddp.guard [--timeout S] [--stall S] -- CMD ...
+- gives ``CMD`` and all it starts (DDP ranks, DataLoader workers, a forkserver) a session of
+  their own, and is the subreaper of that tree on Linux (a process that leaves the group is
+  still found);
+- ends the tree (SIGTERM, SIGKILL after ``--grace`` s) when ``CMD`` exits, when the guard gets
+  SIGTERM, SIGINT or SIGHUP, on ``--timeout``, and when its parent dies, even by SIGKILL (it polls
+  its parent and asks Linux for SIGTERM then, ``prctl(PR_SET_PDEATHSIG)``);
+- is a **watchdog**: when no process beats for ``--stall`` s (``$VAE_DDP_WATCHDOG_S``, else 300)
+  it sends SIGUSR1 (every rank dumps its threads' stacks, ``faulthandler``), prints the stacks,
+  ends the tree and fails with one line naming each rank and the frame it was stuck in.
 
-The guard is a small standard-library process between the caller and ``CMD``:
+A process beats with [`beat`][vae_ddp.guard.beat]; the ``Trainer``s of this project's launches
+beat through the [`Heartbeat`][vae_ddp.heartbeat.Heartbeat] callback. Exit codes: ``CMD``'s own
+(128 + N when signal N ended it), 124 on ``--timeout``, 125 when the watchdog fired, 128 + N
+when the guard itself got signal N (its parent's death: SIGTERM).
 
-- the guard starts a session (process group) of its own, in which ``CMD`` and every process
-  it starts (the DDP ranks Lightning re-launches, their DataLoader workers, a forkserver)
-  run: a ``killpg`` of the group ends them all, the guard included; on Linux the guard is
-  also the subreaper of the tree, so a process that leaves the group is still found;
-- the guard ends that group (SIGTERM, then SIGKILL after ``--grace`` seconds) when ``CMD``
-  exits (nothing is left behind: no stray rank, no worker), when the guard receives SIGTERM,
-  SIGINT or SIGHUP, when ``--timeout`` passes, and when its own parent dies, even by SIGKILL,
-  which no handler sees (the guard polls its parent's pid, and asks Linux for SIGTERM on the
-  parent's death, ``prctl(PR_SET_PDEATHSIG)``);
-- the **watchdog**: when no rank makes progress for ``--stall`` seconds (default
-  ``$VAE_DDP_WATCHDOG_S`` or 300), the guard sends SIGUSR1 to the group, which makes every
-  rank dump the Python stacks of all its threads (``faulthandler.register``), prints them,
-  ends the group and fails with one line naming each rank and the frame its main thread
-  was stuck in (exit code 125).
-
-Progress is a heartbeat: every Lightning ``Trainer`` created under a guard gets the
-``vae_ddp.heartbeat.Heartbeat`` callback through Lightning's external-callback entry point
-(``pytorch_lightning.callbacks_factory``, see ``pyproject.toml``), which touches a file per
-process at setup and after every training and validation batch. Code that trains without
-Lightning calls [`beat`][vae_ddp.guard.beat].
-
-Exit codes of the guard: ``CMD``'s own code (128 + N when a signal N ended it), 124 on
-``--timeout``, 125 when the watchdog fired, 128 + N when the guard itself was ended by
-signal N (or its parent died: 128 + SIGTERM).
-
-[`run`][vae_ddp.guard.run] and [`run_all`][vae_ddp.guard.run_all] are ``subprocess.run`` for such trees:
-on their own timeout, on an exception or on KeyboardInterrupt they ask the guard to end the
-tree and wait for it.
-[`run_in_fork`][vae_ddp.guard.run_in_fork] is the same for a command that is a function of the caller:
-the guard is a fork of the caller and the command a fork of the guard (no interpreter starts).
-
-This module imports only the standard library (the guard starts in tens of milliseconds).
+[`run`][vae_ddp.guard.run] and [`run_all`][vae_ddp.guard.run_all] are ``subprocess.run`` for
+such trees (on their own timeout, an exception or KeyboardInterrupt the tree is ended first);
+[`run_in_fork`][vae_ddp.guard.run_in_fork] is ``run`` for a command that is a function of this
+process (the guard and the command are forks: no interpreter starts, nothing is imported again).
+Only the standard library is imported here (a guard starts in tens of milliseconds).
 """
 
 from __future__ import annotations
@@ -111,59 +96,48 @@ def _end(procs: list[subprocess.Popen], grace: float) -> None:
 
 def run_all(cmds: Sequence[Sequence[str]], timeout: Optional[float] = None, stall: Optional[float] = None,
             grace: float = 10.0, startup: Optional[float] = None, **popen: Any) -> list[subprocess.CompletedProcess]:
-    """Run ``cmds`` at the same time, each under its own guard, and wait for all of them.
-
-    ``popen`` goes to ``subprocess.Popen`` (``cwd``, ``env``, ``text``; ``capture_output=True``
-    collects stdout and stderr through temporary files, so that several chatty processes
-    cannot block each other on a full pipe). On ``timeout`` (seconds, for all together), an
-    exception or KeyboardInterrupt every tree is ended before this returns or raises.
+    """[`run`][vae_ddp.guard.run] for ``cmds`` at the same time, each under its own guard
+    (``timeout``: for all together). ``capture_output=True`` collects their output through
+    temporary files, so that chatty processes cannot block each other on a full pipe.
 
     Raises:
         subprocess.TimeoutExpired: ``timeout`` passed (every tree has been ended).
     """
-    capture = popen.pop("capture_output", False)
-    text = popen.pop("text", False)
-    files: list[tuple[Any, Any]] = []
+    capture, text = popen.pop("capture_output", False), popen.pop("text", False)
+    files = [(tempfile.TemporaryFile(), tempfile.TemporaryFile()) if capture else (None, None) for _ in cmds]
     procs: list[subprocess.Popen] = []
     try:
-        for cmd in cmds:
-            if capture:
-                out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
-                files.append((out, err))
-                popen.update(stdout=out, stderr=err)
-            procs.append(subprocess.Popen(guarded(cmd, stall=stall, grace=grace, startup=startup), **popen))
+        for cmd, (out, err) in zip(cmds, files):
+            streams = dict(stdout=out, stderr=err) if capture else {}
+            procs.append(subprocess.Popen(guarded(cmd, stall=stall, grace=grace, startup=startup), **popen, **streams))
         deadline = None if timeout is None else time.monotonic() + timeout
         for p in procs:
             p.wait(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
+    except BaseException as err:  # a timeout, an exception or KeyboardInterrupt: every tree ends first
         _end(procs, grace)
-        raise subprocess.TimeoutExpired(list(cmds[0]), timeout) from None
-    except BaseException:
-        _end(procs, grace)
+        if isinstance(err, subprocess.TimeoutExpired):
+            raise subprocess.TimeoutExpired(list(cmds[0]), timeout) from None
         raise
-    done = []
-    for i, (cmd, p) in enumerate(zip(cmds, procs)):
-        out = err = None
-        if capture:
-            streams = []
-            for f in files[i]:
-                f.seek(0)
-                data = f.read()
-                f.close()
-                streams.append(data.decode(errors="replace") if text else data)
-            out, err = streams
-        done.append(subprocess.CompletedProcess(list(cmd), p.returncode, out, err))
-    return done
+
+    def read(f: Any) -> Any:
+        if f is None:
+            return None
+        f.seek(0)
+        data = f.read()
+        f.close()
+        return data.decode(errors="replace") if text else data
+
+    return [subprocess.CompletedProcess(list(cmd), p.returncode, read(out), read(err))
+            for cmd, p, (out, err) in zip(cmds, procs, files)]
 
 
 def run(cmd: Sequence[str], timeout: Optional[float] = None, stall: Optional[float] = None, grace: float = 10.0,
         startup: Optional[float] = None, **popen: Any) -> subprocess.CompletedProcess:
-    """``subprocess.run(cmd, timeout=...)`` for a process tree: ``cmd`` runs under a guard, and
-    on ``timeout``, an exception or KeyboardInterrupt the whole tree is ended (never only its
-    first process, which is what ``subprocess.run`` kills). ``stall``: the watchdog's limit
-    (default ``$VAE_DDP_WATCHDOG_S`` or 300 s); ``startup``: the time allowed before the first
-    heartbeat (default: ``stall``). Returns the ``CompletedProcess`` of ``cmd``
-    (its ``returncode`` is the guard's: see the module docstring).
+    """``subprocess.run(cmd, timeout=...)`` for a process tree: ``cmd`` runs under a guard, and on
+    ``timeout``, an exception or KeyboardInterrupt the whole tree is ended (``subprocess.run`` kills
+    only its first process). ``stall``: the watchdog's limit; ``startup``: the time allowed before
+    the first beat (default ``stall``); ``popen`` goes to ``subprocess.Popen``. The
+    ``returncode`` is the guard's (see the module's docstring).
 
     Raises:
         subprocess.TimeoutExpired: ``timeout`` passed (the tree has been ended).
@@ -172,11 +146,10 @@ def run(cmd: Sequence[str], timeout: Optional[float] = None, stall: Optional[flo
 
 
 def can_fork() -> bool:
-    """Whether this process may fork a child that goes on computing: Linux, and this process
-    runs one thread, the main one (no OpenMP pool, no helper thread). A process forked from one
-    that has computed with several intra-op threads hangs in its first parallel region (GNU
-    OpenMP's pool does not survive ``fork``; measured here with torch 2.14: a matmul after the
-    fork never returned), and a thread that held a lock at the fork leaves it held forever."""
+    """Whether this process may fork a child that goes on computing: Linux, and one thread runs
+    (a process forked from one that computed with several intra-op threads hangs in its first
+    parallel region, GNU OpenMP's pool not surviving ``fork``, measured with torch 2.14; and a lock
+    another thread held at the fork stays held)."""
     if not sys.platform.startswith("linux"):
         return False
     try:
@@ -186,10 +159,9 @@ def can_fork() -> bool:
 
 
 def call_as_main(main: Callable[[], Optional[int]]) -> int:
-    """Run ``main()`` as the main of a forked process that then leaves with ``os._exit``: returns
-    its exit code as the interpreter would give it (``main``'s return value, None being 0;
-    ``SystemExit``'s code, a message printed to stderr and 1; 1 with the traceback printed for
-    any other exception), with standard output and error flushed."""
+    """``main()``'s exit code as the interpreter would give it, stdout and stderr flushed: its
+    return value (None: 0); ``SystemExit``'s code (a message printed, then 1); 1 with the
+    traceback printed for any other exception."""
     code = 1
     try:
         returned = main()
@@ -216,14 +188,10 @@ def call_as_main(main: Callable[[], Optional[int]]) -> int:
 def fork(main: Callable[[], Optional[int]], parent_death: Optional[int] = None) -> int:
     """The one ``fork`` of this project: run ``main()`` in a child process; return its pid here.
 
-    The child never returns to the caller's code: it leaves with ``os._exit`` and the exit code
-    [`call_as_main`][vae_ddp.guard.call_as_main] gives ``main`` (its copy of this interpreter runs
-    none of this process's exit handlers). ``parent_death``: the signal the child gets when this
-    process dies, even by SIGKILL (Linux ``prctl(PR_SET_PDEATHSIG)``; elsewhere a guard's polling
-    covers it). This process's buffered output is flushed first (the child would write it again).
-
-    Only where [`can_fork`][vae_ddp.guard.can_fork] holds (one thread: a fork copies only the
-    calling thread, and a lock another thread holds stays held)."""
+    The child leaves with ``os._exit`` and [`call_as_main`][vae_ddp.guard.call_as_main]'s code
+    (none of this process's exit handlers run twice). ``parent_death``: the signal the child gets
+    when this process dies, even by SIGKILL (Linux ``prctl(PR_SET_PDEATHSIG)``). Buffered output
+    is flushed first. Only where [`can_fork`][vae_ddp.guard.can_fork] holds."""
     for stream in (sys.stdout, sys.stderr):
         if stream is not None:
             stream.flush()
@@ -242,18 +210,13 @@ def fork(main: Callable[[], Optional[int]], parent_death: Optional[int] = None) 
 def run_in_fork(main: Callable[[], int], argv: Sequence[str], env: dict, timeout: Optional[float] = None,
                 stall: Optional[float] = None, grace: float = 10.0, startup: Optional[float] = None,
                 stdout: Optional[int] = None, stderr: Optional[int] = None) -> int:
-    """[`run`][vae_ddp.guard.run] for a command that is a function of this process: the guard is
-    a fork of this process, and the command a fork of the guard that calls ``main()`` with
-    ``sys.argv = argv`` and ``os.environ = env`` (plus the guard's heartbeat folder), its
-    standard output and error on the descriptors ``stdout`` and ``stderr`` (None: this
-    process's). Nothing is imported again: a launch whose command would import torch and
-    Lightning (seconds of CPU) starts in milliseconds. Everything else is as with ``run``: own
-    session and process group, watchdog, subreaper, the tree ended on ``timeout``, on an
-    exception or KeyboardInterrupt here, and when this process dies. Returns the guard's exit
-    code (``main()``'s return value, 1 if it raised).
-
-    Only where [`can_fork`][vae_ddp.guard.can_fork] holds (callers check it and otherwise
-    ``run`` the command line).
+    """[`run`][vae_ddp.guard.run] for a command that is a function of this process: the guard is a
+    fork of this process and the command a fork of the guard, which calls ``main()`` with
+    ``sys.argv = argv``, ``os.environ = env`` (and the guard's folder) and its output on the
+    descriptors ``stdout`` and ``stderr`` (None: this process's). A launch whose command would
+    import torch and Lightning (seconds of CPU) starts in milliseconds; the guarantees are
+    ``run``'s. Returns the guard's exit code. Only where [`can_fork`][vae_ddp.guard.can_fork]
+    holds (callers check it, else ``run`` the command line).
 
     Raises:
         subprocess.TimeoutExpired: ``timeout`` passed (the tree has been ended).
@@ -261,7 +224,7 @@ def run_in_fork(main: Callable[[], int], argv: Sequence[str], env: dict, timeout
     stall = default_stall() if stall is None else stall
     parent = os.getpid()
 
-    def guard() -> int:  # the guard: a fork of this process, the command a fork of it
+    def guard() -> int:
         for fd, target in ((1, stdout), (2, stderr)):
             if target is not None:
                 os.dup2(target, fd)
@@ -273,15 +236,33 @@ def run_in_fork(main: Callable[[], int], argv: Sequence[str], env: dict, timeout
         start = lambda guard_env: fork(lambda: _as_command(main, argv, guard_env))  # noqa: E731
         return _Guard(list(argv), timeout, stall, grace, startup, parent, start=start).main()
 
-    return _wait_for_guard(fork(guard), argv, timeout, grace)
+    pid = fork(guard)
+    import select
+
+    fd = os.pidfd_open(pid)  # readable once the guard has ended
+    try:
+        try:
+            if not select.select([fd], [], [], timeout)[0]:
+                raise subprocess.TimeoutExpired(list(argv), timeout)
+        except BaseException:  # a timeout, an exception or KeyboardInterrupt: the guard ends its tree
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            if not select.select([fd], [], [], grace + 5)[0]:
+                os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise
+        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    finally:
+        os.close(fd)
 
 
 def run_python(argv: Sequence[str]) -> int:
-    """``python ARGV`` in this process (a fork that already imported what the command would):
-    ``argv`` is ``["-m", MODULE, *args]`` or ``[SCRIPT, *args]``, run as ``__main__`` with the
-    ``sys.argv`` and ``sys.path[0]`` that command line gives (``runpy``), and torch's intra-op
-    threads set from ``$OMP_NUM_THREADS``, which a new interpreter's torch reads at import. Returns 0
-    (an exception or ``SystemExit`` leaves as from the interpreter, [`call_as_main`][vae_ddp.guard.call_as_main])."""
+    """``python ARGV`` in this process (a fork that already imported what it needs): ``argv`` is
+    ``["-m", MODULE, *args]`` or ``[SCRIPT, *args]``, run as ``__main__`` with that command's
+    ``sys.argv`` and ``sys.path[0]`` (``runpy``) and torch's intra-op threads from
+    ``$OMP_NUM_THREADS`` (which a new interpreter's torch reads at import). Returns 0."""
     import runpy
 
     module = argv[1] if argv[0] == "-m" else None
@@ -298,8 +279,8 @@ def run_python(argv: Sequence[str]) -> int:
 
 
 def _as_command(main: Callable[[], Optional[int]], argv: Sequence[str], env: dict) -> Optional[int]:
-    """``main()`` as a fresh interpreter would run it (the guard's signal handlers undone), with
-    ``sys.argv = argv`` and ``os.environ = env``."""
+    """``main()`` as a fresh interpreter would run it: the guard's signal handlers undone,
+    ``sys.argv = argv``, ``os.environ = env``, stdout unbuffered (as the ranks have it)."""
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -307,36 +288,8 @@ def _as_command(main: Callable[[], Optional[int]], argv: Sequence[str], env: dic
     os.environ.update(env)
     sys.argv = list(argv)
     if hasattr(sys.stdout, "reconfigure"):
-        sys.stdout.reconfigure(write_through=True)  # PYTHONUNBUFFERED, as the ranks have it
+        sys.stdout.reconfigure(write_through=True)
     return main()
-
-
-def _wait_for_guard(pid: int, argv: Sequence[str], timeout: Optional[float], grace: float) -> int:
-    """The guard's exit code once it ends; on ``timeout``, an exception or KeyboardInterrupt here,
-    the guard is sent SIGTERM (it ends its tree), SIGKILL after ``grace + 5`` s, and the error raised.
-
-    Raises:
-        subprocess.TimeoutExpired: ``timeout`` passed.
-    """
-    import select
-
-    fd = os.pidfd_open(pid)
-    try:
-        try:
-            if not select.select([fd], [], [], timeout)[0]:
-                raise subprocess.TimeoutExpired(list(argv), timeout)
-        except BaseException:  # timeout, an exception or KeyboardInterrupt: the guard ends its tree
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            if not select.select([fd], [], [], grace + 5)[0]:
-                os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            raise
-        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-    finally:
-        os.close(fd)
 
 
 # --------------------------------------------------------------------------- the ranks' side

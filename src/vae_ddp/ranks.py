@@ -1,28 +1,18 @@
 """Start the DDP ranks of a CPU run by forking the process that already imported Lightning.
 
 Lightning's ``strategy="ddp"`` starts ranks 1 … N-1 by running the script again
-(``_SubprocessScriptLauncher``): every rank imports torch and Lightning anew, 7-9 CPU seconds
-per process on a small CPU, which is most of the time of the short runs the studies and the
-audit make. [`run_ranks`][vae_ddp.ranks.run_ranks] starts them as ``fork``s of rank 0 instead,
-right after the imports and before anything has run, with the environment Lightning's own
-launcher gives its children (``MASTER_ADDR``, ``MASTER_PORT``, ``NODE_RANK``, ``LOCAL_RANK``,
-``WORLD_SIZE``). Lightning then sees processes created outside it, as under ``torchrun``
-(``LightningEnvironment.creates_processes_externally``, Lightning 2.x) and starts none itself:
-the same ``DDPStrategy``, process group, ``DistributedSampler`` and all-reduce, only without the
-second import.
-
-What Lightning's launcher does beside starting the ranks is done here too: when a rank exits
-with a non-zero code, rank 0 ends every rank (SIGKILL, as ``_ChildProcessObserver`` does), so a
-rank that raised does not leave the others waiting in a collective; when rank 0 raises, it ends
-its ranks before it re-raises. Each forked rank also gets SIGKILL when rank 0 dies
-(``prctl(PR_SET_PDEATHSIG)`` on Linux), and the [guard][vae_ddp.guard] above the tree ends what is
-left. A forked rank leaves with ``os._exit`` (its copy of rank 0's interpreter runs no exit
-handlers of rank 0's).
-
-Only for CPU runs (gloo): on GPUs Lightning's own launcher starts the ranks, as it always has.
-Fork is safe at that point: the process runs no thread but OpenBLAS's idle pool (which re-arms
-itself on fork), the same state as the ``forkserver`` that starts DataLoader workers
-([`vae_ddp.workers`][vae_ddp.workers]).
+(``_SubprocessScriptLauncher``): each imports torch and Lightning anew, 7-9 CPU seconds here,
+most of the time of the short runs the studies and the audit make.
+[`run_ranks`][vae_ddp.ranks.run_ranks] forks them from rank 0 right after the imports, with the
+environment Lightning's launcher gives its children (``MASTER_ADDR``, ``MASTER_PORT``,
+``NODE_RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``); Lightning then sees processes created outside it,
+as under ``torchrun`` (``LightningEnvironment.creates_processes_externally``, Lightning 2.x): the
+same ``DDPStrategy``, process group, ``DistributedSampler`` and all-reduce, without the second
+import. As Lightning's launcher does (``_ChildProcessObserver``), rank 0 ends every rank when
+one exits non-zero, and its ranks before it re-raises; a forked rank gets SIGKILL when rank 0
+dies, and the [guard][vae_ddp.guard] above ends what is left. CPU (gloo) only: on GPUs
+Lightning's launcher starts the ranks. The fork is safe there: no thread runs but OpenBLAS's
+idle pool, as in the ``forkserver`` of the DataLoader workers ([`vae_ddp.workers`][vae_ddp.workers]).
 """
 
 from __future__ import annotations
@@ -61,9 +51,8 @@ def _observe(children: dict[int, int], done: threading.Event) -> None:
 
 
 def _reap(children: dict[int, int]) -> bool:
-    """Collect the ranks of ``children`` that have exited; name on stderr the first that failed
-    (its rank, exit code or signal, and step: the line [`launch`][vae_ddp.harness.launch.launch]
-    puts last). Returns whether one failed."""
+    """Collect the ranks of ``children`` that exited; name the first that failed on stderr (the
+    line [`launch`][vae_ddp.harness.launch.launch] puts last). Returns whether one failed."""
     for pid, rank in list(children.items()):
         try:
             got, status = os.waitpid(pid, os.WNOHANG)
@@ -89,13 +78,8 @@ def _kill(children: dict[int, int]) -> None:
 
 
 def fork(main: Callable[[], Any], env: Optional[dict[str, str]] = None) -> int:
-    """Run ``main()`` in a forked process that gets SIGKILL when this one dies; return its pid.
-
-    The child sets ``env`` in its environment, runs ``main`` and leaves with ``os._exit``
-    ([`guard.fork`][vae_ddp.guard.fork], the project's one fork: ``main``'s return value as
-    its exit code, None being 0, 1 after printing an exception). It never returns to the
-    caller's code.
-    """
+    """[`guard.fork`][vae_ddp.guard.fork] of ``main()`` with ``env`` set, SIGKILL when this
+    process dies; returns the child's pid."""
     def child() -> Any:
         os.environ.update(env or {})
         return main()
@@ -131,26 +115,18 @@ def alive(pid: int) -> bool:
 
 
 def run_ranks(world_size: int, main: Callable[[], Any]) -> int:
-    """Run ``main()`` as every rank of a ``world_size``-process CPU DDP run.
-
-    With ``world_size <= 1``, or when this process is already a rank (``LOCAL_RANK`` is set:
-    Lightning's launcher, ``torchrun`` or a fork of this function started it), ``main()`` runs
-    once, here; so it does when a Python thread besides the main one already runs (a fork
-    copies only the calling thread, and a lock another thread holds stays held): Lightning's
-    launcher then starts the other ranks as it always does. Otherwise the process forks
-    ``world_size - 1`` ranks first ([`fork`][vae_ddp.ranks.fork]); call it before anything that
-    starts threads or touches the process group (after the imports). The forked ranks never
-    return from this function.
-
-    Args:
-        world_size: the number of DDP processes of the run (Lightning's ``devices``).
-        main: what every rank runs (it builds the ``Trainer`` with ``strategy="ddp"``,
-            ``devices=world_size`` and [`cluster_plugins`][vae_ddp.ranks.cluster_plugins]); its
-            return value is the exit code (None: 0).
+    """Run ``main()`` as every rank of a ``world_size``-process CPU DDP run: ``world_size - 1``
+    ranks forked first ([`fork`][vae_ddp.ranks.fork]; they never return from here), then rank 0
+    here. Call it after the imports, before anything starts threads or the process group.
+    ``main()`` runs once, here, when ``world_size <= 1``, when this process already is a rank
+    (``LOCAL_RANK`` set: Lightning's launcher or ``torchrun`` started it) or when a second Python
+    thread runs (a lock it holds would stay held in a fork; Lightning's launcher then starts the
+    ranks). ``main`` builds the ``Trainer`` (``strategy="ddp"``, ``devices=world_size``,
+    [`cluster_plugins`][vae_ddp.ranks.cluster_plugins]); its return value is the exit code.
 
     Returns:
-        rank 0's exit code once every rank has exited 0. When another rank fails, rank 0 is
-        ended with every rank (SIGKILL), as Lightning's launcher does, and does not return.
+        rank 0's exit code once every rank exited 0. When another rank fails, every rank, rank 0
+        included, is ended (SIGKILL), as Lightning's launcher does.
     """
     if world_size <= 1 or "LOCAL_RANK" in os.environ or threading.active_count() > 1:
         # one process; or ranks started by someone else; or a Python thread already runs, whose

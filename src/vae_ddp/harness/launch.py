@@ -1,19 +1,17 @@
-"""Start a run, or a group of runs of one world size, in its own process tree (under a
-[guard][vae_ddp.guard]: own process group, watchdog, no orphans) and collect what rank 0 wrote.
+"""Start runs in a process tree of their own (under a [guard][vae_ddp.guard]) and collect what
+rank 0 wrote; the child's side of that launch.
 
-Each run is ``python -m vae_ddp.harness.runner JOB_FILE OUT_DIR``, ``JOB_FILE`` being
-``OUT_DIR/job.json``, the spec's JSON (a file, not the command line: a spec is kilobytes, and a
-command line is what ``ps`` shows every user); Lightning's DDP launcher then
-starts the other ranks by re-running that command (on CPU the runner forks them,
-[`vae_ddp.ranks`][vae_ddp.ranks]). From a process that runs one thread and has imported Lightning
-(the entries of ``make results``), a CPU launch is that command run in a fork of the caller
-under a guard ([`guard.run_in_fork`][vae_ddp.guard.run_in_fork]) instead of a new interpreter that
-imports torch and Lightning again (seconds of CPU per launch): the same runs, bit for bit
-(``tests/test_studies.py``). ``VAE_DDP_LAUNCH=exec`` always starts the interpreter. If any rank fails, Lightning ends the
-whole group (rank 0 kills its children on an exception; ``_ChildProcessObserver``
-SIGKILLs everyone when a child exits non-zero), so the run returns a non-zero code
-instead of hanging; [`launch`][vae_ddp.harness.launch.launch] then raises [`RunFailed`][vae_ddp.harness.launch.RunFailed] with the end of the
-failing process's stderr.
+A launch writes the job (a spec's, a group's or a sequence's JSON) to ``OUT_DIR/job.json`` (a
+file: a command line is what ``ps`` shows every user) and runs ``python -m
+vae_ddp.harness.runner JOB_FILE OUT_DIR``, which reads it with [`run_job`][vae_ddp.harness.launch.run_job];
+on CPU the runner forks the other ranks ([`vae_ddp.ranks`][vae_ddp.ranks]), on GPUs Lightning's
+launcher re-runs the command. From a process that runs one thread and has imported Lightning
+(the entries of ``make results``) a CPU launch is that command in a fork under a guard
+([`guard.run_in_fork`][vae_ddp.guard.run_in_fork]): the same runs, bit for bit
+(``tests/test_studies.py``), without importing torch and Lightning again;
+``VAE_DDP_LAUNCH=exec`` always starts an interpreter. When a rank fails every rank ends, and
+[`launch`][vae_ddp.harness.launch.launch] raises [`RunFailed`][vae_ddp.harness.launch.RunFailed]
+with the failing process's first error.
 """
 
 from __future__ import annotations
@@ -47,15 +45,11 @@ _NO_SPACE = ("No space left on device", "no space left on the file system", "une
 
 
 class RunGroup:
-    """Several specs of one world size, trained one after the other in one process tree.
-
-    A launch costs a few seconds before training starts (each process imports torch and
-    Lightning; under DDP the launcher then starts the other ranks, which import them again),
-    which is most of the time of the short runs the studies make. Lightning reuses the
-    process group for the next ``fit`` of the same processes. ``specs`` are anything with
-    ``to_json()``, ``label``, ``world_size`` and ``accelerator`` (a [`RunSpec`][vae_ddp.harness.configs.RunSpec]
-    or the audit's runs); the group has the same attributes, so [`launch`][vae_ddp.harness.launch.launch]
-    takes it in place of one spec and the child receives the JSON list of the specs.
+    """Several specs of one world size, trained one after the other in one process tree (a launch
+    costs seconds of imports, most of a short run's time; Lightning reuses the process group for
+    the next ``fit``). ``specs`` have ``to_json()``, ``label``, ``world_size`` and ``accelerator``
+    (a [`RunSpec`][vae_ddp.harness.configs.RunSpec] or the audit's runs); so has the group, which
+    [`launch`][vae_ddp.harness.launch.launch] takes in place of one spec (its job: the specs' list).
 
     Raises:
         ValueError: no spec, or specs of different world sizes or accelerators.
@@ -75,13 +69,11 @@ class RunGroup:
 
 
 class RunSequence:
-    """Run groups of several world sizes, one after the other, in one launch of the study runner
-    (CPU only). The runner's process imports torch and Lightning once and trains each group in
-    a process forked from it (which forks the group's ranks, [`vae_ddp.ranks`][vae_ddp.ranks]):
-    a launch per world size would import them again each time, about as long as the short
-    runs the studies make. Each group gets the intra-op threads a launch of its own would have
-    (``OMP_NUM_THREADS`` = cores // world size, unless set), so its numbers are the same; with
-    ``same_threads`` every process of every group gets cores // the largest world size instead.
+    """Run groups of several world sizes, one after the other, in one CPU launch: the child imports
+    torch and Lightning once and trains each group in a fork of itself
+    ([`run_sequence`][vae_ddp.harness.launch.run_sequence]). Each group gets the intra-op threads
+    a launch of its own would have (``OMP_NUM_THREADS`` = cores // world size, unless set), so its
+    numbers are the same; with ``same_threads``, cores // the largest world size for all.
 
     Args:
         groups: ``{tag: RunGroup}``; group ``tag`` trains in ``OUT_DIR/tag/``, in this order.
@@ -113,16 +105,11 @@ class RunSequence:
 
 def launch(spec: "RunSpec | RunGroup", out_dir: Path, timeout: Optional[float] = None, quiet: bool = False,
            entry: Optional[list[str]] = None, stall: Optional[float] = None) -> dict:
-    """Run ``spec`` (already validated) in a child process tree under a guard
-    ([`vae_ddp.guard`][vae_ddp.guard]); return its ``run.json``.
-
-    The child reads the spec from ``out_dir/job.json`` ([`read_job`][vae_ddp.harness.launch.read_job]).
-    Progress lines stream to this process's stdout (unless ``quiet``); stderr goes to
-    ``out_dir/stderr.log``. ``entry`` replaces ``[python, -m, vae_ddp.harness.runner]`` (tests use
-    it to inject a failing rank). ``stall``: seconds without progress of any rank before the
-    watchdog dumps every rank's stacks into ``stderr.log`` and ends the tree (default
-    ``$VAE_DDP_WATCHDOG_S`` or 300). On ``timeout``, SIGINT/SIGTERM of this process, or its
-    death, every process of the run ends.
+    """Run ``spec`` (validated; or a group or sequence) in a process tree under a guard; return its
+    ``run.json``. Progress lines stream to stdout (unless ``quiet``), stderr to
+    ``out_dir/stderr.log``. ``entry`` replaces ``[python, -m, vae_ddp.harness.runner]``;
+    ``stall``: the watchdog's limit (it dumps every rank's stacks into ``stderr.log``). On
+    ``timeout``, SIGINT/SIGTERM of this process, or its death, every process of the run ends.
 
     Raises:
         RunFailed: non-zero exit (any rank failed: the last line names the first rank that
@@ -180,15 +167,14 @@ def read_job(path: "str | Path") -> Any:
 
 # --------------------------------------------------------------------------- the child's side
 def run_job(argv: list[str], parse: Callable[[dict], Any], train: Callable[[list, Path, bool], int]) -> int:
-    """The child of a launch, for every runner (the study runner, report-scale's frozen runs, the
-    audit's runs): ``argv`` = ``JOB_FILE OUT_DIR``. The job is one spec (a dict), a group of specs
-    of one world size (a list: [`RunGroup`][vae_ddp.harness.launch.RunGroup]), a sequence of
-    groups (``{"sequence": ...}``: [`RunSequence`][vae_ddp.harness.launch.RunSequence], each group
-    in turn in a fork, [`run_sequence`][vae_ddp.harness.launch.run_sequence]) or groups at the same
-    time (``{"together": {tag: specs}}``, [`run_together`][vae_ddp.harness.launch.run_together]).
-    A group runs as ``train(specs, out_dir, grouped)`` in every rank, ``specs`` being ``parse``'s
-    of the job's dicts and ``grouped`` whether they came as a list; on CPU the ranks are forks of
-    this process ([`run_ranks`][vae_ddp.ranks.run_ranks]). Returns the exit code."""
+    """The child of every launch (the study runner, report-scale's frozen runs, the audit's runs):
+    ``argv`` = ``JOB_FILE OUT_DIR``. The job is one spec (a dict), a group of one world size (a
+    list, [`RunGroup`][vae_ddp.harness.launch.RunGroup]), a sequence of groups
+    ([`run_sequence`][vae_ddp.harness.launch.run_sequence]) or groups at the same time
+    ([`run_together`][vae_ddp.harness.launch.run_together]). A group runs as ``train(specs,
+    out_dir, grouped)`` in every rank (``specs``: ``parse`` of the job's dicts; ``grouped``: they
+    came as a list); on CPU the ranks are forks of this process ([`run_ranks`][vae_ddp.ranks.run_ranks]).
+    Returns the exit code."""
     return _run_payload(read_job(argv[0]), Path(argv[1]), parse, train)
 
 
@@ -202,7 +188,6 @@ def _run_payload(payload: Any, out_dir: Path, parse: Callable[[dict], Any],
         return run_together({tag: [parse(p) for p in group] for tag, group in payload["together"].items()},
                             out_dir, train)
     specs = [parse(p) for p in payload] if isinstance(payload, list) else [parse(payload)]
-    # on CPU the ranks are forks of this process (no second import of Lightning, vae_ddp.ranks)
     ranks = specs[0].world_size if specs[0].accelerator == "cpu" else 1
     return run_ranks(ranks, lambda: train(specs, out_dir, isinstance(payload, list)))
 
@@ -212,12 +197,11 @@ BESIDE_PID = "VAE_DDP_BESIDE_PID"
 
 
 def run_together(groups: dict[str, list], out_dir: Path, train: Callable[[list, Path, bool], int]) -> int:
-    """The child's side of groups trained at the same time (the audit's one-device runs beside its
-    DDP runs), ``groups[tag]`` in ``OUT_DIR/tag``: the last group in the ranks of this process
-    tree, each other in a process forked beside them (one device; the ranks find the first one's
-    pid in ``$VAE_DDP_BESIDE_PID``); started by Lightning's launcher (GPUs) or torchrun, the groups
-    beside run in the first process only. Then ``OUT_DIR/run.json`` = ``{tag: that group's
-    run.json}``. Returns the ranks' exit code, or 1 when a group beside failed."""
+    """Groups trained at the same time (the audit's one-device runs beside its DDP runs),
+    ``groups[tag]`` in ``OUT_DIR/tag``: the last in the ranks of this process tree, each other in a
+    fork beside them (the ranks find the first one's pid in ``$VAE_DDP_BESIDE_PID``; under
+    Lightning's launcher or torchrun, beside the first process only). Then ``OUT_DIR/run.json`` =
+    ``{tag: that group's run.json}``. Returns the ranks' exit code, or 1 when a group beside failed."""
     from vae_ddp.ranks import fork, run_ranks
 
     *beside, (tag, last) = groups.items()
@@ -230,23 +214,19 @@ def run_together(groups: dict[str, list], out_dir: Path, train: Callable[[list, 
     if os.environ.get("LOCAL_RANK", "0") != "0":
         return code
     for pid, t in children.items():
-        child = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-        if child != 0:
-            print(f"the runs of '{t}' exited with code {child}", file=sys.stderr, flush=True)
+        if _ended(pid, t):
             code = code or 1
     if code == 0:
-        write_atomic(out_dir / "run.json", json.dumps({t: json.loads((out_dir / t / "run.json").read_text())
-                                                       for t in groups}))
+        _collect(out_dir, list(groups))
     return code
 
 
 def run_sequence(groups: list[dict], out_dir: Path, run_group: Callable[[Any, Path], int]) -> int:
     """The child's side of a [`RunSequence`][vae_ddp.harness.launch.RunSequence]: for each
-    ``{"tag", "threads", "specs"}`` in turn, ``run_group(specs, OUT_DIR/tag)`` in a process forked
-    from this one, with ``threads`` intra-op threads; then ``OUT_DIR/run.json`` = ``{tag: that
-    group's run.json}``. This process trains nothing itself, so it stays one that may fork (no
-    thread, no process group; [`vae_ddp.ranks`][vae_ddp.ranks]). Returns the first non-zero exit
-    code of a group (the groups after it do not run), else 0."""
+    ``{"tag", "threads", "specs"}`` in turn, ``run_group(specs, OUT_DIR/tag)`` in a fork with
+    ``threads`` intra-op threads (this process trains nothing: it stays one that may fork); then
+    ``OUT_DIR/run.json`` = ``{tag: that group's run.json}``. Returns the first non-zero exit code
+    of a group (the groups after it do not run), else 0."""
     from vae_ddp.ranks import fork
 
     for g in groups:
@@ -258,16 +238,27 @@ def run_sequence(groups: list[dict], out_dir: Path, run_group: Callable[[Any, Pa
                 torch.set_num_threads(g["threads"])
             return run_group(g["specs"], out_dir / g["tag"])
 
-        pid = fork(one)
-        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        code = _ended(fork(one), g["tag"])
         if code != 0:
-            if code < 0:  # rank 0 of the group ended by a signal (a rank that failed names itself)
-                print(f"vae-ddp: rank 0 (PID {pid}) {guard.how_it_ended(code, pid)}", file=sys.stderr, flush=True)
-            print(f"the runs of '{g['tag']}' exited with code {code}", file=sys.stderr, flush=True)
             return code if code > 0 else 128 - code
-    write_atomic(out_dir / "run.json", json.dumps({g["tag"]: json.loads((out_dir / g["tag"] / "run.json").read_text())
-                                                   for g in groups}))
+    _collect(out_dir, [g["tag"] for g in groups])
     return 0
+
+
+def _ended(pid: int, tag: str) -> int:
+    """The exit code of the fork ``pid`` that trained group ``tag``, once it ended; named on
+    stderr when not 0 (rank 0 and its signal when one ended it: a rank that failed names itself)."""
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    if code < 0:
+        print(f"vae-ddp: rank 0 (PID {pid}) {guard.how_it_ended(code, pid)}", file=sys.stderr, flush=True)
+    if code != 0:
+        print(f"the runs of '{tag}' exited with code {code}", file=sys.stderr, flush=True)
+    return code
+
+
+def _collect(out_dir: Path, tags: list[str]) -> None:
+    """``OUT_DIR/run.json`` = ``{tag: OUT_DIR/tag/run.json}``."""
+    write_atomic(out_dir / "run.json", json.dumps({t: json.loads((out_dir / t / "run.json").read_text()) for t in tags}))
 
 
 def _failure(label: str, code: Optional[int], lines: list[str], log: Path, out_dir: Path) -> RunFailed:
@@ -291,31 +282,25 @@ def _failure(label: str, code: Optional[int], lines: list[str], log: Path, out_d
 
 #: ``VAE_DDP_LAUNCH=exec``: every launch starts a new interpreter (``_forkable`` never holds).
 _LAUNCH_ENV = "VAE_DDP_LAUNCH"
-#: The runners a launch may fork: this project's, whose callers' state the runs do not read. The
-#: audit's runs (``vae_ddp.audit.run``) train the user's classes, whose modules a fork would carry
-#: over as the audit's own checks left them: they start an interpreter.
+#: The runners a launch may fork: this project's. The audit's runs train the user's classes,
+#: whose modules a fork would carry over as the audit's checks left them: they start an interpreter.
 _FORKED_MODULES = ("vae_ddp.harness.runner", "vae_ddp.studies.report_scale")
 
 
 def _forkable(cmd: list[str], spec) -> bool:
-    """Whether the launch of ``cmd`` may be a fork of this process instead of a new interpreter
-    ([`guard.run_in_fork`][vae_ddp.guard.run_in_fork]): ``cmd`` is ``python -m MODULE ...`` with a
-    module of ``_FORKED_MODULES``, the run is
-    on CPU (on GPUs Lightning's launcher re-runs the command line for the other ranks), Lightning
-    is already imported here (what the fork saves), ``$VAE_DDP_LAUNCH`` is not ``exec``, and this
-    process runs one thread ([`guard.can_fork`][vae_ddp.guard.can_fork]: true in the results
-    runner's entries until they compute with several threads; false in an interpreter that
-    imported torch, which starts threads of its own, so a study started from a shell or a
-    notebook launches as before)."""
+    """Whether the launch of ``cmd`` may be a fork of this process: ``python -m`` one of
+    ``_FORKED_MODULES``, on CPU (on GPUs Lightning's launcher re-runs the command line), Lightning
+    imported here (what the fork saves), ``$VAE_DDP_LAUNCH`` not ``exec``, and one thread runs
+    ([`guard.can_fork`][vae_ddp.guard.can_fork]; false in an interpreter whose torch computed, so a
+    study started from a shell or a notebook starts an interpreter)."""
     return (cmd[:2] == [sys.executable, "-m"] and cmd[2] in _FORKED_MODULES and spec.accelerator == "cpu"
             and "pytorch_lightning" in sys.modules and os.environ.get(_LAUNCH_ENV) != "exec" and guard.can_fork())
 
 
 def launch_group(specs: list[RunSpec], out_dir: Path, timeout: Optional[float] = None, quiet: bool = False,
                  entry: Optional[list[str]] = None) -> list[dict]:
-    """Train ``specs`` (one world size) in one launch of the study runner (or of ``entry``, as
-    [`launch`][vae_ddp.harness.launch.launch]); return the ``run.json`` of each, in order
-    (``{"spec", "runs"}``; a run's ``params`` file name is relative to ``out_dir``).
+    """Train ``specs`` (one world size) in one [`launch`][vae_ddp.harness.launch.launch]; return
+    each one's ``{"spec", "runs"}``, in order (a run's ``params`` file is relative to ``out_dir``).
 
     Raises:
         RunFailed: as [`launch`][vae_ddp.harness.launch.launch].
