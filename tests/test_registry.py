@@ -66,7 +66,7 @@ def seventh_factor():
                                  parts=lambda spec, seed: FixParts(callbacks=[marker]),
                                  audit_parts=lambda run: FixParts(callbacks=[marker]),
                                  watch={"train_start": watch}, clean="no jitter seen",
-                                 before=lambda model, dm, batches, n: [{"factor": "jitter", "evidence": f"{n} chunks"}]))
+                                 before=lambda model, dm, batches, n: [registry.Finding("jitter", f"{n} chunks", "chunk")]))
     yield f, marker
     registry.unregister("jitter")
 
@@ -124,7 +124,8 @@ def test_a_new_factor_needs_only_its_registry_entry_and_its_field(seventh_factor
     dm = Regression(batch_size=16)
     dm.setup("fit")
     batches = [next(iter(dm.train_dataloader()))]
-    assert static_findings(Plain(), dm, batches, 2) == [{"factor": "jitter", "evidence": "2 chunks"}]
+    found, notes = static_findings(Plain(), dm, batches, 2)
+    assert [f.evidence for f in found] == ["2 chunks"] and found[0].page == "factors/jitter.md" and not notes
 
 
 SEVENTH = '''"""A made-up seventh factor: a module of vae_ddp.fixes that declares its FACTOR, nothing else."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import warnings
-from dataclasses import asdict
 from typing import Any
 
 from pytorch_lightning import Callback, LightningModule, Trainer
@@ -134,4 +133,4 @@ class DDPAudit(Callback):
 
     def state(self) -> list[dict]:
         """The findings as dicts (JSON-serialisable)."""
-        return [asdict(f) for f in self.findings]
+        return [f.to_dict() for f in self.findings]

@@ -398,8 +398,8 @@ def _static(model, dm, batches: list, run) -> tuple[list[dict], list[str]]:
 
     try:
         with _no_trainer_warnings():
-            found = static_findings(model, dm, batches, run.devices)
-        return [f for f in found if "note" not in f], [f["note"] for f in found if "note" in f]
+            found, notes = static_findings(model, dm, batches, run.devices)
+        return [f.to_dict() for f in found], notes
     except Exception as err:  # noqa: BLE001 - the user's code or data: the checks are skipped, not the audit
         return [], [f"the one-process checks (loss reduction, random augmentation) could not run "
                     f"({type(err).__name__}: {_first(err)}); the DDP runs judge the model"]

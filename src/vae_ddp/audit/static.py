@@ -24,19 +24,25 @@ from __future__ import annotations
 from typing import Any
 
 from vae_ddp.fixes import registry
+from vae_ddp.fixes.factor import CannotTell, Finding
 
 __all__ = ["static_findings"]
 
 
-def static_findings(model: Any, dm: Any, batches: list, n: int) -> list[dict]:
-    """The findings of every factor's one-process check, as ``{"factor", "evidence", "fix", "page",
-    "fixable": False}`` (the reduction's also ``kind``), and what a check could not tell as
-    ``{"factor", "note"}`` (the loss reduction of a step that draws from torch's seed).
+def static_findings(model: Any, dm: Any, batches: list, n: int) -> tuple[list[Finding], list[str]]:
+    """The [`Finding`][vae_ddp.fixes.factor.Finding]s of every factor's one-process check, and the
+    notes of the checks that could not tell ([`CannotTell`][vae_ddp.fixes.factor.CannotTell]: the
+    loss reduction of a step that draws from torch's seed).
 
     Args:
         model: the user's ``LightningModule``; dm: its ``LightningDataModule`` (set up).
         batches: a few global batches of the training loader.
         n: the DDP world size the batches are split for.
     """
-    return [f for factor in registry.factors() if factor.before is not None
-            for f in factor.before(model, dm, batches, n)]
+    found, notes = [], []
+    for factor in registry.factors():
+        try:
+            found += factor.before(model, dm, batches, n) if factor.before is not None else []
+        except CannotTell as why:
+            notes.append(str(why))
+    return found, notes

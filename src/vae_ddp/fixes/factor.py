@@ -27,7 +27,7 @@ from typing import Any, Callable, Mapping, Optional
 import torch
 import torch.distributed as dist
 
-__all__ = ["Factor", "FixParts", "Finding", "Seen", "HOOKS", "register", "unregister", "factors", "get",
+__all__ = ["Factor", "FixParts", "Finding", "CannotTell", "Seen", "HOOKS", "register", "unregister", "factors", "get",
            "batch_tensors", "cast_batch", "chunk_batch", "loader_list", "samplers", "rng_states", "gather_ints", "gather_objects", "gather_digest",
            "docs_url", "page_url"]
 
@@ -113,10 +113,10 @@ class Factor:
         watch: ``{hook: watch(seen) -> list[Finding]}``: what
             [`DDPAudit`][vae_ddp.audit.callback.DDPAudit] checks in a real DDP fit, per hook of
             ``vae_ddp.fixes.factor.HOOKS``.
-        before: ``before(model, datamodule, batches, world_size) -> [finding dicts]``: what
+        before: ``before(model, datamodule, batches, world_size) -> list[Finding]``: what
             `vae-ddp audit` checks in one process before any training, on a few global batches
-            (each dict: ``factor``, ``evidence``, ``fix``, ``page``, ``fixable: False``; or
-            ``factor`` and ``note``: what the check could not tell, and why).
+            (``manual=True``: no fix the audit applies removes what it finds); it raises
+            [`CannotTell`][vae_ddp.fixes.factor.CannotTell] when it cannot tell, saying why.
         ablated_with: key of the factor whose fix the audit's ablation undoes to measure this one
             (its fix removes this factor too), when this one has no fix of its own in the audit.
         clean: what `vae-ddp audit`'s table says when nothing of this factor is seen.
@@ -211,6 +211,8 @@ class Finding:
             default the registered factor's page (``recipe.md`` for a key that is not one).
         manual: True when only a change in the user's code fixes it (none of the fixes the
             audit applies removes it), e.g. per-rank padding in a ``collate_fn``.
+        details: what the audit's plan reads besides (the reduction's ``kind``; ``recheck``:
+            asked again under DDP's process group).
     """
 
     factor: str
@@ -219,16 +221,28 @@ class Finding:
     page: str = ""
     #: only a change in the user's code fixes it (no fix `vae-ddp audit` applies removes it)
     manual: bool = False
+    details: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.page:
             self.page = _REGISTRY[self.factor].page if self.factor in _REGISTRY else "recipe.md"
+
+    def to_dict(self) -> dict:
+        """``{"factor", "evidence", "fix", "page", "manual", **details}`` (what ``audit.json`` and
+        the runs' ``run.json`` hold)."""
+        return {"factor": self.factor, "evidence": self.evidence, "fix": self.fix, "page": self.page,
+                "manual": self.manual, **self.details}
 
     def message(self) -> str:
         """``DDPAudit [Random streams per rank]: ... Fix: ... (see <site>/factors/noise/)``: the
         factor under its registry name (one name everywhere)."""
         name = _REGISTRY[self.factor].name if self.factor in _REGISTRY else self.factor
         return f"DDPAudit [{name}]: {self.evidence}. Fix: {self.fix} (see {page_url(self.page)})"
+
+
+class CannotTell(Exception):
+    """Raised by a factor's ``before`` check that cannot tell on the user's model (the message:
+    what it could not tell, and why); the audit shows it as a note, and its DDP runs judge."""
 
 
 @functools.cache

@@ -210,12 +210,11 @@ _LOADER_DRAWS = {
 }
 
 
-def _before(model: Any, datamodule: Any, batches: list, n: int) -> list:
+def _before(model: Any, datamodule: Any, batches: list, n: int) -> list[Finding]:
     """The one-process checks of `vae-ddp audit`: random draws in the dataset and in the loader's ``collate_fn``."""
     seen = [where for where, is_random in (("dataset", dataset_is_random), ("collate_fn", collate_is_random))
             if is_random(datamodule)]
-    return [{"factor": FACTOR.key, "fixable": False, "page": FACTOR.page, "evidence": _LOADER_DRAWS[where][0],
-             "fix": _LOADER_DRAWS[where][1]} for where in seen]
+    return [Finding(FACTOR.key, *_LOADER_DRAWS[where], manual=True) for where in seen]
 
 
 FACTOR = Factor(

@@ -29,7 +29,7 @@ from torch import Tensor
 from torch.utils.data import DistributedSampler
 
 from vae_ddp.fixes import _env
-from vae_ddp.fixes.factor import Factor, Finding, Seen, cast_batch, chunk_batch, samplers, world
+from vae_ddp.fixes.factor import CannotTell, Factor, Finding, Seen, cast_batch, chunk_batch, samplers, world
 from vae_ddp.fixes.sampler import uses_global_sampler
 
 __all__ = ["global_item_count", "global_item_mean", "global_token_cross_entropy", "reduction", "reduction_gap",
@@ -228,26 +228,25 @@ _REDUCTIONS = {
 REDUCTION_TOLERANCE = 1e-9
 
 
-def _before(model: Any, datamodule: Any, batches: list, n: int) -> list:
+def _before(model: Any, datamodule: Any, batches: list, n: int) -> list[Finding]:
     """The one-process check of `vae-ddp audit`: the largest gap over ``batches`` and the kind
     the batches agree on first (coupled, then weighted, then sum): a mean over tokens equals the
     global mean on a batch whose chunks happen to hold as many tokens each, so one batch can hide it."""
     found = [r for r in (reduction(model, b, n) for b in batches) if r is not None and r[0] > REDUCTION_TOLERANCE]
     drawn = [g for g, kind in found if kind == "random"]
-    if drawn:  # a note, not a finding: the check cannot tell the reduction from the draws
-        return [{"factor": FACTOR.key, "note": "the one-process check of the loss reduction was skipped: the "
-                 f"gradient of the same batch changes with torch's seed ({max(drawn):.3g} relative, in eval mode), "
-                 "so it cannot tell how the loss reduces the batch; the DDP runs compare it"}]
+    if drawn:  # the check cannot tell the reduction from the draws
+        raise CannotTell("the one-process check of the loss reduction was skipped: the gradient of the same "
+                         f"batch changes with torch's seed ({max(drawn):.3g} relative, in eval mode), so it cannot "
+                         "tell how the loss reduces the batch; the DDP runs compare it")
     if not found:
         return []
     gap = max(g for g, _ in found)
     kind = next(k for k in ("coupled", "weighted", "sum") if any(kk == k for _, kk in found))
     evidence, fix = _REDUCTIONS[kind]
     # measured without a process group: `vae-ddp audit` asks again under the real one ("recheck")
-    return [{"factor": FACTOR.key, "fixable": False, "page": FACTOR.page, "kind": kind, "recheck": True,
-             "evidence": f"{evidence}; the gradient of the global batch differs from the mean of its {n} "
-                         f"per-rank chunks' gradients by {gap:.3g} (relative)",
-             "fix": fix}]
+    return [Finding(FACTOR.key, f"{evidence}; the gradient of the global batch differs from the mean of its {n} "
+                                f"per-rank chunks' gradients by {gap:.3g} (relative)",
+                    fix, manual=True, details={"kind": kind, "recheck": True})]
 
 
 FACTOR = Factor(
