@@ -9,6 +9,7 @@ from typing import Literal
 import pytest
 
 from vae_ddp.fixes import registry
+from vae_ddp.fixes.factor import Audit, Switch
 from vae_ddp.fixes.registry import Factor, FixParts
 from vae_ddp.harness.configs import RunSpec
 from helpers import ROOT, load_script
@@ -60,13 +61,14 @@ def seventh_factor():
     def watch(seen):  # what DDPAudit checks at the start of a real fit
         return [registry.Finding("jitter", f"{seen.trainer.world_size} ranks jitter apart", "jitter the global batch")]
 
-    f = registry.register(Factor(key="jitter", name="augmentation jitter", page="factors/jitter.md",
-                                 changes="a callback", check=lambda t, m, d: None, field="jitter",
-                                 default="default", fixed="global", choices=("global",),
-                                 parts=lambda spec, seed: FixParts(callbacks=[marker]),
-                                 audit_parts=lambda run: FixParts(callbacks=[marker]),
-                                 watch={"train_start": watch}, clean="no jitter seen",
-                                 before=lambda model, dm, batches, n: [registry.Finding("jitter", f"{n} chunks", "chunk")]))
+    f = registry.register(Factor(
+        key="jitter", name="augmentation jitter", page="factors/jitter.md", changes="a callback",
+        check=lambda t, m, d: None,
+        switch=Switch("jitter", default="default", fixed="global", choices=("global",),
+                      parts=lambda spec, seed: FixParts(callbacks=[marker])),
+        audit=Audit(parts=lambda run: FixParts(callbacks=[marker]), watch={"train_start": watch},
+                    clean="no jitter seen",
+                    before=lambda model, dm, batches, n: [registry.Finding("jitter", f"{n} chunks", "chunk")])))
     yield f, marker
     registry.unregister("jitter")
 

@@ -25,7 +25,7 @@ from pytorch_lightning.plugins import LayerSync
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from vae_ddp.fixes.factor import Factor, Finding, FixParts, Seen, world
+from vae_ddp.fixes.factor import Audit, Factor, Finding, FixParts, Seen, Switch, world
 
 __all__ = ["GlobalBatchNorm", "GlobalSyncBatchNorm", "FACTOR", "batch_stats", "normalize"]
 
@@ -349,6 +349,7 @@ def _watch_layers(seen: Seen) -> list:
 FACTOR = Factor(
     position=2, key="batchnorm", name="BatchNorm statistics", page="factors/batchnorm.md",
     changes="Trainer(sync_batchnorm=True) on GPUs; plugin GlobalSyncBatchNorm (a LayerSync) on CPU",
-    check=_check, field="sync_bn", default=False, fixed=True, choices=(True,), parts=_parts,
-    audit_parts=_audit_parts, off_label="BatchNorm back to per-rank", watch={"train_start": _watch_layers},
-    clean="no per-rank BatchNorm layer")
+    check=_check,
+    switch=Switch("sync_bn", default=False, fixed=True, choices=(True,), parts=_parts,
+                  off_label="BatchNorm back to per-rank"),
+    audit=Audit(parts=_audit_parts, watch={"train_start": _watch_layers}, clean="no per-rank BatchNorm layer"))

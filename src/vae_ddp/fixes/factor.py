@@ -27,7 +27,7 @@ from typing import Any, Callable, Mapping, Optional
 import torch
 import torch.distributed as dist
 
-__all__ = ["Factor", "FixParts", "Finding", "CannotTell", "Seen", "HOOKS", "register", "unregister", "factors", "get",
+__all__ = ["Factor", "Switch", "Audit", "FixParts", "Finding", "CannotTell", "Seen", "HOOKS", "register", "unregister", "factors", "get",
            "batch_tensors", "cast_batch", "chunk_batch", "loader_list", "samplers", "rng_states", "gather_ints", "gather_objects", "gather_digest",
            "docs_url", "page_url"]
 
@@ -88,40 +88,82 @@ Watch = Callable[[Seen], list]
 
 
 @dataclass(frozen=True)
-class Factor:
-    """One factor that makes DDP on N devices differ from one device.
+class Switch:
+    """The switch of a factor's fix in this project's runs: a typed field of
+    [`RunSpec`][vae_ddp.harness.configs.RunSpec] (one ``vae-ddp`` flag).
 
     Attributes:
-        key: short identifier (``noise``, ``batchnorm``, ...).
-        name: its name wherever the site names it (the field's term): the factor page's title
-            and nav entry (the site's hook writes the nav from the registry), the tables that list the factors (Home's
-            factor table, the recipe's). The only place the name is written: the rest read it
-            (``tests/test_names.py`` checks the title and the ``nav`` entry against it).
-        page: its docs page, relative to ``docs/``.
-        changes: what its fix changes, in words (Trainer arguments, callbacks, plugins,
-            sampler, module hooks).
-        check: ``check(trainer, module, datamodule) -> str | None``: why the given run is exposed.
-        field: the ``RunSpec`` field that switches its fix (None: fixed by another factor's switch).
-        default: that field's value under Lightning's defaults.
+        field: the ``RunSpec`` field.
+        default: its value under Lightning's defaults.
         fixed: the value ``RunSpec.exact()`` sets.
         choices: every non-default value (each is a variant of the step-time benchmark).
         parts: ``parts(spec, seed) -> FixParts`` of the fix for the field's current value.
-        audit_parts: ``audit_parts(run) -> FixParts``: the fix `vae-ddp audit` applies to a
-            user's LightningModule and datamodule (``run``: an
-            [`AuditRun`][vae_ddp.audit.spec.AuditRun]); None: the audit has no automatic fix
-            for it (it reports it, or another factor's fix covers it).
-        watch: ``{hook: watch(seen) -> list[Finding]}``: what
-            [`DDPAudit`][vae_ddp.audit.callback.DDPAudit] checks in a real DDP fit, per hook of
-            ``vae_ddp.fixes.factor.HOOKS``.
-        before: ``before(model, datamodule, batches, world_size) -> list[Finding]``: what
-            `vae-ddp audit` checks in one process before any training, on a few global batches
+        off_label: the ablation's name for the run with this fix off (default ``"<key> fix off"``).
+    """
+
+    field: str
+    default: Any
+    fixed: Any
+    choices: tuple = ()
+    parts: Optional[Callable[[Any, int], FixParts]] = None
+    off_label: str = ""
+
+
+@dataclass(frozen=True)
+class Audit:
+    """What `vae-ddp audit` and [`DDPAudit`][vae_ddp.audit.callback.DDPAudit] do with a factor.
+
+    Attributes:
+        parts: ``parts(run) -> FixParts``: the fix the audit applies to a user's LightningModule
+            and datamodule (``run``: an [`AuditRun`][vae_ddp.audit.spec.AuditRun]); None: no
+            automatic fix (it is reported, or another factor's fix covers it).
+        watch: ``{hook: watch(seen) -> list[Finding]}``: what ``DDPAudit`` checks in a real DDP
+            fit, per hook of ``vae_ddp.fixes.factor.HOOKS``.
+        before: ``before(model, datamodule, batches, world_size) -> list[Finding]``: what the
+            audit checks in one process before any training, on a few global batches
             (``manual=True``: no fix the audit applies removes what it finds); it raises
             [`CannotTell`][vae_ddp.fixes.factor.CannotTell] when it cannot tell, saying why.
         ablated_with: key of the factor whose fix the audit's ablation undoes to measure this one
             (its fix removes this factor too), when this one has no fix of its own in the audit.
-        clean: what `vae-ddp audit`'s table says when nothing of this factor is seen.
-        fixed_by: key of the factor whose switch fixes this one (when ``field`` is None).
-        off_label: the ablation's name for the run with this fix off (default ``"<key> fix off"``).
+        clean: what the audit's table says when nothing of this factor is seen.
+
+    Raises:
+        ValueError: a ``watch`` hook that is not one of ``HOOKS``.
+    """
+
+    parts: Optional[Callable[[Any], FixParts]] = None
+    watch: Mapping[str, Watch] = field(default_factory=dict)
+    before: Optional[Callable[[Any, Any, list, int], list]] = None
+    ablated_with: Optional[str] = None
+    clean: str = "not detected"
+
+    def __post_init__(self) -> None:
+        unknown = set(self.watch) - set(HOOKS)
+        if unknown:
+            raise ValueError(f"watch hooks {sorted(unknown)} are not among {HOOKS}")
+
+
+@dataclass(frozen=True)
+class Factor:
+    """One factor that makes DDP on N devices differ from one device, declared in parts: who it
+    is (``key``, ``name``, ``page``, ``position``, ``changes``, ``check``), how this project's runs
+    switch its fix ([`Switch`][vae_ddp.fixes.factor.Switch], or ``fixed_by``) and what the audit
+    does with it ([`Audit`][vae_ddp.fixes.factor.Audit]). The parts' attributes read as the
+    factor's own (``factor.field``, ``factor.watch``, ``factor.audit_parts`` ...).
+
+    Attributes:
+        key: short identifier (``noise``, ``batchnorm``, ...), the name of its fix module.
+        name: its name wherever the site names it (the field's term): the factor page's title
+            and nav entry (the site's hook writes the nav from the registry), the tables that list
+            the factors. The only place the name is written (``tests/test_names.py`` checks the
+            title and the ``nav`` entry against it).
+        page: its docs page, relative to ``docs/``.
+        changes: what its fix changes, in words (Trainer arguments, callbacks, plugins,
+            sampler, module hooks).
+        check: ``check(trainer, module, datamodule) -> str | None``: why the given run is exposed.
+        switch: the ``RunSpec`` field that switches its fix (None: another factor's switch fixes it).
+        fixed_by: key of the factor whose switch fixes this one (when ``switch`` is None).
+        audit: what the audit applies, checks and says.
         position: its place in the order of the docs (the site's tables and nav, the ablation's
             runs, ``RunSpec.fixes()``): [`factors`][vae_ddp.fixes.factor.factors] sorts by it,
             then by registration.
@@ -132,32 +174,29 @@ class Factor:
     page: str
     changes: str
     check: Check
-    field: Optional[str] = None
-    default: Any = None
-    fixed: Any = None
-    choices: tuple = ()
-    parts: Optional[Callable[[Any, int], FixParts]] = None
-    audit_parts: Optional[Callable[[Any], FixParts]] = None
-    watch: Mapping[str, Watch] = dataclasses.field(default_factory=dict)  # `field` is the attribute above
-    before: Optional[Callable[[Any, Any, list, int], list]] = None
-    ablated_with: Optional[str] = None
-    clean: str = "not detected"
+    switch: Optional[Switch] = None
     fixed_by: Optional[str] = None
-    off_label: str = ""
+    audit: Audit = dataclasses.field(default_factory=Audit)
     position: int = 1000
 
-    def __post_init__(self) -> None:
-        unknown = set(self.watch) - set(HOOKS)
-        if unknown:
-            raise ValueError(f"factor {self.key!r}: watch hooks {sorted(unknown)} are not among {HOOKS}")
+    field = property(lambda self: self.switch and self.switch.field)
+    default = property(lambda self: self.switch and self.switch.default)
+    fixed = property(lambda self: self.switch and self.switch.fixed)
+    choices = property(lambda self: self.switch.choices if self.switch else ())
+    parts = property(lambda self: self.switch and self.switch.parts)
+    audit_parts = property(lambda self: self.audit.parts)
+    watch = property(lambda self: self.audit.watch)
+    before = property(lambda self: self.audit.before)
+    ablated_with = property(lambda self: self.audit.ablated_with)
+    clean = property(lambda self: self.audit.clean)
 
     @property
     def ablation_label(self) -> str:
-        return self.off_label or f"{self.key} fix off"
+        return (self.switch and self.switch.off_label) or f"{self.key} fix off"
 
     def is_on(self, spec: Any) -> bool:
         """Whether ``spec`` (a ``RunSpec``) has this factor's fix on."""
-        return self.field is not None and getattr(spec, self.field) != self.default
+        return self.switch is not None and getattr(spec, self.field) != self.default
 
     def label(self, spec: Any) -> str:
         """Short name of the fix as set in ``spec`` (``noise=global``, ``sync_bn``)."""

@@ -38,7 +38,7 @@ from pytorch_lightning.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import Dataset
 
 from vae_ddp.fixes import _env
-from vae_ddp.fixes.factor import Factor, Finding, FixParts, Seen, batch_tensors, gather_ints, world
+from vae_ddp.fixes.factor import Audit, Factor, Finding, FixParts, Seen, Switch, batch_tensors, gather_ints, world
 
 __all__ = ["unrepeated_sampler", "padded_duplicates", "FACTOR"]
 
@@ -131,8 +131,9 @@ def _watch_epoch_mean(seen: Seen) -> list:
 FACTOR = Factor(
     position=5, key="logging", name="Logging", page="factors/logging.md",
     changes="module hook: self.log(..., sync_dist=True, batch_size=len(x))",
-    check=_check, field="sync_dist_logging", default=False, fixed=True, choices=(True,),
-    parts=_parts, off_label="logging back to rank 0",
-    watch={"train_batch_end": _watch_unsynced, "validation_batch_end": _watch_count,
-           "validation_epoch_end": _watch_epoch_mean},
-    clean="every logged metric synchronised (or none logged)")
+    check=_check,
+    switch=Switch("sync_dist_logging", default=False, fixed=True, choices=(True,), parts=_parts,
+                  off_label="logging back to rank 0"),
+    audit=Audit(watch={"train_batch_end": _watch_unsynced, "validation_batch_end": _watch_count,
+                       "validation_epoch_end": _watch_epoch_mean},
+                clean="every logged metric synchronised (or none logged)"))

@@ -25,7 +25,8 @@ import torch
 from pytorch_lightning import Callback, LightningModule, Trainer
 
 from vae_ddp.fixes.dropout import SWAPPABLE
-from vae_ddp.fixes.factor import Factor, Finding, FixParts, Seen, batch_tensors, gather_digest, rng_states, world
+from vae_ddp.fixes.factor import (
+    Audit, Factor, Finding, FixParts, Seen, Switch, batch_tensors, gather_digest, rng_states, world)
 from vae_ddp.fixes.randomness import GlobalBatchRandomness
 
 __all__ = ["PerRankSeed", "GlobalBatchNoise", "dataset_is_random", "collate_is_random", "FACTOR"]
@@ -220,8 +221,9 @@ def _before(model: Any, datamodule: Any, batches: list, n: int) -> list[Finding]
 FACTOR = Factor(
     position=1, key="noise", name="Random streams per rank", page="factors/noise.md",
     changes="Trainer callback GlobalBatchNoise (global-batch noise, sliced by rank) or PerRankSeed (seed + rank)",
-    check=_check, field="noise", default="default", fixed="global", choices=("per_rank", "global"),
-    parts=_parts, audit_parts=_audit_parts, off_label="noise back to default",
-    watch={"train_start": _watch_streams, "train_batch_start": _watch_before, "train_batch_end": _watch_draws},
-    before=_before,
-    clean="no training-step draws repeated across ranks")
+    check=_check,
+    switch=Switch("noise", default="default", fixed="global", choices=("per_rank", "global"), parts=_parts,
+                  off_label="noise back to default"),
+    audit=Audit(parts=_audit_parts, before=_before, clean="no training-step draws repeated across ranks",
+                watch={"train_start": _watch_streams, "train_batch_start": _watch_before,
+                       "train_batch_end": _watch_draws}))

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Optional
 
 from vae_ddp.fixes import noise
-from vae_ddp.fixes.factor import Factor
+from vae_ddp.fixes.factor import Audit, Factor
 
 __all__ = ["FACTOR"]
 
@@ -27,4 +27,4 @@ def _check(trainer, module, datamodule) -> Optional[str]:
 FACTOR = Factor(
     position=6, key="optimizer", name="Optimizer (Adam)", page="factors/optimizer.md",
     changes="none of its own: fixing the noise removes it", check=_check, fixed_by="noise",
-    clean="follows the noise check")
+    audit=Audit(clean="follows the noise check"))

@@ -29,7 +29,7 @@ from torch import Tensor
 from torch.utils.data import DistributedSampler
 
 from vae_ddp.fixes import _env
-from vae_ddp.fixes.factor import CannotTell, Factor, Finding, Seen, cast_batch, chunk_batch, samplers, world
+from vae_ddp.fixes.factor import Audit, CannotTell, Factor, Finding, Seen, cast_batch, chunk_batch, samplers, world
 from vae_ddp.fixes.sampler import uses_global_sampler
 
 __all__ = ["global_item_count", "global_item_mean", "global_token_cross_entropy", "reduction", "reduction_gap",
@@ -252,6 +252,7 @@ def _before(model: Any, datamodule: Any, batches: list, n: int) -> list[Finding]
 FACTOR = Factor(
     position=4, key="reduction", name="Mean reduction", page="factors/reduction.md",
     changes="equal per-rank batches: incomplete global batches dropped by the sampler switch",
-    check=_check, fixed_by="sampler", watch={"train_start": _watch_padding}, before=_before,
-    ablated_with="sampler",  # the audit's sampler fix (global batches, the last one dropped) removes the padding
-    clean="no padded samples")
+    check=_check, fixed_by="sampler",
+    # the audit's sampler fix (global batches, the last one dropped) removes the padding
+    audit=Audit(watch={"train_start": _watch_padding}, before=_before, ablated_with="sampler",
+                clean="no padded samples"))

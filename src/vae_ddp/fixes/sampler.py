@@ -17,7 +17,9 @@ import torch
 from torch.utils.data import Dataset, DistributedSampler, IterableDataset, Sampler
 
 from vae_ddp.fixes import _env
-from vae_ddp.fixes.factor import Factor, Finding, FixParts, Seen, batch_tensors, gather_objects, loader_list, samplers, world
+from vae_ddp.fixes.factor import (
+    Audit, Factor, Finding, FixParts, Seen, Switch, batch_tensors, gather_objects, loader_list, samplers,
+    world)
 
 __all__ = ["GlobalBatchDistributedSampler", "GlobalBatchChunks", "StreamChunks", "deal_global_batches",
            "first_batch_shared", "FACTOR"]
@@ -369,7 +371,8 @@ def _watch_shapes(seen: Seen) -> list:
 FACTOR = Factor(
     position=3, key="sampler", name="Sampler and data order", page="factors/sampler.md",
     changes="datamodule sampler GlobalBatchDistributedSampler; Trainer(use_distributed_sampler=False)",
-    check=_check, field="sampler", default="default", fixed="global", choices=("global",),
-    parts=_parts, audit_parts=_audit_parts, off_label="sampler back to DistributedSampler",
-    watch={"train_start": _watch_loaders, "train_batch_start": _watch_shapes},
-    clean="no shuffling DistributedSampler")
+    check=_check,
+    switch=Switch("sampler", default="default", fixed="global", choices=("global",), parts=_parts,
+                  off_label="sampler back to DistributedSampler"),
+    audit=Audit(parts=_audit_parts, watch={"train_start": _watch_loaders, "train_batch_start": _watch_shapes},
+                clean="no shuffling DistributedSampler"))
