@@ -10,7 +10,7 @@ stderr. ``VAE_DDP_FULL=1`` runs the full settings (``full_args``) instead of the
 (``args``); ``VAE_DDP_DOCS_JOBS=2`` runs two entries at once.
 
 Each entry runs in a fork of a worker process that has imported torch and Lightning once
-(``Worker``; one per job), as its command line would run it.
+(``_in_workers``; one per job), as its command line would run it.
 
 ``python tools/results.py [NAME ...]``: those entries only (no summary). The tests read the same
 folder through this module (``tests/conftest.py``), and ``mkdocs build`` includes it with
@@ -19,20 +19,20 @@ pymdownx.snippets.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
-import queue
 import re
 import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import yaml
 
@@ -212,156 +212,159 @@ def render_output(e: dict[str, Any], out: Path) -> str:
     return stdout.rstrip() + "\n"
 
 
-def run_entry(root: Path, e: dict[str, Any], worker: Optional["Worker"] = None) -> str:
-    """Run one entry unless its stamp matches; return 'cached' or 'ran'.
+#: What a worker imports before it runs its first entry: every entry's process would import them.
+PRELOAD = ("torch", "torchvision", "pytorch_lightning")
 
-    ``worker``: the ``Worker`` that runs it (default: one of its own, for this entry).
-    An exclusive lock per entry (``docs/generated/.locks/<name>``) makes a second process
-    that asks for the same entry (a test beside the site build, pytest-xdist workers) wait
-    and then read the cached run instead of running it again into the same folder."""
+
+def run_entry(root: Path, e: dict[str, Any], preload: tuple[str, ...] = PRELOAD) -> str:
+    """Run one entry unless its stamp matches (in a worker process, ``_in_workers``); return
+    'cached' or 'ran'.
+
+    Raises:
+        ResultsError: the entry failed or timed out (the message says why)."""
+    with _locked(root, e["name"]):
+        if _cached(root, e):
+            return "cached"
+    return _in_workers(root, [e["name"]], 1, preload)[e["name"]]
+
+
+@contextlib.contextmanager
+def _locked(root: Path, name: str) -> Iterator[None]:
+    """An exclusive lock on entry ``name`` (``docs/generated/.locks/<name>``): a second process
+    that asks for it (a test beside the site build) waits, then reads the cached run instead of
+    running it again into the same folder. The wait beats for the guard's watchdog, if any."""
     import fcntl
+
+    from vae_ddp.guard import beat
 
     locks = root / GENERATED / ".locks"
     locks.mkdir(parents=True, exist_ok=True)
-    with open(locks / e["name"], "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if worker is not None:
-            return _run_entry(root, e, worker)
-        with Worker(root) as own:
-            return _run_entry(root, e, own)
+    with open(locks / name, "w") as lock:
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                beat()
+                time.sleep(0.5)
+        yield
 
 
-def _run_entry(root: Path, e: dict[str, Any], worker: "Worker") -> str:
+def _cached(root: Path, e: dict[str, Any]) -> bool:
+    """Whether the entry's stamp matches its inputs (then its ``output.md`` and ``command.md`` are
+    rendered again from what it wrote)."""
+    out = root / GENERATED / e["name"]
+    argv = command_of(e, f"{GENERATED}/{e['name']}")
+    stamp = out / STAMP
+    if stamp.is_file() and stamp.read_text() == digest(root, e, argv) and (out / "stdout.txt").is_file():
+        write_if_changed(out / "output.md", render_output(e, out))
+        write_if_changed(out / "command.md", command_md(argv))
+        return True
+    return False
+
+
+def _run_here(root: Path, e: dict[str, Any]) -> None:
+    """Run the entry in a fork of this process under a guard of its own
+    (``vae_ddp.guard.run_in_fork``), as its command line would (``vae_ddp.guard.run_python``)."""
+    from vae_ddp import guard
+
     out_rel = f"{GENERATED}/{e['name']}"
     out = root / out_rel
     argv = command_of(e, out_rel)
-    key = digest(root, e, argv)
-    stamp = out / STAMP
-    if stamp.is_file() and stamp.read_text() == key and (out / "stdout.txt").is_file():
-        write_if_changed(out / "output.md", render_output(e, out))
-        write_if_changed(out / "command.md", command_md(argv))
-        return "cached"
+    key = digest(root, e, argv)  # the inputs it runs from (a file changed while it runs: not cached)
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     t0 = time.monotonic()
     merged = e["output"] == "log"  # Lightning logs to stderr or stdout depending on the terminal
     (out / "stderr.txt").write_text("")
-    code, timed_out = worker.run(argv, out / "stdout.txt", None if merged else out / "stderr.txt", e["timeout"])
-    stdout, stderr = (out / "stdout.txt").read_text(), (out / "stderr.txt").read_text()
+    stdout = os.open(out / "stdout.txt", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    stderr = stdout if merged else os.open(out / "stderr.txt", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+
+    def entry() -> int:
+        guard.beat()  # the entry's start is progress: the watchdogs count from here
+        if argv[0] != sys.executable:  # a registry command that is not Python: run it as it is
+            os.execvp(argv[0], argv)
+        return guard.run_python(argv[1:])
+
+    try:
+        code, timed_out = guard.run_in_fork(entry, argv[1:], dict(os.environ), timeout=e["timeout"],
+                                            stdout=stdout, stderr=stderr), False
+    except subprocess.TimeoutExpired:
+        code, timed_out = guard.TIMED_OUT, True
+    finally:
+        for fd in {stdout, stderr}:
+            os.close(fd)
+    tail = "\n".join((out / ("stdout.txt" if merged else "stderr.txt")).read_text().rstrip().splitlines()[-40:])
     if timed_out:
-        tail = "\n".join((stdout if merged else stderr).rstrip().splitlines()[-40:])
         raise ResultsError(f"example {e['name']!r} timed out after {e['timeout']:.0f} s (raise its `timeout` "
                            f"in {REGISTRY}): {display_command(argv)}\n{tail}")
     if code != e["exit_code"]:
-        tail = "\n".join((stdout if merged else stderr).rstrip().splitlines()[-40:])
         raise ResultsError(f"example {e['name']!r} failed (exit code {code}, expected {e['exit_code']}): "
                            f"{display_command(argv)}\n--- stderr (end) ---\n{tail}")
     (out / "output.md").write_text(render_output(e, out))
     (out / "command.md").write_text(command_md(argv))
-    stamp.write_text(key)
+    (out / STAMP).write_text(key)
     log.info("results: %s ran in %.0f s", e["name"], time.monotonic() - t0)
-    return "ran"
 
 
-#: What a worker imports before it forks an entry: every entry's process would import them.
-PRELOAD = ("torch", "torchvision", "pytorch_lightning")
+def _in_workers(root: Path, names: list[str], n: int, preload: tuple[str, ...]) -> dict[str, str]:
+    """Run the entries ``names`` in ``n`` worker processes at once (``python tools/results.py
+    --serve``, each under a guard) and return ``{name: 'cached' or 'ran'}``. A worker imports
+    ``preload`` once (8-10 s of CPU for torch and Lightning here, most of what a small entry
+    spends) and runs each entry in a fork of itself; the workers share the entries by claiming
+    them in turn.
 
-
-class Worker:
-    """A process that has imported ``PRELOAD`` once and runs each entry it is given in a fork
-    of itself, as ``python SCRIPT ARGS`` or ``python -m MODULE ARGS`` would run it
-    (``vae_ddp.guard.run_python``; Lightning's launcher re-runs the same command for the other
-    DDP ranks). Importing torch and Lightning costs a process 8-10 s of CPU here, most of what a
-    small entry spends.
-
-    The worker runs under a guard (its tree ended when it or its caller ends), and each entry
-    under one of its own (``vae_ddp.guard.run_in_fork``). The worker forks before anything has
-    run in it: its only thread is the main one (a fork of a process that runs threads can hang,
-    ``vae_ddp.workers``). Requests and replies are lines of JSON on its stdin and stdout."""
-
-    def __init__(self, root: Path, preload: tuple[str, ...] = PRELOAD) -> None:
-        from vae_ddp.guard import guarded  # a watchdog on the entries' ranks (dumps their stacks if they hang)
-
-        env = dict(os.environ, PYTHONUNBUFFERED="1", MPLBACKEND="Agg", PYTHONHASHSEED="0")
-        src = str(root / "src")
-        env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        env.pop("LOCAL_RANK", None)
-        self.argv, self.root, self.env = guarded([sys.executable, str(Path(__file__).resolve()), "--worker", *preload]), root, env
-        self.proc: Optional[subprocess.Popen] = None  # started by the first run (a cached entry needs none)
-
-    def run(self, argv: list[str], stdout: Path, stderr: Optional[Path], timeout: float) -> tuple[int, bool]:
-        """Run ``argv`` (``[python, SCRIPT, ...]`` or ``[python, -m, MODULE, ...]``), its output into
-        ``stdout`` and ``stderr`` (``None``: into ``stdout`` too); return (exit code, timed out)."""
-        request = {"argv": argv, "stdout": str(stdout), "stderr": str(stderr or stdout), "timeout": timeout}
-        if self.proc is None:
-            self.proc = subprocess.Popen(self.argv, cwd=self.root, env=self.env, stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, text=True, start_new_session=True)
-        try:
-            self.proc.stdin.write(json.dumps(request) + "\n")
-            self.proc.stdin.flush()
-            reply = self.proc.stdout.readline()
-        except BrokenPipeError:
-            reply = ""
-        if not reply:
-            code = self.proc.wait()
-            raise ResultsError(f"the results worker ended (exit code {code}) while it ran {display_command(argv)}; "
-                               "its guard's message, if any, is above")
-        answer = json.loads(reply)
-        return answer["code"], answer["timed_out"]
-
-    def close(self) -> None:
-        if self.proc is None:
-            return
-        if self.proc.stdin and not self.proc.stdin.closed:
-            self.proc.stdin.close()  # end of requests: the worker exits
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.terminate()  # the guard ends the worker's tree
-            self.proc.wait()
-
-    def __enter__(self) -> "Worker":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def _serve(preload: list[str]) -> None:
-    """The worker's side of ``Worker``: import ``preload``, then run each request's command in a
-    fork under a guard of its own (``vae_ddp.guard.run_in_fork``: its process group, watchdog and
-    timeout; nothing the entry started outlives it)."""
-    import importlib
-
+    Raises:
+        ResultsError: every entry that failed, and why."""
     from vae_ddp import guard
 
-    for name in preload:
-        importlib.import_module(name)
-    replies = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)  # what the worker itself prints does not reach the replies
-    for line in sys.stdin:
-        request = json.loads(line)
-        argv = request["argv"]
-        out = os.open(request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-        err = out if request["stderr"] == request["stdout"] else os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", MPLBACKEND="Agg", PYTHONHASHSEED="0")
+    env["PYTHONPATH"] = os.pathsep.join([str(root / "src")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env.pop("LOCAL_RANK", None)
+    with tempfile.TemporaryDirectory(prefix="vae-ddp-results-") as tmp:
+        (Path(tmp) / "claims").mkdir()
+        reports = [Path(tmp, f"{i}.json") for i in range(n)]
+        procs = guard.run_all([[sys.executable, str(Path(__file__).resolve()), "--serve", str(root), str(r),
+                                ",".join(preload), *names] for r in reports], cwd=root, env=env)
+        done: dict[str, str] = {}
+        errors: dict[str, str] = {}
+        for proc, report in zip(procs, reports):
+            if not report.is_file():
+                raise ResultsError(f"a results worker ended (exit code {proc.returncode}) before it reported; "
+                                   "its guard's message, if any, is above")
+            got = json.loads(report.read_text())
+            done.update(got["done"])
+            errors.update(got["errors"])
+    if errors:
+        raise ResultsError("\n\n".join(errors[name] for name in names if name in errors))
+    return done
 
-        def entry() -> int:  # the command, as its command line would run it
-            replies.close()  # the worker's channel to the runner: not the entry's
-            guard.beat()  # the entry's start is progress: the watchdogs count from here
-            if argv[0] != sys.executable:  # a registry command that is not Python: run it as it is
-                os.execvp(argv[0], argv)
-            return guard.run_python(argv[1:])
 
+def _serve(root: Path, report: Path, preload: list[str], names: list[str]) -> None:
+    """A worker of ``_in_workers``: each entry of ``names`` that no other worker claimed first,
+    under its lock; ``preload`` imported before the first that is not cached (the worker forks
+    before anything has run in it: its only thread is the main one, ``vae_ddp.workers``)."""
+    import importlib
+
+    entries = {e["name"]: e for e in load_registry(root)}
+    done, errors = {}, {}
+    for name in names:
         try:
-            code, timed_out = guard.run_in_fork(entry, argv[1:], dict(os.environ), timeout=request["timeout"],
-                                                stdout=out, stderr=err), False
-        except subprocess.TimeoutExpired:
-            code, timed_out = guard.TIMED_OUT, True
-        finally:
-            for fd in {out, err}:
-                os.close(fd)
-        replies.write(json.dumps({"code": code, "timed_out": timed_out}) + "\n")
-        replies.flush()
+            os.close(os.open(report.parent / "claims" / name, os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            continue  # another worker runs it
+        try:
+            with _locked(root, name):
+                if _cached(root, entries[name]):
+                    done[name] = "cached"
+                    continue
+                for module in preload:
+                    importlib.import_module(module)
+                _run_here(root, entries[name])
+                done[name] = "ran"
+        except ResultsError as err:
+            errors[name] = str(err)
+    report.write_text(json.dumps({"done": done, "errors": errors}))
 
 
 def write_if_changed(path: Path, text: str) -> None:
@@ -460,8 +463,8 @@ def jobs() -> int:
 
 
 def generate(root: Path, only: Optional[list[str]] = None, preload: tuple[str, ...] = PRELOAD) -> dict[str, str]:
-    """Run the registry's entries (``only``: these names) that are not cached; write the summary.
-    ``preload``: what the workers import first (see ``Worker``)."""
+    """Run the registry's entries (``only``: these names) that are not cached, ``jobs()`` at once;
+    write the summary. ``preload``: what the workers import first (see ``_in_workers``)."""
     entries = load_registry(root)
     if only:
         unknown = set(only) - {e["name"] for e in entries}
@@ -471,41 +474,21 @@ def generate(root: Path, only: Optional[list[str]] = None, preload: tuple[str, .
     else:
         todo = entries
     done: dict[str, str] = {}
-    errors: list[str] = []
-    idle: queue.SimpleQueue = queue.SimpleQueue()  # one worker per job, started when first needed
-    started: list[Worker] = []
-
-    def run(e: dict[str, Any]) -> str:
-        try:
-            worker = idle.get_nowait()
-        except queue.Empty:
-            worker = Worker(root, preload)
-            started.append(worker)
-        try:
-            return run_entry(root, e, worker)
-        finally:
-            idle.put(worker)
-
-    try:
-        with ThreadPoolExecutor(max_workers=jobs()) as pool:  # threads: run_entry waits on a worker
-            futures = {e["name"]: pool.submit(run, e) for e in todo}
-            for name, f in futures.items():
-                try:
-                    done[name] = f.result()
-                except ResultsError as err:
-                    errors.append(str(err))
-    finally:
-        for worker in started:
-            worker.close()
-    if errors:
-        raise ResultsError("\n\n".join(errors))
+    for e in todo:
+        with _locked(root, e["name"]):
+            if _cached(root, e):
+                done[e["name"]] = "cached"
+    stale = [e["name"] for e in todo if e["name"] not in done]
+    if stale:
+        done.update(_in_workers(root, stale, min(jobs(), len(stale)), preload))
     if not only:
         write_summary(root, entries)
-    return done
+    return {e["name"]: done[e["name"]] for e in todo}
 
 
-if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
-    _serve(sys.argv[2:])
+if __name__ == "__main__" and sys.argv[1:2] == ["--serve"]:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    _serve(Path(sys.argv[2]), Path(sys.argv[3]), [m for m in sys.argv[4].split(",") if m], sys.argv[5:])
 elif __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     t0 = time.monotonic()
