@@ -51,7 +51,7 @@ import torch
 from vae_ddp.audit import effects, whole_step
 from vae_ddp.audit.spec import AuditRun, failed_marker
 from vae_ddp.fixes import noise, registry
-from vae_ddp.fixes.factor import page_url
+from vae_ddp.fixes.factor import Audit, Factor, page_url
 from vae_ddp.probes import per_step_differences
 from vae_ddp.studies.equivalence import FLOOR_FACTOR
 from vae_ddp.harness.launch import RunFailed, launch
@@ -78,35 +78,48 @@ ROUNDING_EPS = 1e4
 #: carried over. Wide on purpose: a last-bit difference grows with every step, in both runs alike.
 TRAJECTORY_RATIO = 1e3
 
-#: The audit's own checks beside the registered factors: the parts of the whole step
+#: The audit's own checks beside the registered factors, declared as factors of their own (no fix
+#: module, switch or site page of their own, so not in the registry): the parts of the whole step
 #: ([`vae_ddp.audit.whole_step`][vae_ddp.audit.whole_step]) and parameters that differ across ranks.
-EXTRA_PAGES = {"gradient_scale": "audit.md", "update": "audit.md", "buffers": "audit.md", "parameters": "recipe.md"}
-_EXTRA_CLEAN = {"gradient_scale": "the gradient is not one device's times the world size",
-                "update": "the same learning rate and update as one device at every step",
-                "buffers": "the same buffers as one device after every step",
-                "parameters": "the same parameters on every rank, at the start and after every step"}
-#: the table's names of the audit's own rows (the registry names the factors)
-EXTRA_NAMES = {"gradient_scale": "Loss scaled by ranks", "update": "Learning rate, update",
-               "buffers": "Buffers after the step", "parameters": "Parameters across ranks"}
+OWN_FACTORS = tuple(
+    Factor(key, name, page, changes="nothing: only the user's code changes it", check=lambda *run: None,
+           audit=Audit(clean=clean)) for key, name, page, clean in (
+        ("gradient_scale", "Loss scaled by ranks", "audit.md", "the gradient is not one device's times the world size"),
+        ("update", "Learning rate, update", "audit.md", "the same learning rate and update as one device at every step"),
+        ("buffers", "Buffers after the step", "audit.md", "the same buffers as one device after every step"),
+        ("parameters", "Parameters across ranks", "recipe.md",
+         "the same parameters on every rank, at the start and after every step")))
+_OWN = {f.key: f for f in OWN_FACTORS}
 
 
 def _factors() -> tuple[str, ...]:
     """The factor keys of [`vae_ddp.fixes.registry`][vae_ddp.fixes.registry] in their order, then the audit's own."""
-    return tuple(f.key for f in registry.factors()) + tuple(EXTRA_PAGES)
+    return tuple(f.key for f in registry.factors()) + tuple(_OWN)
+
+
+def _factor(key: str) -> Factor:
+    """The factor ``key``: the audit's own or the registry's.
+
+    Raises:
+        KeyError: neither has it."""
+    return _OWN[key] if key in _OWN else registry.get(key)
 
 
 def _clean(key: str) -> str:
     """What the table says when nothing of factor ``key`` is seen (the factor's own words)."""
-    return _EXTRA_CLEAN[key] if key in _EXTRA_CLEAN else registry.get(key).clean
+    return _factor(key).clean
 
 
 def _name(key: str) -> str:
-    """The registry's name of a factor (one name everywhere); the audit's own checks by key."""
-    return registry.get(key).name if key in {f.key for f in registry.factors()} else EXTRA_NAMES.get(key, key)
+    """The factor's name (one name everywhere); an unknown key as it is."""
+    try:
+        return _factor(key).name
+    except KeyError:
+        return key
 
 
 def _page(key: str) -> str:
-    return EXTRA_PAGES[key] if key in EXTRA_PAGES else registry.get(key).page
+    return _factor(key).page
 
 
 def _diff(a: dict, b: dict) -> float:
@@ -442,7 +455,7 @@ def _rows(found: dict, manual: dict, contributions: dict, alone: dict, v: dict) 
             fixed_alone = alone[other] if f else None
         # what bites is in the user's code, which no automatic fix removes: measured by what is
         # left with every automatic fix on (shared by every such factor)
-        left = (max(grad_steps, default=0.0) if factor in manual and factor not in EXTRA_PAGES
+        left = (max(grad_steps, default=0.0) if factor in manual and factor not in _OWN
                 and not manual[factor].get("unkeyed") else None)
         if factor in manual:
             contribution = None
