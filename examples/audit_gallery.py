@@ -147,10 +147,9 @@ def fixes(f: dict) -> list[str]:
 
 def render(result: dict) -> str:
     """The page's table and the fixes per architecture, from ``audit_gallery.json``."""
-    from vae_ddp.audit.study import EXTRA_NAMES
-    from vae_ddp.fixes import registry
+    from vae_ddp.audit.study import audit_factor
 
-    names = {k: (registry.get(k).name if k in {f.key for f in registry.factors()} else EXTRA_NAMES[k]) for k in COLUMNS}
+    names = {k: audit_factor(k).name for k in COLUMNS}
     cols = [k for k in COLUMNS if any(f["factor"] == k and f["exposed"] for a in result["audits"] for f in a["findings"])]
     lines = ["| architecture | " + " | ".join(names[k] for k in cols) + " | exit code |",
              "|---|" + "---|" * len(cols) + "---|"]

@@ -113,9 +113,9 @@ def run_all(cmds: Sequence[Sequence[str]], timeout: Optional[float] = None, stal
         deadline = None if timeout is None else time.monotonic() + timeout
         for p in procs:
             p.wait(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
-    except BaseException as err:  # a timeout, an exception or KeyboardInterrupt: every tree ends first
+    except BaseException as stop:  # a timeout, an exception or KeyboardInterrupt: every tree ends first
         _end(procs, grace)
-        if isinstance(err, subprocess.TimeoutExpired):
+        if isinstance(stop, subprocess.TimeoutExpired):
             raise subprocess.TimeoutExpired(list(cmds[0]), timeout) from None
         raise
 

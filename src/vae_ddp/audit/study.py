@@ -58,7 +58,7 @@ from vae_ddp.harness.launch import RunFailed, launch
 from vae_ddp.harness.table import format_table
 from vae_ddp.outputs import drop_tensors, result_set
 
-__all__ = ["audit", "render", "FLOOR_RATIO", "FLOOR_DRAWS", "ROUNDING_EPS"]
+__all__ = ["audit", "render", "audit_factor", "OWN_FACTORS", "FLOOR_RATIO", "FLOOR_DRAWS", "ROUNDING_EPS"]
 
 #: DDP with every fix passes when its largest per-step gradient difference (from the same
 #: weights) is at most this multiple of the one-device floor: the rule of ``vae-ddp equivalence``.
@@ -97,8 +97,8 @@ def _factors() -> tuple[str, ...]:
     return tuple(f.key for f in registry.factors()) + tuple(_OWN)
 
 
-def _factor(key: str) -> Factor:
-    """The factor ``key``: the audit's own or the registry's.
+def audit_factor(key: str) -> Factor:
+    """The factor ``key`` of the audit's table: the registry's or the audit's own (``OWN_FACTORS``).
 
     Raises:
         KeyError: neither has it."""
@@ -107,19 +107,19 @@ def _factor(key: str) -> Factor:
 
 def _clean(key: str) -> str:
     """What the table says when nothing of factor ``key`` is seen (the factor's own words)."""
-    return _factor(key).clean
+    return audit_factor(key).clean
 
 
 def _name(key: str) -> str:
     """The factor's name (one name everywhere); an unknown key as it is."""
     try:
-        return _factor(key).name
+        return audit_factor(key).name
     except KeyError:
         return key
 
 
 def _page(key: str) -> str:
-    return _factor(key).page
+    return audit_factor(key).page
 
 
 def _diff(a: dict, b: dict) -> float:
