@@ -89,6 +89,7 @@ class RunSequence:
         if not groups or any(g.accelerator != "cpu" for g in groups.values()):
             raise ValueError("a run sequence needs at least one group, each on CPU")
         self.groups = dict(groups)
+        self.specs = [s for g in self.groups.values() for s in g.specs]
         self.same_threads = same_threads
         first = next(iter(self.groups.values()))
         self.world_size, self.accelerator = first.world_size, "cpu"

@@ -79,12 +79,8 @@ LOG_BYTES = 2 * 2 ** 20
 
 
 def _specs(spec) -> list:
-    """The specs of a launch: a spec, a run group's or a run sequence's."""
-    from vae_ddp.harness.launch import RunGroup, RunSequence
-
-    if isinstance(spec, RunSequence):
-        return [s for g in spec.groups.values() for s in g.specs]
-    return list(spec.specs) if isinstance(spec, RunGroup) else [spec]
+    """The specs of a launch: a run group's or a run sequence's (``.specs``), else the one spec."""
+    return list(spec.specs) if hasattr(spec, "specs") else [spec]
 
 
 def space_needed(spec) -> int:
