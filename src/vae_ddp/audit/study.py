@@ -51,14 +51,14 @@ import torch
 from vae_ddp.audit import effects, whole_step
 from vae_ddp.audit.spec import AuditRun, failed_marker
 from vae_ddp.fixes import noise, registry
-from vae_ddp.fixes.factor import Audit, Factor, page_url
+from vae_ddp.fixes.factor import AUDIT_OWN, Factor, page_url
 from vae_ddp.probes import per_step_differences
 from vae_ddp.studies.equivalence import FLOOR_FACTOR
 from vae_ddp.harness.launch import RunFailed, launch
 from vae_ddp.harness.table import format_table
 from vae_ddp.outputs import drop_tensors, result_set
 
-__all__ = ["audit", "render", "audit_factor", "OWN_FACTORS", "FLOOR_RATIO", "FLOOR_DRAWS", "ROUNDING_EPS"]
+__all__ = ["audit", "render", "audit_factor", "FLOOR_RATIO", "FLOOR_DRAWS", "ROUNDING_EPS"]
 
 #: DDP with every fix passes when its largest per-step gradient difference (from the same
 #: weights) is at most this multiple of the one-device floor: the rule of ``vae-ddp equivalence``.
@@ -78,31 +78,18 @@ ROUNDING_EPS = 1e4
 #: carried over. Wide on purpose: a last-bit difference grows with every step, in both runs alike.
 TRAJECTORY_RATIO = 1e3
 
-#: The audit's own checks beside the registered factors, declared as factors of their own (no fix
-#: module, switch or site page of their own, so not in the registry): the parts of the whole step
-#: ([`vae_ddp.audit.whole_step`][vae_ddp.audit.whole_step]) and parameters that differ across ranks.
-OWN_FACTORS = tuple(
-    Factor(key, name, page, changes="nothing: only the user's code changes it", check=lambda *run: None,
-           audit=Audit(clean=clean)) for key, name, page, clean in (
-        ("gradient_scale", "Loss scaled by ranks", "audit.md", "the gradient is not one device's times the world size"),
-        ("update", "Learning rate, update", "audit.md", "the same learning rate and update as one device at every step"),
-        ("buffers", "Buffers after the step", "audit.md", "the same buffers as one device after every step"),
-        ("parameters", "Parameters across ranks", "recipe.md",
-         "the same parameters on every rank, at the start and after every step")))
-_OWN = {f.key: f for f in OWN_FACTORS}
-
-
 def _factors() -> tuple[str, ...]:
     """The factor keys of [`vae_ddp.fixes.registry`][vae_ddp.fixes.registry] in their order, then the audit's own."""
-    return tuple(f.key for f in registry.factors()) + tuple(_OWN)
+    return tuple(f.key for f in registry.factors()) + tuple(AUDIT_OWN)
 
 
 def audit_factor(key: str) -> Factor:
-    """The factor ``key`` of the audit's table: the registry's or the audit's own (``OWN_FACTORS``).
+    """The factor ``key`` of the audit's table: the registry's or the audit's own
+    (``vae_ddp.fixes.factor.AUDIT_OWN``).
 
     Raises:
         KeyError: neither has it."""
-    return _OWN[key] if key in _OWN else registry.get(key)
+    return AUDIT_OWN[key] if key in AUDIT_OWN else registry.get(key)
 
 
 def _clean(key: str) -> str:
@@ -455,7 +442,7 @@ def _rows(found: dict, manual: dict, contributions: dict, alone: dict, v: dict) 
             fixed_alone = alone[other] if f else None
         # what bites is in the user's code, which no automatic fix removes: measured by what is
         # left with every automatic fix on (shared by every such factor)
-        left = (max(grad_steps, default=0.0) if factor in manual and factor not in _OWN
+        left = (max(grad_steps, default=0.0) if factor in manual and factor not in AUDIT_OWN
                 and not manual[factor].get("unkeyed") else None)
         if factor in manual:
             contribution = None

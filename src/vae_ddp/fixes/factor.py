@@ -27,7 +27,7 @@ from typing import Any, Callable, Mapping, Optional
 import torch
 import torch.distributed as dist
 
-__all__ = ["Factor", "Switch", "Audit", "FixParts", "Finding", "CannotTell", "Seen", "HOOKS", "register", "unregister", "factors", "get",
+__all__ = ["Factor", "Switch", "Audit", "AUDIT_OWN", "FixParts", "Finding", "CannotTell", "Seen", "HOOKS", "register", "unregister", "factors", "get",
            "batch_tensors", "cast_batch", "chunk_batch", "loader_list", "samplers", "rng_states", "gather_ints", "gather_objects", "gather_digest",
            "docs_url", "page_url"]
 
@@ -237,17 +237,31 @@ def get(key: str) -> Factor:
     return _REGISTRY[key]
 
 
+#: The audit's own checks beside the registered factors, declared as factors with no fix module,
+#: switch or site page of their own (so not in the registry): the parts of the whole step
+#: ([`vae_ddp.audit.whole_step`][vae_ddp.audit.whole_step]) and parameters that differ across
+#: ranks. ``{key: Factor}``, in the order of the audit's table.
+AUDIT_OWN = {f.key: f for f in (
+    Factor(key, name, page, changes="nothing: only the user's code changes it", check=lambda *run: None,
+           audit=Audit(clean=clean)) for key, name, page, clean in (
+        ("gradient_scale", "Loss scaled by ranks", "audit.md", "the gradient is not one device's times the world size"),
+        ("update", "Learning rate, update", "audit.md", "the same learning rate and update as one device at every step"),
+        ("buffers", "Buffers after the step", "audit.md", "the same buffers as one device after every step"),
+        ("parameters", "Parameters across ranks", "recipe.md",
+         "the same parameters on every rank, at the start and after every step")))}
+
+
 @dataclass
 class Finding:
     """One factor a DDP run is exposed to, as ``DDPAudit`` reports it.
 
     Attributes:
         factor: the factor's key (``noise``, ``batchnorm``, ``sampler``, ``reduction``,
-            ``logging``, ``optimizer``; ``parameters`` for the audit's own check).
+            ``logging``, ``optimizer``; ``parameters`` for the audit's own check, ``AUDIT_OWN``).
         evidence: what was seen, with the numbers (one line).
         fix: the change, plain Lightning/torch first, then the ``vae_ddp`` helper.
         page: the documentation page that measures the factor (relative to the site root); by
-            default the registered factor's page (``recipe.md`` for a key that is not one).
+            default the factor's page (``recipe.md`` for a key that is no factor).
         manual: True when only a change in the user's code fixes it (none of the fixes the
             audit applies removes it), e.g. per-rank padding in a ``collate_fn``.
         details: what the audit's plan reads besides (the reduction's ``kind``; ``recheck``:
@@ -264,7 +278,8 @@ class Finding:
 
     def __post_init__(self) -> None:
         if not self.page:
-            self.page = _REGISTRY[self.factor].page if self.factor in _REGISTRY else "recipe.md"
+            known = _REGISTRY.get(self.factor) or AUDIT_OWN.get(self.factor)
+            self.page = known.page if known else "recipe.md"
 
     def to_dict(self) -> dict:
         """``{"factor", "evidence", "fix", "page", "manual", **details}`` (what ``audit.json`` and
@@ -275,7 +290,8 @@ class Finding:
     def message(self) -> str:
         """``DDPAudit [Random streams per rank]: ... Fix: ... (see <site>/factors/noise/)``: the
         factor under its registry name (one name everywhere)."""
-        name = _REGISTRY[self.factor].name if self.factor in _REGISTRY else self.factor
+        known = _REGISTRY.get(self.factor) or AUDIT_OWN.get(self.factor)
+        name = known.name if known else self.factor
         return f"DDPAudit [{name}]: {self.evidence}. Fix: {self.fix} (see {page_url(self.page)})"
 
 
