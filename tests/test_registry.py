@@ -274,3 +274,15 @@ def test_the_audit_links_each_page_where_a_reader_finds_it(monkeypatch):
     assert factor.page_url("index.md") == "https://example.org/vae-ddp/"
     assert factor.page_url("questions/index.md") == "https://example.org/vae-ddp/questions/"
     assert factor.Finding("noise", "seen", "the fix").message().endswith("(see https://example.org/vae-ddp/factors/noise/)")
+
+
+def test_a_watch_at_an_unknown_hook_is_refused_with_the_factor_named():
+    """A factor whose audit watches a hook DDPAudit never calls would never be checked: declaring
+    it fails, naming the factor and the hooks there are."""
+    from vae_ddp.fixes.factor import HOOKS
+
+    with pytest.raises(ValueError, match=r"factor 'jitter': watch hooks \['on_fit_start'\] are not among"):
+        Factor(key="jitter", name="augmentation jitter", page="factors/jitter.md", changes="a callback",
+               check=lambda t, m, d: None, audit=Audit(watch={"on_fit_start": lambda seen: []}))
+    Factor(key="jitter", name="augmentation jitter", page="factors/jitter.md", changes="a callback",
+           check=lambda t, m, d: None, audit=Audit(watch={HOOKS[0]: lambda seen: []}))

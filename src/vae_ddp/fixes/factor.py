@@ -126,9 +126,6 @@ class Audit:
         ablated_with: key of the factor whose fix the audit's ablation undoes to measure this one
             (its fix removes this factor too), when this one has no fix of its own in the audit.
         clean: what the audit's table says when nothing of this factor is seen.
-
-    Raises:
-        ValueError: a ``watch`` hook that is not one of ``HOOKS``.
     """
 
     parts: Optional[Callable[[Any], FixParts]] = None
@@ -136,11 +133,6 @@ class Audit:
     before: Optional[Callable[[Any, Any, list, int], list]] = None
     ablated_with: Optional[str] = None
     clean: str = "not detected"
-
-    def __post_init__(self) -> None:
-        unknown = set(self.watch) - set(HOOKS)
-        if unknown:
-            raise ValueError(f"watch hooks {sorted(unknown)} are not among {HOOKS}")
 
 
 @dataclass(frozen=True)
@@ -167,6 +159,9 @@ class Factor:
         position: its place in the order of the docs (the site's tables and nav, the ablation's
             runs, ``RunSpec.fixes()``): [`factors`][vae_ddp.fixes.factor.factors] sorts by it,
             then by registration.
+
+    Raises:
+        ValueError: a ``watch`` hook that is not one of ``HOOKS`` (the message names the factor).
     """
 
     key: str
@@ -189,6 +184,11 @@ class Factor:
     before = property(lambda self: self.audit.before)
     ablated_with = property(lambda self: self.audit.ablated_with)
     clean = property(lambda self: self.audit.clean)
+
+    def __post_init__(self) -> None:
+        unknown = set(self.watch) - set(HOOKS)
+        if unknown:
+            raise ValueError(f"factor {self.key!r}: watch hooks {sorted(unknown)} are not among {HOOKS}")
 
     @property
     def ablation_label(self) -> str:
