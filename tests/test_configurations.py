@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from vae_ddp.harness.configs import RunSpec
-from vae_ddp.harness.launch import RunFailed, RunGroup, launch, launch_group
+from vae_ddp.harness.launch import Job, RunFailed, launch, launch_by_world_size
 
 
 def _spec(cifar_dir, **kw) -> RunSpec:
@@ -20,12 +20,13 @@ def _spec(cifar_dir, **kw) -> RunSpec:
 
 @pytest.fixture(scope="module")
 def one_process(cifar_dir, tmp_path_factory) -> dict[str, dict]:
-    """single, dp and single again, one after the other in one process (a RunGroup, as the
+    """single, dp and single again, one after the other in one process (a group of a job, as the
     studies launch them): {label: run}."""
     specs = [_spec(cifar_dir, config="single"), _spec(cifar_dir, config="dp"),
              _spec(cifar_dir, config="single", label="single again")]
-    group = launch_group(specs, tmp_path_factory.mktemp("group"), quiet=True)
-    return {g["spec"]["label"]: g["runs"][0] for g in group}
+    group = launch_by_world_size(specs, tmp_path_factory.mktemp("group"), quiet=True)
+    assert len({where for _, where in group}) == 1  # one world size: one group
+    return {g["spec"]["label"]: g["runs"][0] for g, _ in group}
 
 
 def test_a_run_group_leaks_nothing_from_one_run_into_the_next(one_process):
@@ -38,14 +39,14 @@ def test_a_run_group_leaks_nothing_from_one_run_into_the_next(one_process):
 
 def test_a_run_group_needs_one_world_size(cifar_dir):
     with pytest.raises(ValueError, match="one world size"):
-        RunGroup([_spec(cifar_dir, config="single"), _spec(cifar_dir, config="ddp")])
+        Job({"mixed": [_spec(cifar_dir, config="single"), _spec(cifar_dir, config="ddp")]})
 
 
 @pytest.mark.parametrize("config", ["single", "ddp", "dp"])
 def test_configuration_trains_on_real_cifar(config, cifar_dir, tmp_path, request):
     spec = _spec(cifar_dir, config=config)
     if config == "ddp":
-        run = launch(spec, tmp_path, quiet=True)["runs"][0]
+        run = launch_by_world_size([spec], tmp_path, quiet=True)[0][0]["runs"][0]
     else:
         run = request.getfixturevalue("one_process")[spec.label]
     losses = [r["loss"] for r in run["records"]]
@@ -68,7 +69,7 @@ def test_ddp_step_value_is_the_global_batch_mean(cifar_dir, tmp_path):
     from vae_ddp.harness.runner import build_model
 
     spec = dataclasses.replace(_spec(cifar_dir, config="ddp", steps=1).exact(), dtype="float64")
-    rec = launch(spec, tmp_path, quiet=True)["runs"][0]["records"][0]
+    rec = launch_by_world_size([spec], tmp_path, quiet=True)[0][0]["runs"][0]["records"][0]
 
     pl.seed_everything(0, verbose=False)
     model = build_model(spec, 0).double()
@@ -88,6 +89,6 @@ def test_a_failing_rank_ends_the_whole_run(cifar_dir, tmp_path):
     spec = _spec(cifar_dir, config="ddp", steps=10)
     script = Path(__file__).parent / "scripts" / "failing_rank.py"
     with pytest.raises(RunFailed) as err:
-        launch(spec, tmp_path, quiet=True, timeout=300, entry=[sys.executable, str(script)])
+        launch(Job({"ddp": [spec]}), tmp_path, quiet=True, timeout=300, entry=[sys.executable, str(script)])
     assert "rank 1 exploded on purpose" in str(err.value)
     assert "exited with code" in str(err.value)  # ended by itself, not by our timeout

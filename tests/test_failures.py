@@ -10,16 +10,16 @@ from pathlib import Path
 import pytest
 
 from vae_ddp.harness.configs import RunSpec
-from vae_ddp.harness.launch import RunFailed, launch
+from vae_ddp.harness.launch import Job, RunFailed, launch
 
 pytestmark = pytest.mark.timeout(300)
 
 SCRIPT = Path(__file__).parent / "scripts" / "killed_rank.py"
 
 
-def _spec() -> RunSpec:
-    return RunSpec(data="digits", model="small", steps=6, global_batch_size=32, devices=2, config="ddp",
-                   seeds=[0]).validate()
+def _spec() -> Job:
+    return Job({"ddp": [RunSpec(data="digits", model="small", steps=6, global_batch_size=32, devices=2, config="ddp",
+                               seeds=[0]).validate()]})
 
 
 @pytest.mark.parametrize("rank", [1, 0])

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from vae_ddp import guard
-from vae_ddp.harness.launch import RunFailed, launch
+from vae_ddp.harness.launch import Job, RunFailed, launch
 from helpers import ROOT
 
 
@@ -230,23 +230,23 @@ def test_launch_fails_with_the_watchdogs_line(tmp_path):
     spec = RunSpec(config="single", steps=1).validate()
     stuck = [sys.executable, "-c", "import signal\nfrom vae_ddp.guard import beat\nbeat()\nwhile True: signal.pause()"]
     with pytest.raises(RunFailed, match=r"^run 'single': no process made progress for 2 s .*rank 0 in <module>"):
-        launch(spec, tmp_path / "run", quiet=True, entry=stuck, stall=2)
+        launch(Job({"single": [spec]}), tmp_path / "run", quiet=True, entry=stuck, stall=2)
 
 
 def test_a_launch_passes_its_spec_in_a_file_not_on_the_command_line(tmp_path):
-    """The child of a launch gets the path of ``OUT_DIR/job.json`` (the spec's JSON), not the JSON:
+    """The child of a launch gets the path of ``OUT_DIR/job.json`` (the job's JSON), not the JSON:
     a command line is what ``ps`` shows, and a group's specs are kilobytes."""
     import json
 
     from vae_ddp.harness.configs import RunSpec
 
-    spec = RunSpec(config="single", steps=1).validate()
+    job = Job({"single": [RunSpec(config="single", steps=1).validate()]})
     child = [sys.executable, "-c", "import json, pathlib, sys\n"
              "out = pathlib.Path(sys.argv[2])\n"
              "(out / 'run.json').write_text(json.dumps({'argv': sys.argv[1:], 'job': json.loads(pathlib.Path(sys.argv[1]).read_text())}))"]
-    got = launch(spec, tmp_path / "run", quiet=True, entry=child)
+    got = launch(job, tmp_path / "run", quiet=True, entry=child)
     assert got["argv"] == [str(tmp_path / "run" / "job.json"), str(tmp_path / "run")]
-    assert got["job"] == json.loads(spec.to_json())
+    assert got["job"] == json.loads(job.to_json())
 
 
 HUNG_RANK = textwrap.dedent("""

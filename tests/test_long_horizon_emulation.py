@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from vae_ddp.harness.configs import RunSpec
-from vae_ddp.harness.launch import launch
+from vae_ddp.harness.launch import launch_by_world_size
 from vae_ddp.studies.long_horizon import SharedNoise, train_run
 
 
@@ -23,8 +23,9 @@ def ddp_params(tmp_path_factory):
     spec = RunSpec(config="ddp", devices=2, sync_bn=True, sampler="global", noise="default", dtype="float64",
                    steps=5, global_batch_size=16, data="digits", seeds=[3], save_params=True).validate()
     out = tmp_path_factory.mktemp("ddp")
-    launch(spec, out, quiet=True)  # DDP re-runs its command: in its own process tree, never inside pytest
-    return torch.load(out / "params-3.pt")["state_dict"]
+    # DDP re-runs its command: in its own process tree, never inside pytest
+    (result, where), = launch_by_world_size([spec], out, quiet=True)
+    return torch.load(where / result["runs"][0]["params"])["state_dict"]
 
 
 @pytest.mark.parametrize("noise, agrees", [("shared", True), ("independent", False)])

@@ -93,21 +93,21 @@ def test_run_sequence_gives_every_process_the_same_threads_when_asked(monkeypatc
     """What the equivalence study launches: with ``same_threads`` every group's processes get
     cores // the largest world size (MKL's float32 matrix product rounds differently at another
     thread count); without it each group gets cores // its own world size, as a launch of its own."""
-    from vae_ddp.harness.launch import RunGroup, RunSequence
+    from vae_ddp.harness.launch import Job
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr("os.cpu_count", lambda: 12)
     specs = [RunSpec(config=c, devices=n, global_batch_size=12).validate() for c, n in
              [("single", 1), ("ddp", 2), ("ddp", 3)]]
-    groups = {f"{s.world_size}": RunGroup([s]) for s in specs}
+    groups = {f"{s.world_size}": [s] for s in specs}
 
-    def threads(seq: RunSequence) -> list:
-        return [g["threads"] for g in json.loads(seq.to_json())["sequence"]]
+    def threads(job: Job) -> list:
+        return [g["threads"] for g in json.loads(job.to_json())["groups"]]
 
-    assert threads(RunSequence(groups)) == [12, 6, 4]
-    assert threads(RunSequence(groups, same_threads=True)) == [4, 4, 4]
+    assert threads(Job(groups)) == [12, 6, 4]
+    assert threads(Job(groups, same_threads=True)) == [4, 4, 4]
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # set by the user: every process reads it
-    assert threads(RunSequence(groups, same_threads=True)) == [None, None, None]
+    assert threads(Job(groups, same_threads=True)) == [None, None, None]
 
 
 @pytest.mark.timeout(600)
@@ -331,7 +331,7 @@ import os, sys
 import pytorch_lightning  # noqa: F401  what a fork saves: the runner's import of torch and Lightning
 from vae_ddp import guard
 from vae_ddp.harness.configs import RunSpec
-from vae_ddp.harness.launch import _forkable, launch_by_world_size, launch_group
+from vae_ddp.harness.launch import _forkable, launch_by_world_size
 
 out = sys.argv[1]
 specs = [RunSpec(config=c, devices=2, steps=2, global_batch_size=16, data="digits", seeds=[3], model="small",
@@ -351,7 +351,7 @@ def forked():  # one thread, as the results runner's entries are: the launch is 
 pid = guard.fork(forked)
 assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
 launch_by_world_size(specs, os.path.join(out, "execed"), quiet=True)
-launch_group([specs[1]], os.path.join(out, "alone"), quiet=True)
+launch_by_world_size([specs[1]], os.path.join(out, "alone"), quiet=True)
 """
 
 
@@ -372,13 +372,13 @@ def test_launches_train_the_same_runs_in_a_sequence_forked_or_alone(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(p.name for p in (tmp_path / "execed").iterdir()) == ["1-process", "2-processes", "job.json", "run.json", "stderr.log"]
 
-    def run_of(folder: Path, tag: str = "") -> tuple[dict, dict]:
+    def run_of(folder: Path, tag: str) -> tuple[dict, dict]:
         found = json.loads((folder / tag / "run.json").read_text())["group"][0]["runs"][0]
         saved = torch.load(folder / tag / found["params"])
         return found, {f"{part}.{k}": t for part, d in saved.items() for k, t in d.items()}
 
     pairs = [(run_of(tmp_path / "forked", tag), run_of(tmp_path / "execed", tag)) for tag in ("1-process", "2-processes")]
-    pairs.append((run_of(tmp_path / "execed", "2-processes"), run_of(tmp_path / "alone")))
+    pairs.append((run_of(tmp_path / "execed", "2-processes"), run_of(tmp_path / "alone", "2-processes")))
     for (run_a, flat_a), (run_b, flat_b) in pairs:
         untimed = [[{k: v for k, v in r.items() if k != "time_s"} for r in run["records"]] for run in (run_a, run_b)]
         assert untimed[0] == untimed[1] and len(untimed[0]) == 2

@@ -11,7 +11,7 @@ shows, about a dozen groups, in one launch per study, none run again here), and 
 import pytest
 
 from vae_ddp.harness.configs import RunSpec
-from vae_ddp.harness.launch import launch
+from vae_ddp.harness.launch import Job, launch
 from helpers import ROOT
 
 #: the registry's studies that launch through vae_ddp.harness.launch (1, 2 and 4 processes): their JSON
@@ -29,7 +29,7 @@ def test_the_studies_ddp_launches_exit_without_terminate_message(generated):
     for name, result in STUDIES.items():
         generated(name, result)  # the build's run of the study (waited for, not run twice)
         runs = ROOT / "docs" / "generated" / name / "runs"
-        # one launch per study on CPU (its world sizes one after the other, vae_ddp.harness.launch.RunSequence):
+        # one launch per study on CPU (its world sizes one after the other, vae_ddp.harness.launch.Job):
         # every rank of every group writes to the launch's stderr.log
         logs.append(runs / "stderr.log")
         ddp_groups += sorted(runs.glob("*-processes"))
@@ -43,7 +43,7 @@ def test_twenty_more_ddp_runs_exit_without_terminate_message(tmp_path):
     spec = RunSpec(config="ddp", devices=2, global_batch_size=16, steps=2, max_samples=200).validate()
     for i in range(20):
         out = tmp_path / f"run{i}"
-        launch(spec, out, quiet=True, timeout=600)  # raises RunFailed on a non-zero exit
+        launch(Job({"ddp": [spec]}), out, quiet=True, timeout=600)  # raises RunFailed on a non-zero exit
         _clean((out / "stderr.log").read_text())
 
 

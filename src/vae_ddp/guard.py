@@ -1,7 +1,7 @@
 """Every process tree this project starts ends: a guard process, a watchdog and a heartbeat.
 
 ``python -m vae_ddp.guard [--timeout S] [--stall S] -- CMD ...`` runs ``CMD`` under a guard, a
-small standard-library process that
+small process (the standard library and ``psutil``) that
 
 - gives ``CMD`` and all it starts (DDP ranks, DataLoader workers, a forkserver) a session of
   their own, and is the subreaper of that tree on Linux (a process that leaves the group is
@@ -22,7 +22,7 @@ when the guard itself got signal N (its parent's death: SIGTERM).
 such trees (on their own timeout, an exception or KeyboardInterrupt the tree is ended first);
 [`run_in_fork`][vae_ddp.guard.run_in_fork] is ``run`` for a command that is a function of this
 process (the guard and the command are forks: no interpreter starts, nothing is imported again).
-Only the standard library is imported here (a guard starts in tens of milliseconds).
+Only the standard library and ``psutil`` are imported here (a guard starts in tens of milliseconds).
 """
 
 from __future__ import annotations
@@ -435,64 +435,37 @@ class _Guard:
             if pid == self.pid and self.code is None:
                 self.code = os.waitstatus_to_exitcode(status)
 
-    def _tree(self) -> set[int]:
-        """Live processes of the command: the guard's process group and every descendant of the
-        guard (a process that left the group is still found), the guard excepted. Empty set
-        where there is no ``/proc`` (then ``_kill`` signals the group)."""
-        me, found = os.getpid(), set()
-        parents: dict[int, int] = {}
-        try:
-            entries = [d for d in Path("/proc").iterdir() if d.name.isdigit()]
-        except OSError:
-            return found
-        for d in entries:
-            try:
-                state, ppid, pgrp = (d / "stat").read_text().rsplit(")", 1)[1].split()[:3]
-            except (OSError, ValueError):
-                continue
-            if state in ("Z", "X"):
-                continue
-            parents[int(d.name)] = int(ppid)
-            if int(pgrp) == me:
-                found.add(int(d.name))
-        frontier = {me}
-        while frontier:
-            frontier = {pid for pid, ppid in parents.items() if ppid in frontier} - found
-            found |= frontier
-        found.discard(me)
-        return found
+    def _tree(self) -> list:
+        """Live processes of the command: every descendant of the guard (``psutil``; an orphan of
+        the tree is the guard's child, the guard being its subreaper on Linux)."""
+        import psutil
 
-    def _kill(self, sig: int) -> None:
-        tree = self._tree()
-        if not tree and not Path("/proc").is_dir():
+        tree = []
+        for p in psutil.Process().children(recursive=True):
             try:
-                os.killpg(os.getpgrp(), sig)  # the guard's own handler takes SIGTERM
-            except (ProcessLookupError, PermissionError):
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    tree.append(p)
+            except psutil.NoSuchProcess:
                 pass
-        for pid in tree:
-            try:
-                os.kill(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
+        return tree
 
     def _end_tree(self) -> None:
         """SIGTERM every process of the command, SIGKILL what is left after the grace period."""
-        self._reap()
-        if not self._tree():
-            return
-        self._kill(signal.SIGTERM)
-        deadline = time.monotonic() + self.grace
-        while time.monotonic() < deadline:
-            time.sleep(0.1)
+        import psutil
+
+        for sig, wait in ((signal.SIGTERM, self.grace), (signal.SIGKILL, 5.0)):
             self._reap()
-            if not self._tree():
-                return
-        self._kill(signal.SIGKILL)
-        for _ in range(50):
-            self._reap()
-            if not self._tree():
-                return
-            time.sleep(0.1)
+            for p in self._tree():
+                try:
+                    p.send_signal(sig)
+                except psutil.NoSuchProcess:
+                    pass
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline:
+                self._reap()
+                if not self._tree():
+                    return
+                time.sleep(0.1)
 
     def _rank(self, pid: int) -> int:
         """The rank process ``pid`` registered with its first heartbeat (0 if none)."""

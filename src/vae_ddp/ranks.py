@@ -101,17 +101,12 @@ def cluster_plugins() -> list:
 
 def alive(pid: int) -> bool:
     """Whether process ``pid`` runs (a zombie, exited but not yet reaped, does not)."""
+    import psutil
+
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except FileNotFoundError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    except OSError:  # no /proc: ask the kernel
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
 
 
 def run_ranks(world_size: int, main: Callable[[], Any]) -> int:

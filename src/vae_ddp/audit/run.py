@@ -1,14 +1,14 @@
 """Audit runs in one process tree: ``python -m vae_ddp.audit.run JOB_FILE OUT_DIR``.
 
-The job (the JSON in ``JOB_FILE``, [`read_job`][vae_ddp.harness.launch.read_job]) is a list of
-[`AuditRun`][vae_ddp.audit.spec.AuditRun] with the same ``devices``, or ``{"together": {tag: [runs]}}``
-(the audit's one-device runs and its DDP runs, see ``main``); the runs of a
-list are trained one after the other in the same processes (Lightning reuses the process
-group), which saves a launch per variant. On CPU the other ranks are forks of this process
+The job (a [`Job`][vae_ddp.harness.launch.Job]'s JSON in ``JOB_FILE``) holds groups of
+[`AuditRun`][vae_ddp.audit.spec.AuditRun]s, each with one ``devices`` (the audit's one-device
+runs and its DDP runs, at the same time: see ``main``); the runs of a group are trained one
+after the other in the same processes (Lightning reuses the process group), which saves a
+launch per variant. On CPU the other ranks are forks of this process
 ([`vae_ddp.ranks`][vae_ddp.ranks]); on GPUs Lightning's launcher re-runs this command for them.
-Rank 0 writes ``OUT_DIR/<label>.pt`` (the final floating-point parameters and buffers of each
-run), ``OUT_DIR/<label>.steps.pt`` (per-step gradients, for a run with a ``steps_file``) and
-``OUT_DIR/run.json``: ``{label: {"findings": [...], "steps": int, "notes": [...]}}``, the
+Rank 0 writes, in its group's folder ``OUT_DIR/TAG/``, ``<label>.pt`` (the final floating-point parameters and buffers of each
+run), ``<label>.steps.pt`` (per-step gradients, for a run with a ``steps_file``) and
+``run.json``: ``{label: {"findings": [...], "steps": int, "notes": [...]}}``, the
 findings being what [`DDPAudit`][vae_ddp.audit.callback.DDPAudit] saw. A teacher-forced run
 waits until the reference run (in the process beside it) has written its weights.
 """
@@ -177,16 +177,13 @@ def wait_for_steps(steps_file: Path, timeout: float = WAIT_S) -> list[dict]:
 
 
 def main(argv: list[str]) -> int:
-    """``JOB_FILE OUT_DIR``: a list of runs of one world size, trained in ``OUT_DIR``; or
-    ``{"together": {TAG: [runs], ...}}``, groups trained at the same time in ``OUT_DIR/TAG/``: the
-    last group in the ranks of this process tree, each other group in a process forked beside
-    them (the one-device runs beside the DDP runs, without a second import of torch and
-    Lightning), and then ``OUT_DIR/run.json`` = ``{TAG: that group's run.json}``
-    ([`run_job`][vae_ddp.harness.launch.run_job])."""
+    """``JOB_FILE OUT_DIR`` ([`run_job`][vae_ddp.harness.launch.run_job]): the audit's job trains
+    its groups together, the DDP runs in the ranks of this process tree and the one-device runs in
+    a process forked beside them (no second import of torch and Lightning)."""
     return run_job(argv, lambda d: AuditRun(**d), _train_or_mark)
 
 
-def _train_or_mark(runs: list[AuditRun], out: Path, grouped: bool = True) -> int:
+def _train_or_mark(runs: list[AuditRun], out: Path) -> int:
     """``_train(runs, out)``; if it fails, the teacher-forced runs waiting for the weights these
     runs record are told so (their marker file)."""
     try:

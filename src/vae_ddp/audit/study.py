@@ -54,7 +54,7 @@ from vae_ddp.fixes import noise, registry
 from vae_ddp.fixes.factor import AUDIT_OWN, Factor, page_url
 from vae_ddp.probes import per_step_differences
 from vae_ddp.studies.equivalence import FLOOR_FACTOR
-from vae_ddp.harness.launch import RunFailed, launch
+from vae_ddp.harness.launch import Job, RunFailed, launch
 from vae_ddp.harness.table import format_table
 from vae_ddp.outputs import drop_tensors, result_set
 
@@ -285,7 +285,7 @@ def _measure(plan: _Plan, runs_dir: Path) -> _Runs:
     """One launch: the one-device runs in a process forked beside the DDP ranks, all forks of one
     process that imported torch and Lightning once (most of a launch is those imports)."""
     where = {"one-device": runs_dir / "one-device", "ddp": runs_dir / "ddp"}
-    launched = launch(_Groups({"one-device": plan.one_device, "ddp": plan.ddp}), runs_dir, quiet=True,
+    launched = launch(Job({"one-device": plan.one_device, "ddp": plan.ddp}, together=True), runs_dir, quiet=True,
                       entry=[sys.executable, "-m", "vae_ddp.audit.run"])
     one, first = ({s.label: (torch.load(where[tag] / f"{s.label}.pt"), launched[tag][s.label], where[tag])
                    for s in specs}
@@ -636,20 +636,6 @@ def _batch_noise(other: Path, single: Path, lag: int) -> list[float]:
         if b >= lag and i < len(base) and base[i].shape == g.shape and base[i].numel():
             out.append(relative_difference(g, base[i]))
     return out
-
-
-class _Groups:
-    """The audit's runs as one launch of [`vae_ddp.audit.run`][vae_ddp.audit.run]: ``{tag: runs}``,
-    the last group (DDP, ``devices`` ranks) in the launch's ranks, the others beside them."""
-
-    def __init__(self, groups: dict[str, list[AuditRun]]) -> None:
-        self.groups = groups
-        last = list(groups.values())[-1]
-        self.world_size, self.accelerator = last[0].devices, last[0].accelerator
-        self.label = ", ".join(r.label for runs in groups.values() for r in runs)
-
-    def to_json(self) -> str:
-        return json.dumps({"together": {tag: [json.loads(r.to_json()) for r in runs] for tag, runs in self.groups.items()}})
 
 
 def shown_name(cls: dict, file: Optional[str]) -> str:

@@ -1,8 +1,8 @@
 """Start runs in a process tree of their own (under a [guard][vae_ddp.guard]) and collect what
 rank 0 wrote; the child's side of that launch.
 
-A launch writes the job (a spec's, a group's or a sequence's JSON) to ``OUT_DIR/job.json`` (a
-file: a command line is what ``ps`` shows every user) and runs ``python -m
+A launch writes its [`Job`][vae_ddp.harness.launch.Job] (groups of specs) to ``OUT_DIR/job.json``
+(a file: a command line is what ``ps`` shows every user) and runs ``python -m
 vae_ddp.harness.runner JOB_FILE OUT_DIR``, which reads it with [`run_job`][vae_ddp.harness.launch.run_job];
 on CPU the runner forks the other ranks ([`vae_ddp.ranks`][vae_ddp.ranks]), on GPUs Lightning's
 launcher re-runs the command. From a process that runs one thread and has imported Lightning
@@ -29,85 +29,73 @@ from vae_ddp.errors import RunFailed
 from vae_ddp.harness.configs import RunSpec
 from vae_ddp.harness.resources import check_memory, space_needed
 from vae_ddp.outputs import write_atomic
+from vae_ddp.ranks import fork, run_ranks
 
-__all__ = ["launch", "launch_group", "launch_by_world_size", "group_folder", "RunGroup", "RunSequence", "RunFailed",
-           "JOB_FILE", "read_job", "run_job", "run_sequence", "run_together", "BESIDE_PID"]
+__all__ = ["launch", "launch_by_world_size", "group_folder", "Job", "RunFailed",
+           "JOB_FILE", "run_job", "BESIDE_PID"]
 
-#: The file in a launch's ``OUT_DIR`` that holds what its child runs (a spec's, a group's or a
-#: sequence's ``to_json()``); the child's first argument is its path.
+#: The file in a launch's ``OUT_DIR`` that holds what its child runs (its job's ``to_json()``);
+#: the child's first argument is its path.
 JOB_FILE = "job.json"
 
 _ERROR_LINE = re.compile(r"^(\[rank\d+\]: )?[A-Za-z_][\w.]*(Error|Exception)(:|$)")
-#: what a rank's watcher, the sequence runner or the guard says of a rank that ended (vae_ddp.ranks)
+#: what a rank's watcher, the job's child or the guard says of a rank that ended (vae_ddp.ranks)
 _RANK_LINE = re.compile(r"^vae-ddp: rank (?P<rank>\d+) \(PID \d+\) (?P<how>.*?)(: ending every rank)?$")
 #: what a full file system looks like in a run's stderr
 _NO_SPACE = ("No space left on device", "no space left on the file system", "unexpected pos", "file write failed")
 
 
-class RunGroup:
-    """Several specs of one world size, trained one after the other in one process tree (a launch
-    costs seconds of imports, most of a short run's time; Lightning reuses the process group for
-    the next ``fit``). ``specs`` have ``to_json()``, ``label``, ``world_size`` and ``accelerator``
-    (a [`RunSpec`][vae_ddp.harness.configs.RunSpec] or the audit's runs); so has the group, which
-    [`launch`][vae_ddp.harness.launch.launch] takes in place of one spec (its job: the specs' list).
-
-    Raises:
-        ValueError: no spec, or specs of different world sizes or accelerators.
-    """
-
-    def __init__(self, specs: list) -> None:
-        if not specs:
-            raise ValueError("a run group needs at least one spec")
-        if len({(s.world_size, s.accelerator) for s in specs}) > 1:
-            raise ValueError("a run group trains in one process tree: its specs need one world size and accelerator")
-        self.specs = list(specs)
-        self.world_size, self.accelerator = specs[0].world_size, specs[0].accelerator
-        self.label = ", ".join(s.label for s in specs)
-
-    def to_json(self) -> str:
-        return json.dumps([json.loads(s.to_json()) for s in self.specs])
-
-
-class RunSequence:
-    """Run groups of several world sizes, one after the other, in one CPU launch: the child imports
-    torch and Lightning once and trains each group in a fork of itself
-    ([`run_sequence`][vae_ddp.harness.launch.run_sequence]). Each group gets the intra-op threads
-    a launch of its own would have (``OMP_NUM_THREADS`` = cores // world size, unless set), so its
-    numbers are the same; with ``same_threads``, cores // the largest world size for all.
+class Job:
+    """What one launch trains: groups of specs, ``{tag: [spec, ...]}``, each group of one world
+    size and accelerator and trained in ``OUT_DIR/tag/`` (its ``run.json``); then
+    ``OUT_DIR/run.json`` = ``{tag: that group's run.json}``. Specs have ``to_json()``, ``label``,
+    ``world_size`` and ``accelerator`` (a [`RunSpec`][vae_ddp.harness.configs.RunSpec] or the
+    audit's runs). The groups train one after the other (more than one: on CPU only, each in a
+    fork of the launch's child, which imports torch and Lightning once, with the intra-op threads
+    a launch of its world size alone would have: ``OMP_NUM_THREADS`` = cores // world size unless
+    set) or, ``together``, at the same time ([`run_job`][vae_ddp.harness.launch.run_job]).
 
     Args:
-        groups: ``{tag: RunGroup}``; group ``tag`` trains in ``OUT_DIR/tag/``, in this order.
-        same_threads: one intra-op thread count for every process (a comparison to the last bit:
-            MKL's float32 matrix product rounds differently at another thread count; measured on
-            the small VAE's ``fc_mu``, 859 of its 1024 outputs differ between 2 threads and 1).
+        groups: ``{tag: specs}``, in this order; within a group the specs train one after the
+            other in one process tree (Lightning reuses the process group for the next ``fit``).
+        together: the last group in the launch's ranks, each other in a fork beside them (the
+            audit's one-device runs beside its DDP runs).
+        same_threads: one intra-op thread count for every group, cores // the largest world size
+            (a comparison to the last bit: MKL's float32 matrix product rounds differently at
+            another thread count; measured on the small VAE's ``fc_mu``, 859 of its 1024 outputs
+            differ between 2 threads and 1).
 
     Raises:
-        ValueError: no group, or a group that does not run on CPU.
+        ValueError: no group, an empty one, a group of several world sizes or accelerators, or
+            several groups in turn not on CPU.
     """
 
-    def __init__(self, groups: dict[str, RunGroup], same_threads: bool = False) -> None:
-        if not groups or any(g.accelerator != "cpu" for g in groups.values()):
-            raise ValueError("a run sequence needs at least one group, each on CPU")
-        self.groups = dict(groups)
-        self.specs = [s for g in self.groups.values() for s in g.specs]
-        self.same_threads = same_threads
-        first = next(iter(self.groups.values()))
-        self.world_size, self.accelerator = first.world_size, "cpu"
-        self.label = ", ".join(g.label for g in self.groups.values())
+    def __init__(self, groups: dict[str, list], together: bool = False, same_threads: bool = False) -> None:
+        if not groups or not all(groups.values()):
+            raise ValueError("a job needs at least one group, each with at least one spec")
+        if any(len({(s.world_size, s.accelerator) for s in g}) > 1 for g in groups.values()):
+            raise ValueError("a group trains in one process tree: its specs need one world size and accelerator")
+        self.groups, self.together, self.same_threads = dict(groups), together, same_threads
+        self.specs = [s for g in self.groups.values() for s in g]
+        if len(groups) > 1 and not together and any(s.accelerator != "cpu" for s in self.specs):
+            raise ValueError("groups in turn run on CPU only (on GPUs: one launch per group)")
+        last = list(self.groups.values())[-1 if together else 0][0]
+        self.world_size, self.accelerator = last.world_size, last.accelerator
+        self.label = ", ".join(s.label for s in self.specs)
 
     def to_json(self) -> str:
-        threads = None if "OMP_NUM_THREADS" in os.environ else os.cpu_count() or 1
-        widest = max(g.world_size for g in self.groups.values())
-        return json.dumps({"sequence": [
-            {"tag": tag, "threads": threads and max(1, threads // (widest if self.same_threads else g.world_size)),
-             "specs": json.loads(g.to_json())}
-            for tag, g in self.groups.items()]})
+        cores = None if "OMP_NUM_THREADS" in os.environ else os.cpu_count() or 1
+        widest = max(s.world_size for s in self.specs)
+        return json.dumps({"together": self.together, "groups": [
+            {"tag": tag, "specs": [json.loads(s.to_json()) for s in specs],
+             "threads": cores and max(1, cores // (widest if self.same_threads else specs[0].world_size))}
+            for tag, specs in self.groups.items()]})
 
 
-def launch(spec: "RunSpec | RunGroup", out_dir: Path, timeout: Optional[float] = None, quiet: bool = False,
+def launch(spec: Job, out_dir: Path, timeout: Optional[float] = None, quiet: bool = False,
            entry: Optional[list[str]] = None, stall: Optional[float] = None) -> dict:
-    """Run ``spec`` (validated; or a group or sequence) in a process tree under a guard; return its
-    ``run.json``. Progress lines stream to stdout (unless ``quiet``), stderr to
+    """Run the job ``spec`` (its specs validated) in a process tree under a guard; return its
+    ``run.json`` (``{tag: that group's run.json}``). Progress lines stream to stdout (unless ``quiet``), stderr to
     ``out_dir/stderr.log``. ``entry`` replaces ``[python, -m, vae_ddp.harness.runner]``;
     ``stall``: the watchdog's limit (it dumps every rank's stacks into ``stderr.log``). On
     ``timeout``, SIGINT/SIGTERM of this process, or its death, every process of the run ends.
@@ -161,89 +149,62 @@ def launch(spec: "RunSpec | RunGroup", out_dir: Path, timeout: Optional[float] =
     return json.loads((out_dir / "run.json").read_text())
 
 
-def read_job(path: "str | Path") -> Any:
-    """What a launch's child runs: the JSON in ``path`` (its first argument, ``OUT_DIR/job.json``)."""
-    return json.loads(Path(path).read_text())
-
-
 # --------------------------------------------------------------------------- the child's side
-def run_job(argv: list[str], parse: Callable[[dict], Any], train: Callable[[list, Path, bool], int]) -> int:
-    """The child of every launch (the study runner, report-scale's frozen runs, the audit's runs):
-    ``argv`` = ``JOB_FILE OUT_DIR``. The job is one spec (a dict), a group of one world size (a
-    list, [`RunGroup`][vae_ddp.harness.launch.RunGroup]), a sequence of groups
-    ([`run_sequence`][vae_ddp.harness.launch.run_sequence]) or groups at the same time
-    ([`run_together`][vae_ddp.harness.launch.run_together]). A group runs as ``train(specs,
-    out_dir, grouped)`` in every rank (``specs``: ``parse`` of the job's dicts; ``grouped``: they
-    came as a list); on CPU the ranks are forks of this process ([`run_ranks`][vae_ddp.ranks.run_ranks]).
-    Returns the exit code."""
-    return _run_payload(read_job(argv[0]), Path(argv[1]), parse, train)
-
-
-def _run_payload(payload: Any, out_dir: Path, parse: Callable[[dict], Any],
-                 train: Callable[[list, Path, bool], int]) -> int:
-    from vae_ddp.ranks import run_ranks
-
-    if isinstance(payload, dict) and "sequence" in payload:
-        return run_sequence(payload["sequence"], out_dir, lambda p, out: _run_payload(p, out, parse, train))
-    if isinstance(payload, dict) and "together" in payload:
-        return run_together({tag: [parse(p) for p in group] for tag, group in payload["together"].items()},
-                            out_dir, train)
-    specs = [parse(p) for p in payload] if isinstance(payload, list) else [parse(payload)]
-    ranks = specs[0].world_size if specs[0].accelerator == "cpu" else 1
-    return run_ranks(ranks, lambda: train(specs, out_dir, isinstance(payload, list)))
-
-
 #: Set in the ranks of a ``together`` job: the pid of the first group forked beside them.
 BESIDE_PID = "VAE_DDP_BESIDE_PID"
 
 
-def run_together(groups: dict[str, list], out_dir: Path, train: Callable[[list, Path, bool], int]) -> int:
-    """Groups trained at the same time (the audit's one-device runs beside its DDP runs),
-    ``groups[tag]`` in ``OUT_DIR/tag``: the last in the ranks of this process tree, each other in a
-    fork beside them (the ranks find the first one's pid in ``$VAE_DDP_BESIDE_PID``; under
-    Lightning's launcher or torchrun, beside the first process only). Then ``OUT_DIR/run.json`` =
-    ``{tag: that group's run.json}``. Returns the ranks' exit code, or 1 when a group beside failed."""
-    from vae_ddp.ranks import fork, run_ranks
+def run_job(argv: list[str], parse: Callable[[dict], Any], train: Callable[[list, Path], int]) -> int:
+    """The child of every launch (the study runner, report-scale's frozen runs, the audit's runs):
+    ``argv`` = ``JOB_FILE OUT_DIR``, the file holding a [`Job`][vae_ddp.harness.launch.Job]'s
+    JSON. Each group runs as ``train(specs, OUT_DIR/tag)`` in every rank of its process tree
+    (``specs``: ``parse`` of its dicts; on CPU the ranks are forks,
+    [`run_ranks`][vae_ddp.ranks.run_ranks]); rank 0 writes its ``run.json``. In turn, each group
+    of several in a fork of this process (which then trains nothing and may fork again); together,
+    the last group in the ranks here and each other in a fork beside them (the ranks find the
+    first one's pid in ``$VAE_DDP_BESIDE_PID``; under Lightning's launcher or torchrun, beside
+    the first process only). Returns the exit code: the first non-zero one of a group (in turn,
+    the groups after it do not run), else 0."""
+    job = json.loads(Path(argv[0]).read_text())
+    out_dir = Path(argv[1])
+    groups = [(g["tag"], g["threads"], [parse(d) for d in g["specs"]]) for g in job["groups"]]
 
-    *beside, (tag, last) = groups.items()
-    children = {} if "LOCAL_RANK" in os.environ else {
-        fork(lambda rs=rs, t=t: train(rs, out_dir / t, True)): t for t, rs in beside}
-    if children:
-        os.environ[BESIDE_PID] = str(next(iter(children)))
-    ranks = last[0].world_size if last[0].accelerator == "cpu" else 1
-    code = run_ranks(ranks, lambda: train(last, out_dir / tag, True))
-    if os.environ.get("LOCAL_RANK", "0") != "0":
-        return code
-    for pid, t in children.items():
-        if _ended(pid, t):
-            code = code or 1
-    if code == 0:
-        _collect(out_dir, list(groups))
+    def ranks(tag: str, specs: list) -> int:
+        return run_ranks(specs[0].world_size if specs[0].accelerator == "cpu" else 1,
+                         lambda: train(specs, out_dir / tag))
+
+    def alone(tag: str, threads: Optional[int], specs: list) -> int:
+        if threads:  # what launch() sets for a launch of this world size alone
+            import torch
+
+            os.environ["OMP_NUM_THREADS"] = str(threads)
+            torch.set_num_threads(threads)
+        return ranks(tag, specs)
+
+    code = 0
+    if job["together"]:
+        *beside, (tag, _, last) = groups
+        children = {} if "LOCAL_RANK" in os.environ else {fork(lambda t=t, s=s: train(s, out_dir / t)): t
+                                                           for t, _, s in beside}
+        if children:
+            os.environ[BESIDE_PID] = str(next(iter(children)))
+        code = ranks(tag, last)
+        if os.environ.get("LOCAL_RANK", "0") != "0":
+            return code
+        failed = [t for pid, t in children.items() if _ended(pid, t)]  # every fork beside waited for
+        code = code or int(bool(failed))
+    elif len(groups) == 1:
+        code = ranks(groups[0][0], groups[0][2])
+    else:
+        for g in groups:
+            code = _ended(fork(lambda g=g: alone(*g)), g[0])
+            if code:
+                code = code if code > 0 else 128 - code
+                break
+    if code == 0 and os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") == "0":
+        write_atomic(out_dir / "run.json", json.dumps(
+            {t: json.loads((out_dir / t / "run.json").read_text()) for t, _, _ in groups}))
     return code
-
-
-def run_sequence(groups: list[dict], out_dir: Path, run_group: Callable[[Any, Path], int]) -> int:
-    """The child's side of a [`RunSequence`][vae_ddp.harness.launch.RunSequence]: for each
-    ``{"tag", "threads", "specs"}`` in turn, ``run_group(specs, OUT_DIR/tag)`` in a fork with
-    ``threads`` intra-op threads (this process trains nothing: it stays one that may fork); then
-    ``OUT_DIR/run.json`` = ``{tag: that group's run.json}``. Returns the first non-zero exit code
-    of a group (the groups after it do not run), else 0."""
-    from vae_ddp.ranks import fork
-
-    for g in groups:
-        def one(g: dict = g) -> int:
-            if g["threads"]:  # what launch() sets for a launch of this world size alone
-                import torch
-
-                os.environ["OMP_NUM_THREADS"] = str(g["threads"])
-                torch.set_num_threads(g["threads"])
-            return run_group(g["specs"], out_dir / g["tag"])
-
-        code = _ended(fork(one), g["tag"])
-        if code != 0:
-            return code if code > 0 else 128 - code
-    _collect(out_dir, [g["tag"] for g in groups])
-    return 0
 
 
 def _ended(pid: int, tag: str) -> int:
@@ -255,11 +216,6 @@ def _ended(pid: int, tag: str) -> int:
     if code != 0:
         print(f"the runs of '{tag}' exited with code {code}", file=sys.stderr, flush=True)
     return code
-
-
-def _collect(out_dir: Path, tags: list[str]) -> None:
-    """``OUT_DIR/run.json`` = ``{tag: OUT_DIR/tag/run.json}``."""
-    write_atomic(out_dir / "run.json", json.dumps({t: json.loads((out_dir / t / "run.json").read_text()) for t in tags}))
 
 
 def _failure(label: str, code: Optional[int], lines: list[str], log: Path, out_dir: Path) -> RunFailed:
@@ -298,18 +254,6 @@ def _forkable(cmd: list[str], spec) -> bool:
             and "pytorch_lightning" in sys.modules and os.environ.get(_LAUNCH_ENV) != "exec" and guard.can_fork())
 
 
-def launch_group(specs: list[RunSpec], out_dir: Path, timeout: Optional[float] = None, quiet: bool = False,
-                 entry: Optional[list[str]] = None) -> list[dict]:
-    """Train ``specs`` (one world size) in one [`launch`][vae_ddp.harness.launch.launch]; return
-    each one's ``{"spec", "runs"}``, in order (a run's ``params`` file is relative to ``out_dir``).
-
-    Raises:
-        RunFailed: as [`launch`][vae_ddp.harness.launch.launch].
-        ValueError: specs of different world sizes.
-    """
-    return launch(RunGroup(specs), out_dir, timeout=timeout, quiet=quiet, entry=entry)["group"]
-
-
 def group_folder(world_size: int, accelerator: str) -> str:
     """The folder of ``launch_by_world_size``'s group of one world size: ``1-process``,
     ``2-processes``, ``2-processes-gpu``."""
@@ -319,33 +263,34 @@ def group_folder(world_size: int, accelerator: str) -> str:
 def launch_by_world_size(specs: list[RunSpec], out_dir: Path, timeout: Optional[float] = None,
                          quiet: bool = False, same_threads: bool = False,
                          entry: Optional[list[str]] = None) -> list[tuple[dict, Path]]:
-    """Train ``specs`` in groups of one world size (a [`RunGroup`][vae_ddp.harness.launch.RunGroup]
-    each, in the order the world sizes first appear) under ``out_dir/<N>-process/``
-    ([`group_folder`][vae_ddp.harness.launch.group_folder]): on CPU all groups in one launch (a
-    [`RunSequence`][vae_ddp.harness.launch.RunSequence], ``same_threads`` passed to it), else one
-    launch per group. ``entry``: the child's command instead of the study runner's, as
+    """Train ``specs`` in groups of one world size (in the order the world sizes first appear),
+    group ``g`` in ``out_dir/g/`` ([`group_folder`][vae_ddp.harness.launch.group_folder]): on CPU
+    all in one [`launch`][vae_ddp.harness.launch.launch] (a [`Job`][vae_ddp.harness.launch.Job]
+    whose groups train in turn, ``same_threads`` passed to it), else one launch per group (in
+    ``out_dir/g/g/``). ``entry``: the child's command instead of the study runner's, as
     [`launch`][vae_ddp.harness.launch.launch] (it writes each group's ``{"group": [one result
     per spec]}``).
 
     Returns:
         for each spec, in the order given: its ``{"spec", "runs"}`` (an ``entry``'s result) and
         the folder its runs' ``params`` file names are relative to.
+
+    Raises:
+        RunFailed: as [`launch`][vae_ddp.harness.launch.launch].
     """
-    groups: dict[tuple[int, str], list[int]] = {}
+    out_dir = Path(out_dir)
+    index: dict[str, list[int]] = {}  # group folder -> the specs' places
     for i, spec in enumerate(specs):
-        groups.setdefault((spec.world_size, spec.accelerator), []).append(i)
-    tags = {key: group_folder(*key) for key in groups}
-    found: list[Optional[tuple[dict, Path]]] = [None] * len(specs)
-    if all(accelerator == "cpu" for _, accelerator in groups):
-        sequence = RunSequence({tags[key]: RunGroup([specs[i] for i in idx]) for key, idx in groups.items()},
-                               same_threads=same_threads)
-        launched = launch(sequence, Path(out_dir), timeout=timeout, quiet=quiet, entry=entry)
-        for key, idx in groups.items():
-            for i, result in zip(idx, launched[tags[key]]["group"]):
-                found[i] = (result, Path(out_dir) / tags[key])
-        return found  # type: ignore[return-value]
-    for key, idx in groups.items():
-        where = Path(out_dir) / tags[key]
-        for i, result in zip(idx, launch_group([specs[i] for i in idx], where, timeout=timeout, quiet=quiet, entry=entry)):
-            found[i] = (result, where)
-    return found  # type: ignore[return-value]
+        index.setdefault(group_folder(spec.world_size, spec.accelerator), []).append(i)
+    groups = {tag: [specs[i] for i in idx] for tag, idx in index.items()}
+    if all(s.accelerator == "cpu" for s in specs):
+        launched = launch(Job(groups, same_threads=same_threads), out_dir, timeout=timeout, quiet=quiet, entry=entry)
+        where = {tag: out_dir / tag for tag in groups}
+    else:
+        launched = {tag: launch(Job({tag: g}), out_dir / tag, timeout=timeout, quiet=quiet, entry=entry)[tag]
+                    for tag, g in groups.items()}
+        where = {tag: out_dir / tag / tag for tag in groups}
+    found: dict[int, tuple[dict, Path]] = {}
+    for tag, idx in index.items():
+        found.update({i: (result, where[tag]) for i, result in zip(idx, launched[tag]["group"])})
+    return [found[i] for i in range(len(specs))]

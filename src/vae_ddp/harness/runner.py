@@ -1,12 +1,12 @@
 """Run one [`RunSpec`][vae_ddp.harness.configs.RunSpec] through Lightning's ``Trainer``.
 
 Entry point for a child process: ``python -m vae_ddp.harness.runner JOB_FILE OUT_DIR`` (``JOB_FILE``:
-the spec's JSON, [`read_job`][vae_ddp.harness.launch.read_job]). A DDP
+a [`Job`][vae_ddp.harness.launch.Job]'s JSON, [`run_job`][vae_ddp.harness.launch.run_job]). A DDP
 run on CPU forks its other ranks from this process once it has imported Lightning
 ([`vae_ddp.ranks`][vae_ddp.ranks]); on GPUs Lightning starts them by re-running this same
 command (``_SubprocessScriptLauncher``). Either way a study launches its runs in a process
-tree of their own, not inside its own process. Rank 0 writes ``OUT_DIR/run.json``:
-``{"spec": {...}, "runs": [{"seed", "records", "val_records", "params"}]}``.
+tree of their own, not inside its own process. Rank 0 writes each group's ``OUT_DIR/TAG/run.json``:
+``{"group": [{"spec": {...}, "runs": [{"seed", "records", "val_records", "params"}]}, ...]}``.
 """
 
 from __future__ import annotations
@@ -129,30 +129,26 @@ def train_one(spec: RunSpec, seed: int, out_dir: Optional[Path] = None, progress
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """``JOB_FILE OUT_DIR``: one spec, ``OUT_DIR/run.json`` = ``{"spec", "runs"}``; a group of
-    specs of one world size, one after the other in these processes, spec ``k`` saving its
-    parameters under ``OUT_DIR/k/``, ``run.json`` = ``{"group": [{"spec", "runs"}, ...]}``; or a
-    sequence of groups ([`run_job`][vae_ddp.harness.launch.run_job])."""
+    """``JOB_FILE OUT_DIR`` ([`run_job`][vae_ddp.harness.launch.run_job]): each group's specs one
+    after the other in its processes, spec ``k`` saving its parameters under ``OUT_DIR/TAG/k/``,
+    the group's ``run.json`` = ``{"group": [{"spec", "runs"}, ...]}``."""
     return run_job(sys.argv[1:] if argv is None else argv, lambda d: RunSpec(**d), _train)
 
 
-def _train(specs: list[RunSpec], out_dir: Path, grouped: bool) -> int:
-    """Train ``specs`` one after the other in this rank; rank 0 writes ``OUT_DIR/run.json``
-    (``grouped``: the job was a list of specs)."""
+def _train(specs: list[RunSpec], out_dir: Path) -> int:
+    """Train ``specs`` one after the other in this rank; rank 0 writes ``OUT_DIR/run.json``."""
     quiet()
     out_dir.mkdir(parents=True, exist_ok=True)
     results = []
     for k, spec in enumerate(specs):
-        where = out_dir / str(k) if grouped else out_dir
+        where = out_dir / str(k)
         where.mkdir(parents=True, exist_ok=True)
         runs = [train_one(spec, seed, where) for seed in spec.seeds]
-        if grouped:
-            runs = [r and dict(r, params=r["params"] and f"{k}/{r['params']}",
-                               steps=r.get("steps") and f"{k}/{r['steps']}") for r in runs]
+        runs = [r and dict(r, params=r["params"] and f"{k}/{r['params']}", steps=r.get("steps") and f"{k}/{r['steps']}")
+                for r in runs]
         results.append({"spec": json.loads(spec.to_json()), "runs": runs})
     if int(os.environ.get("LOCAL_RANK", "0")) == 0 and int(os.environ.get("NODE_RANK", "0")) == 0:
-        out = {"group": results} if grouped else results[0]
-        write_atomic(out_dir / "run.json", json.dumps(out))
+        write_atomic(out_dir / "run.json", json.dumps({"group": results}))
     close_process_group()
     return 0
 

@@ -165,7 +165,7 @@ def _spread(trainer, module, skip: int, batches: int) -> dict:
     return out
 
 
-def _frozen_runs(specs: list[RunSpec], out: Path, grouped: bool = True) -> int:
+def _frozen_runs(specs: list[RunSpec], out: Path) -> int:
     """Frozen-weights runs of one world size, one after the other in this rank (the child of a
     launch, [`run_job`][vae_ddp.harness.launch.run_job]): ``OUT_DIR/worker.json`` lists, per
     spec, its ``folder`` and ``spread_batches``; rank 0 writes ``grads.pt`` and ``run.json``
