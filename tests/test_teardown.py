@@ -51,7 +51,7 @@ def test_every_process_group_opened_by_hand_is_destroyed():
     """A script of this repository that opens a gloo group itself (``init_process_group``)
     also destroys it (``destroy_process_group``, or ``close_process_group`` which barriers
     first): without it the same abort happens at exit (seen in CI on the BatchNorm check of
-    tests/test_fixes.py, 1 run in about 7)."""
+    tests/fixes/test_fixes.py, 1 run in about 7)."""
     root = ROOT
     opened = [p for d in ("src", "tests", "examples", "benchmarks", "tools") for p in (root / d).rglob("*.py")
               if "init_process_group(" in p.read_text() and p.name != "test_teardown.py"]

@@ -65,7 +65,7 @@ variance halved or doubled (a batch of ``B/2`` or ``2B`` would double or halve i
 the bias interval's lower bound is a one-sided test at ``(1 - confidence) / 2`` (2.5%), the noise
 ratio's a two-sided one at ``1 - confidence`` (5%): ``different`` for a step of one distribution in
 at most 7.5% of studies (measured on synthetic steps: 2-3% and 4-5% for one normal number, fewer
-for vectors, whose ``d_eff`` the sample underestimates; tests/test_effect.py). Showing ``same
+for vectors, whose ``d_eff`` the sample underestimates; tests/harness/test_effect.py). Showing ``same
 distribution`` takes rows: about 30 for a gradient of a few effective dimensions.
 """
 

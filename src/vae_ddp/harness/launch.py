@@ -8,7 +8,7 @@ on CPU the runner forks the other ranks ([`vae_ddp.ranks`][vae_ddp.ranks]), on G
 launcher re-runs the command. From a process that runs one thread and has imported Lightning
 (the entries of ``make results``) a CPU launch is that command in a fork under a guard
 ([`guard.run_in_fork`][vae_ddp.guard.run_in_fork]): the same runs, bit for bit
-(``tests/test_studies.py``), without importing torch and Lightning again;
+(``tests/studies/test_studies.py``), without importing torch and Lightning again;
 ``VAE_DDP_LAUNCH=exec`` always starts an interpreter. When a rank fails every rank ends, and
 [`launch`][vae_ddp.harness.launch.launch] raises [`RunFailed`][vae_ddp.harness.launch.RunFailed]
 with the failing process's first error.

@@ -15,7 +15,7 @@ thing equal:
   noise emulated on one device. With the global batch dealt to the ranks in contiguous
   chunks ([`GlobalBatchDistributedSampler`][vae_ddp.fixes.sampler.GlobalBatchDistributedSampler])
   and BatchNorm over the global batch, this computes what DDP with N ranks computes
-  (checked against real 2-rank DDP in float64 by ``tests/test_long_horizon_emulation.py``).
+  (checked against real 2-rank DDP in float64 by ``tests/studies/test_long_horizon.py``).
 - ``independent``: one independent ``eps`` per sample, as one device draws it.
 
 Both use the same sampler (seeded by the run's seed), so run i of each mode shares its

@@ -3,16 +3,16 @@
 import json
 import socket
 import sys
-from pathlib import Path
 
 import pytest
+from helpers import ROOT
 import torch
 from torch import nn
 
 from vae_ddp import guard
 from vae_ddp.fixes import GlobalBatchNorm, GlobalSyncBatchNorm
 
-SCRIPT = Path(__file__).parent / "scripts" / "sync_bn_check.py"
+SCRIPT = ROOT / "tests" / "scripts" / "sync_bn_check.py"
 
 
 def free_port() -> str:

@@ -2,9 +2,9 @@
 
 import dataclasses
 import sys
-from pathlib import Path
 
 import pytest
+from helpers import ROOT
 import torch
 
 from vae_ddp.harness.configs import RunSpec
@@ -87,7 +87,7 @@ def test_ddp_step_value_is_the_global_batch_mean(cifar_dir, tmp_path):
 
 def test_a_failing_rank_ends_the_whole_run(cifar_dir, tmp_path):
     spec = _spec(cifar_dir, config="ddp", steps=10)
-    script = Path(__file__).parent / "scripts" / "failing_rank.py"
+    script = ROOT / "tests" / "scripts" / "failing_rank.py"
     with pytest.raises(RunFailed) as err:
         launch(Job({"ddp": [spec]}), tmp_path, quiet=True, timeout=300, entry=[sys.executable, str(script)])
     assert "rank 1 exploded on purpose" in str(err.value)

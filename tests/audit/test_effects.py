@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from test_audit import M, audit, by_factor
+from test_study import M, audit, by_factor
 from vae_ddp.audit import effects
 from vae_ddp.harness.effect import BIAS_MARGIN, RATIO_MARGIN
 

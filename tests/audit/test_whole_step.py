@@ -178,7 +178,7 @@ def test_a_ddp_step_that_differs_besides_the_gradient_fails_and_is_named(tmp_pat
 
 
 def test_a_clean_module_is_clean_by_the_ground_truth_too(truth):
-    """The audit passes `Plain` with the whole step compared (tests/test_audit.py::test_no_exposure);
+    """The audit passes `Plain` with the whole step compared (tests/audit/test_study.py::test_no_exposure);
     plain Lightning agrees: DDP's parameters after 3 steps within rounding of one device's."""
     t = truth["Plain"]
     assert t["ddp"] <= 10 * max(t["floor"], EPS64) and t["ranks"] == 0 and t["lrs_ddp"] == t["lrs_single"], t

@@ -5,16 +5,16 @@ loss is named with its run, rank and step. Each test is one small DDP launch on 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
+from helpers import ROOT
 
 from vae_ddp.harness.configs import RunSpec
 from vae_ddp.harness.launch import Job, RunFailed, launch
 
 pytestmark = pytest.mark.timeout(300)
 
-SCRIPT = Path(__file__).parent / "scripts" / "killed_rank.py"
+SCRIPT = ROOT / "tests" / "scripts" / "killed_rank.py"
 
 
 def _spec() -> Job:
