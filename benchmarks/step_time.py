@@ -28,7 +28,7 @@ from pathlib import Path
 
 from vae_ddp.fixes import registry
 from vae_ddp.harness.configs import RunSpec
-from vae_ddp.harness.launch import launch
+from vae_ddp.harness.launch import launch_by_world_size
 from vae_ddp.harness.table import format_table, write_tables
 
 
@@ -45,7 +45,7 @@ def variants() -> dict[str, dict]:
 
 def run_median(spec: RunSpec, out: Path, warmup: int) -> float:
     """Median seconds per optimizer step of one run, after ``warmup`` steps."""
-    records = launch(spec, out, quiet=True)["runs"][0]["records"]
+    records = launch_by_world_size([spec], out, quiet=True)[0][0]["runs"][0]["records"]
     times = [r["time_s"] for r in records]
     steps = [b - a for a, b in zip(times, times[1:])][warmup:]
     return statistics.median(steps)

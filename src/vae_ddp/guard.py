@@ -437,34 +437,45 @@ class _Guard:
 
     def _tree(self) -> list:
         """Live processes of the command: every descendant of the guard (``psutil``; an orphan of
-        the tree is the guard's child, the guard being its subreaper on Linux)."""
+        the tree is the guard's child, the guard being its subreaper on Linux); where the process
+        table cannot be read (a ``/proc`` mounted with ``hidepid``), the command's own process."""
         import psutil
 
+        try:
+            found = psutil.Process().children(recursive=True)
+        except (psutil.Error, OSError):
+            try:
+                found = [psutil.Process(self.pid)]
+            except psutil.Error:
+                found = []
         tree = []
-        for p in psutil.Process().children(recursive=True):
+        for p in found:
             try:
                 if p.status() != psutil.STATUS_ZOMBIE:
                     tree.append(p)
-            except psutil.NoSuchProcess:
+            except psutil.Error:
                 pass
         return tree
 
     def _end_tree(self) -> None:
-        """SIGTERM every process of the command, SIGKILL what is left after the grace period."""
+        """SIGTERM every process of the command, SIGKILL what is left after the grace period; a
+        process found later in either phase (one that forked meanwhile) gets the signal too."""
         import psutil
 
         for sig, wait in ((signal.SIGTERM, self.grace), (signal.SIGKILL, 5.0)):
-            self._reap()
-            for p in self._tree():
-                try:
-                    p.send_signal(sig)
-                except psutil.NoSuchProcess:
-                    pass
+            sent: set = set()
             deadline = time.monotonic() + wait
             while time.monotonic() < deadline:
                 self._reap()
-                if not self._tree():
+                tree = self._tree()
+                if not tree:
                     return
+                for p in set(tree) - sent:
+                    try:
+                        p.send_signal(sig)
+                    except psutil.Error:
+                        pass
+                    sent.add(p)
                 time.sleep(0.1)
 
     def _rank(self, pid: int) -> int:

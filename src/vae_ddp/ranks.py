@@ -107,6 +107,8 @@ def alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+    except psutil.AccessDenied:  # another user's: it exists
+        return True
 
 
 def run_ranks(world_size: int, main: Callable[[], Any]) -> int:

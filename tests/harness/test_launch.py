@@ -46,3 +46,12 @@ def test_a_non_finite_loss_is_named_with_run_rank_and_step(tmp_path, monkeypatch
     lines = str(err.value).splitlines()
     assert "first error: RuntimeError: non-finite loss (nan) in run 'ddp seed 0' on rank 1 at step 3" in lines[0], lines
     assert lines[-1].startswith("rank 1 of run 'ddp' exited with code 1"), lines
+
+
+def test_launch_takes_a_job_and_says_what_to_call_for_one_spec(tmp_path):
+    """``launch`` runs a ``Job``; a bare spec is refused before anything starts, naming the call
+    that launches one spec."""
+    spec = RunSpec(data="digits", model="small", steps=1, global_batch_size=32, config="single").validate()
+    with pytest.raises(TypeError, match=r"launch_by_world_size\(\[spec\]"):
+        launch(spec, tmp_path / "run")
+    assert not (tmp_path / "run").exists()

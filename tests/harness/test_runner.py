@@ -29,7 +29,7 @@ def one_process(cifar_dir, tmp_path_factory) -> dict[str, dict]:
     return {g["spec"]["label"]: g["runs"][0] for g, _ in group}
 
 
-def test_a_run_group_leaks_nothing_from_one_run_into_the_next(one_process):
+def test_a_group_leaks_nothing_from_one_run_into_the_next(one_process):
     """The same spec trained before and after another run in the same process: the same
     records, bit for bit (seeding, samplers and fixes are per run)."""
     first, again = one_process["single"], one_process["single again"]
@@ -37,7 +37,7 @@ def test_a_run_group_leaks_nothing_from_one_run_into_the_next(one_process):
     assert [[r[k] for k in keys] for r in first["records"]] == [[r[k] for k in keys] for r in again["records"]]
 
 
-def test_a_run_group_needs_one_world_size(cifar_dir):
+def test_a_group_needs_one_world_size(cifar_dir):
     with pytest.raises(ValueError, match="one world size"):
         Job({"mixed": [_spec(cifar_dir, config="single"), _spec(cifar_dir, config="ddp")]})
 

@@ -89,7 +89,7 @@ def test_equivalence_resnet18(dtype, optimizer, cifar_dir, tmp_path):
     _check_floor(json.loads((tmp_path / "equivalence.json").read_text()), dtype, optimizer, bound=dtype == "float64")
 
 
-def test_run_sequence_gives_every_process_the_same_threads_when_asked(monkeypatch):
+def test_a_jobs_groups_in_turn_get_the_same_threads_when_asked(monkeypatch):
     """What the equivalence study launches: with ``same_threads`` every group's processes get
     cores // the largest world size (MKL's float32 matrix product rounds differently at another
     thread count); without it each group gets cores // its own world size, as a launch of its own."""

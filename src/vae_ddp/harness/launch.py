@@ -101,6 +101,8 @@ def launch(spec: Job, out_dir: Path, timeout: Optional[float] = None, quiet: boo
     ``timeout``, SIGINT/SIGTERM of this process, or its death, every process of the run ends.
 
     Raises:
+        TypeError: ``spec`` is not a [`Job`][vae_ddp.harness.launch.Job] (one spec:
+            [`launch_by_world_size`][vae_ddp.harness.launch.launch_by_world_size]).
         RunFailed: non-zero exit (any rank failed: the last line names the first rank that
             ended, its exit code or signal and its step), no progress for ``stall`` seconds (the
             message names each rank and the frame it was stuck in) or ``timeout`` seconds
@@ -113,6 +115,8 @@ def launch(spec: Job, out_dir: Path, timeout: Optional[float] = None, quiet: boo
     """
     from vae_ddp.outputs import check_space
 
+    if not isinstance(spec, Job):
+        raise TypeError(f"launch() runs a Job, got {type(spec).__name__} (one spec: launch_by_world_size([spec], ...))")
     out_dir = Path(out_dir)
     check_memory(spec)
     check_space(out_dir, space_needed(spec))
@@ -266,8 +270,8 @@ def launch_by_world_size(specs: list[RunSpec], out_dir: Path, timeout: Optional[
     """Train ``specs`` in groups of one world size (in the order the world sizes first appear),
     group ``g`` in ``out_dir/g/`` ([`group_folder`][vae_ddp.harness.launch.group_folder]): on CPU
     all in one [`launch`][vae_ddp.harness.launch.launch] (a [`Job`][vae_ddp.harness.launch.Job]
-    whose groups train in turn, ``same_threads`` passed to it), else one launch per group (in
-    ``out_dir/g/g/``). ``entry``: the child's command instead of the study runner's, as
+    whose groups train in turn, ``same_threads`` passed to it), else one launch per group, one
+    after the other. ``entry``: the child's command instead of the study runner's, as
     [`launch`][vae_ddp.harness.launch.launch] (it writes each group's ``{"group": [one result
     per spec]}``).
 
@@ -285,12 +289,10 @@ def launch_by_world_size(specs: list[RunSpec], out_dir: Path, timeout: Optional[
     groups = {tag: [specs[i] for i in idx] for tag, idx in index.items()}
     if all(s.accelerator == "cpu" for s in specs):
         launched = launch(Job(groups, same_threads=same_threads), out_dir, timeout=timeout, quiet=quiet, entry=entry)
-        where = {tag: out_dir / tag for tag in groups}
-    else:
-        launched = {tag: launch(Job({tag: g}), out_dir / tag, timeout=timeout, quiet=quiet, entry=entry)[tag]
+    else:  # one launch per group, one after the other, each group in out_dir/tag as on CPU
+        launched = {tag: launch(Job({tag: g}), out_dir, timeout=timeout, quiet=quiet, entry=entry)[tag]
                     for tag, g in groups.items()}
-        where = {tag: out_dir / tag / tag for tag in groups}
     found: dict[int, tuple[dict, Path]] = {}
     for tag, idx in index.items():
-        found.update({i: (result, where[tag]) for i, result in zip(idx, launched[tag]["group"])})
+        found.update({i: (result, out_dir / tag) for i, result in zip(idx, launched[tag]["group"])})
     return [found[i] for i in range(len(specs))]

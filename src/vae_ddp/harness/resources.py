@@ -79,13 +79,13 @@ LOG_BYTES = 2 * 2 ** 20
 
 
 def _specs(spec) -> list:
-    """The specs of a launch: a run group's or a run sequence's (``.specs``), else the one spec."""
+    """The specs of a launch: a job's (``.specs``), else the one spec."""
     return list(spec.specs) if hasattr(spec, "specs") else [spec]
 
 
 def space_needed(spec) -> int:
-    """Bytes a launch of ``spec`` (a [`RunSpec`][vae_ddp.harness.configs.RunSpec], a group or a
-    sequence) writes at most: ``LOG_BYTES``, and per seed of each spec that saves them its
+    """Bytes a launch of ``spec`` (a [`Job`][vae_ddp.harness.launch.Job] or one
+    [`RunSpec`][vae_ddp.harness.configs.RunSpec]) writes at most: ``LOG_BYTES``, and per seed of each spec that saves them its
     parameters with Adam's second moments (2 x parameters), and its per-step gradients and
     weights (3 x parameters x steps). The parameters are counted on a model built on torch's
     ``meta`` device (no memory, milliseconds); a spec of another kind (the audit's runs) counts
