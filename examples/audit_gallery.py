@@ -147,7 +147,7 @@ def fixes(f: dict) -> list[str]:
 
 def render(result: dict) -> str:
     """The page's table and the fixes per architecture, from ``audit_gallery.json``."""
-    from vae_ddp.audit.study import audit_factor
+    from vae_ddp.fixes.factor import audit_factor
 
     names = {k: audit_factor(k).name for k in COLUMNS}
     cols = [k for k in COLUMNS if any(f["factor"] == k and f["exposed"] for a in result["audits"] for f in a["findings"])]

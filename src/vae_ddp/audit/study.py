@@ -51,14 +51,14 @@ import torch
 from vae_ddp.audit import effects, whole_step
 from vae_ddp.audit.spec import AuditRun, failed_marker
 from vae_ddp.fixes import noise, registry
-from vae_ddp.fixes.factor import AUDIT_OWN, Factor, page_url
+from vae_ddp.fixes.factor import AUDIT_OWN, audit_factor, page_url
 from vae_ddp.probes import per_step_differences
 from vae_ddp.studies.equivalence import FLOOR_FACTOR
 from vae_ddp.harness.launch import Job, RunFailed, launch
 from vae_ddp.harness.table import format_table
 from vae_ddp.outputs import drop_tensors, result_set
 
-__all__ = ["audit", "render", "audit_factor", "FLOOR_RATIO", "FLOOR_DRAWS", "ROUNDING_EPS"]
+__all__ = ["audit", "render", "FLOOR_RATIO", "FLOOR_DRAWS", "ROUNDING_EPS"]
 
 #: DDP with every fix passes when its largest per-step gradient difference (from the same
 #: weights) is at most this multiple of the one-device floor: the rule of ``vae-ddp equivalence``.
@@ -81,15 +81,6 @@ TRAJECTORY_RATIO = 1e3
 def _factors() -> tuple[str, ...]:
     """The factor keys of [`vae_ddp.fixes.registry`][vae_ddp.fixes.registry] in their order, then the audit's own."""
     return tuple(f.key for f in registry.factors()) + tuple(AUDIT_OWN)
-
-
-def audit_factor(key: str) -> Factor:
-    """The factor ``key`` of the audit's table: the registry's or the audit's own
-    (``vae_ddp.fixes.factor.AUDIT_OWN``).
-
-    Raises:
-        KeyError: neither has it."""
-    return AUDIT_OWN[key] if key in AUDIT_OWN else registry.get(key)
 
 
 def _clean(key: str) -> str:

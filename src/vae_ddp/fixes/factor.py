@@ -27,7 +27,7 @@ from typing import Any, Callable, Mapping, Optional
 import torch
 import torch.distributed as dist
 
-__all__ = ["Factor", "Switch", "Audit", "AUDIT_OWN", "FixParts", "Finding", "CannotTell", "Seen", "HOOKS", "register", "unregister", "factors", "get",
+__all__ = ["Factor", "Switch", "Audit", "AUDIT_OWN", "audit_factor", "FixParts", "Finding", "CannotTell", "Seen", "HOOKS", "register", "unregister", "factors", "get",
            "batch_tensors", "cast_batch", "chunk_batch", "loader_list", "samplers", "rng_states", "gather_ints", "gather_objects", "gather_digest",
            "docs_url", "page_url"]
 
@@ -251,6 +251,14 @@ AUDIT_OWN = {f.key: f for f in (
          "the same parameters on every rank, at the start and after every step")))}
 
 
+def audit_factor(key: str) -> Factor:
+    """The factor ``key`` of the audit's table: the registry's or the audit's own (``AUDIT_OWN``).
+
+    Raises:
+        KeyError: neither has it."""
+    return AUDIT_OWN[key] if key in AUDIT_OWN else _REGISTRY[key]
+
+
 @dataclass
 class Finding:
     """One factor a DDP run is exposed to, as ``DDPAudit`` reports it.
@@ -278,8 +286,10 @@ class Finding:
 
     def __post_init__(self) -> None:
         if not self.page:
-            known = _REGISTRY.get(self.factor) or AUDIT_OWN.get(self.factor)
-            self.page = known.page if known else "recipe.md"
+            self.page = audit_factor(self.factor).page if self._known() else "recipe.md"
+
+    def _known(self) -> bool:
+        return self.factor in _REGISTRY or self.factor in AUDIT_OWN
 
     def to_dict(self) -> dict:
         """``{"factor", "evidence", "fix", "page", "manual", **details}`` (what ``audit.json`` and
@@ -290,8 +300,7 @@ class Finding:
     def message(self) -> str:
         """``DDPAudit [Random streams per rank]: ... Fix: ... (see <site>/factors/noise/)``: the
         factor under its registry name (one name everywhere)."""
-        known = _REGISTRY.get(self.factor) or AUDIT_OWN.get(self.factor)
-        name = known.name if known else self.factor
+        name = audit_factor(self.factor).name if self._known() else self.factor
         return f"DDPAudit [{name}]: {self.evidence}. Fix: {self.fix} (see {page_url(self.page)})"
 
 
