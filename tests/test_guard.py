@@ -148,54 +148,59 @@ def test_guard_ends_the_tree_when_its_parent_is_killed(tmp_path):
 IN_FORK = textwrap.dedent("""
     import os, signal, subprocess, sys
     from vae_ddp import guard
-    how, started, marker = sys.argv[1:4]  # the marker is in the command line of every fork of this process
 
-    def main():
-        subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()", marker])  # a process of its own
+    if sys.argv[1] == "command":  # the forked command: python in_fork.py command HOW STARTED
+        how, started = sys.argv[2:4]
+        subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()", MARKER])  # a process of its own
         with open(started, "w") as f:
-            f.write(" ".join(sys.argv) + " " + os.environ["SEEN"])
+            f.write(" ".join(sys.argv[1:]) + " " + os.environ["SEEN"])
         if how == "raise":
-            raise ValueError("main failed on purpose")
+            raise ValueError("the command failed on purpose")
         if how == "exit":
-            return 7
+            sys.exit(7)
         signal.pause()  # "timeout", "killed": never ends by itself
-
+    how, started = sys.argv[1:3]  # the marker is in the command line of every fork of this process
     env = dict(os.environ, SEEN="env-given")
     try:
-        code = guard.run_in_fork(main, ["given", "argv"], env, timeout=4 if how == "timeout" else None, grace=2)
+        code = guard.run([sys.executable, __file__, "command", how, started], fork=True, env=env,
+                         timeout=4 if how == "timeout" else None, grace=2).returncode
     except subprocess.TimeoutExpired:
         code = "timed out"
     print(code, flush=True)
 """)
 
 
+def in_fork(tmp_path: Path, marker: str) -> Path:
+    script = tmp_path / "in_fork.py"
+    script.write_text(f"MARKER = {marker!r}\n" + IN_FORK)
+    return script
+
+
 @pytest.mark.parametrize("how, printed", [("exit", "7"), ("raise", "1"), ("timeout", "timed out")])
 def test_a_command_forked_under_a_guard_ends_with_its_tree(tmp_path, how, printed):
-    """``guard.run_in_fork``: the command is a fork of the caller that sees the ``argv`` and the
-    environment it was given; its exit code (1 when it raised, with the traceback) comes back,
-    and on exit or timeout nothing it started outlives it."""
+    """``guard.run(fork=True)``: the command is a fork of the caller that runs ``python ARGS`` with
+    the ``argv`` and the environment it was given; its exit code (1 when it raised, with the
+    traceback) comes back, and on exit or timeout nothing it started outlives it."""
     marker = f"in-fork-{unique()}"
-    script = tmp_path / "in_fork.py"
-    script.write_text(IN_FORK)
+    script = in_fork(tmp_path, marker)
     proc = subprocess.run([sys.executable, str(script), how, str(tmp_path / "started"), marker],
                           capture_output=True, text=True, timeout=120)
     assert proc.stdout.strip() == printed, proc.stderr[-3000:]
-    assert (tmp_path / "started").read_text() == "given argv env-given"
-    assert ("ValueError: main failed on purpose" in proc.stderr) == (how == "raise"), proc.stderr[-3000:]
+    assert (tmp_path / "started").read_text() == f"command {how} {tmp_path / 'started'} env-given"
+    assert ("ValueError: the command failed on purpose" in proc.stderr) == (how == "raise"), proc.stderr[-3000:]
     assert not wait_gone(alive(marker), 15) and not alive(marker), "a process outlived the forked command"
 
 
 def test_a_command_forked_under_a_guard_ends_when_its_caller_is_killed(tmp_path):
-    """SIGKILL of the caller of ``guard.run_in_fork``: the guard (its fork) ends the tree."""
+    """SIGKILL of the caller of ``guard.run(fork=True)``: the guard (its fork) ends the tree."""
     marker = f"in-fork-orphan-{unique()}"
-    script = tmp_path / "in_fork.py"
-    script.write_text(IN_FORK)
+    script = in_fork(tmp_path, marker)
     started = tmp_path / "started"
     os.mkfifo(started)
     ready = os.open(started, os.O_RDONLY | os.O_NONBLOCK)
     caller = subprocess.Popen([sys.executable, str(script), "killed", str(started), marker])
     try:
-        assert select.select([ready], [], [], 60)[0] and os.read(ready, 64).startswith(b"given"), "the command did not start"
+        assert select.select([ready], [], [], 60)[0] and os.read(ready, 64).startswith(b"command"), "the command did not start"
         pids = alive(marker)
         assert len(pids) >= 3  # the guard, the command and the process it started
         caller.kill()

@@ -264,8 +264,8 @@ def _cached(root: Path, e: dict[str, Any]) -> bool:
 
 
 def _run_here(root: Path, e: dict[str, Any]) -> None:
-    """Run the entry in a fork of this process under a guard of its own
-    (``vae_ddp.guard.run_in_fork``), as its command line would (``vae_ddp.guard.run_python``)."""
+    """Run the entry under a guard of its own, as its command line would: a Python command in a
+    fork of this process (``vae_ddp.guard.run(fork=True)``)."""
     from vae_ddp import guard
 
     out_rel = f"{GENERATED}/{e['name']}"
@@ -279,23 +279,16 @@ def _run_here(root: Path, e: dict[str, Any]) -> None:
     (out / "stderr.txt").write_text("")
     stdout = os.open(out / "stdout.txt", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     stderr = stdout if merged else os.open(out / "stderr.txt", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-
-    def entry() -> int:
-        guard.beat()  # the entry's start is progress: the watchdogs count from here
-        if argv[0] != sys.executable:  # a registry command that is not Python: run it as it is
-            os.execvp(argv[0], argv)
-        return guard.run_python(argv[1:])
-
-    try:
-        code, timed_out = guard.run_in_fork(entry, argv[1:], dict(os.environ), timeout=e["timeout"],
-                                            stdout=stdout, stderr=stderr), False
+    try:  # a Python command in a fork of this process, which imported what it imports
+        code = guard.run(argv, timeout=e["timeout"], fork=argv[0] == sys.executable, stdout=stdout,
+                         stderr=stderr).returncode
     except subprocess.TimeoutExpired:
-        code, timed_out = guard.TIMED_OUT, True
+        code = None
     finally:
         for fd in {stdout, stderr}:
             os.close(fd)
     tail = "\n".join((out / ("stdout.txt" if merged else "stderr.txt")).read_text().rstrip().splitlines()[-40:])
-    if timed_out:
+    if code is None:
         raise ResultsError(f"example {e['name']!r} timed out after {e['timeout']:.0f} s (raise its `timeout` "
                            f"in {REGISTRY}): {display_command(argv)}\n{tail}")
     if code != e["exit_code"]:

@@ -1,7 +1,7 @@
 """Every process tree this project starts ends: a guard process, a watchdog and a heartbeat.
 
 ``python -m vae_ddp.guard [--timeout S] [--stall S] -- CMD ...`` runs ``CMD`` under a guard, a
-small process (the standard library and ``psutil``) that
+small process (the standard library and ``psutil``: it starts in tens of milliseconds) that
 
 - gives ``CMD`` and all it starts (DDP ranks, DataLoader workers, a forkserver) a session of
   their own, and is the subreaper of that tree on Linux (a process that leaves the group is
@@ -16,18 +16,15 @@ small process (the standard library and ``psutil``) that
 A process beats with [`beat`][vae_ddp.guard.beat]; the ``Trainer``s of this project's launches
 beat through the [`Heartbeat`][vae_ddp.heartbeat.Heartbeat] callback. Exit codes: ``CMD``'s own
 (128 + N when signal N ended it), 124 on ``--timeout``, 125 when the watchdog fired, 128 + N
-when the guard itself got signal N (its parent's death: SIGTERM).
-
-[`run`][vae_ddp.guard.run] and [`run_all`][vae_ddp.guard.run_all] are ``subprocess.run`` for
-such trees (on their own timeout, an exception or KeyboardInterrupt the tree is ended first);
-[`run_in_fork`][vae_ddp.guard.run_in_fork] is ``run`` for a command that is a function of this
-process (the guard and the command are forks: no interpreter starts, nothing is imported again).
-Only the standard library and ``psutil`` are imported here (a guard starts in tens of milliseconds).
+when the guard itself got signal N (its parent's death: SIGTERM). [`run`][vae_ddp.guard.run] and
+[`run_all`][vae_ddp.guard.run_all] are ``subprocess.run`` for such trees, ``fork=True`` a Python
+command in a fork of the caller (nothing imported again).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -39,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-__all__ = ["run", "run_all", "run_in_fork", "run_python", "fork", "can_fork", "call_as_main", "guarded", "beat", "last_step", "how_it_ended",
+__all__ = ["run", "run_all", "fork", "can_fork", "call_as_main", "guarded", "beat", "last_step", "how_it_ended",
            "under_guard", "STALLED", "TIMED_OUT", "DEFAULT_STALL_S"]
 
 #: Exit code of the guard when ``--timeout`` passed.
@@ -77,46 +74,44 @@ def guarded(cmd: Sequence[str], timeout: Optional[float] = None, stall: Optional
 
 
 # --------------------------------------------------------------------------- the caller's side
-def _end(procs: list[subprocess.Popen], grace: float) -> None:
-    """Ask each guard to end its tree (SIGTERM), wait, then SIGKILL what is left."""
-    for p in procs:
-        if p.poll() is None:
-            try:
-                p.send_signal(signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-    deadline = time.monotonic() + grace + 5
-    for p in procs:
-        try:
-            p.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-
-
 def run_all(cmds: Sequence[Sequence[str]], timeout: Optional[float] = None, stall: Optional[float] = None,
-            grace: float = 10.0, startup: Optional[float] = None, **popen: Any) -> list[subprocess.CompletedProcess]:
-    """[`run`][vae_ddp.guard.run] for ``cmds`` at the same time, each under its own guard
-    (``timeout``: for all together). ``capture_output=True`` collects their output through
-    temporary files, so that chatty processes cannot block each other on a full pipe.
+            grace: float = 10.0, startup: Optional[float] = None, fork: bool = False,
+            **popen: Any) -> list[subprocess.CompletedProcess]:
+    """``subprocess.run`` for ``cmds`` at the same time, each a process tree under a guard of its
+    own: on ``timeout`` (for all together), an exception or KeyboardInterrupt every tree is ended
+    (``subprocess.run`` kills only its first process). ``stall``: the watchdog's limit;
+    ``startup``: the time allowed before the first beat (default ``stall``); ``popen`` goes to
+    ``subprocess.Popen``; ``capture_output=True`` collects the output through temporary files
+    (chatty processes cannot block each other on a full pipe). ``returncode``: the guard's.
+
+    ``fork``: each command is ``[sys.executable, *args]`` and runs as ``python ARGS`` would, in a
+    fork of this process (the guard a fork too): nothing is imported again. ``popen`` may then
+    give only ``env``, ``stdout`` and ``stderr``. Only where [`can_fork`][vae_ddp.guard.can_fork]
+    holds (or the caller knows its other threads hold no lock: an idle BLAS pool).
 
     Raises:
         subprocess.TimeoutExpired: ``timeout`` passed (every tree has been ended).
     """
+    import psutil
+
     capture, text = popen.pop("capture_output", False), popen.pop("text", False)
     files = [(tempfile.TemporaryFile(), tempfile.TemporaryFile()) if capture else (None, None) for _ in cmds]
-    procs: list[subprocess.Popen] = []
+    procs: list = []
     try:
         for cmd, (out, err) in zip(cmds, files):
-            streams = dict(stdout=out, stderr=err) if capture else {}
-            procs.append(subprocess.Popen(guarded(cmd, stall=stall, grace=grace, startup=startup), **popen, **streams))
-        deadline = None if timeout is None else time.monotonic() + timeout
+            streams = dict(popen, **(dict(stdout=out, stderr=err) if capture else {}))
+            procs.append(psutil.Process(_in_fork(list(map(str, cmd)), stall, grace, startup, **streams)) if fork else
+                         psutil.Popen(guarded(cmd, stall=stall, grace=grace, startup=startup), **streams))
+        if psutil.wait_procs(procs, timeout)[1]:
+            raise subprocess.TimeoutExpired(list(cmds[0]), timeout)
+    except BaseException:  # a timeout, an exception or KeyboardInterrupt: each guard ends its tree first
         for p in procs:
-            p.wait(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
-    except BaseException as stop:  # a timeout, an exception or KeyboardInterrupt: every tree ends first
-        _end(procs, grace)
-        if isinstance(stop, subprocess.TimeoutExpired):
-            raise subprocess.TimeoutExpired(list(cmds[0]), timeout) from None
+            with contextlib.suppress(psutil.Error):
+                p.terminate()
+        for p in psutil.wait_procs(procs, grace + 5)[1]:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        psutil.wait_procs(procs)
         raise
 
     def read(f: Any) -> Any:
@@ -127,22 +122,19 @@ def run_all(cmds: Sequence[Sequence[str]], timeout: Optional[float] = None, stal
         f.close()
         return data.decode(errors="replace") if text else data
 
-    return [subprocess.CompletedProcess(list(cmd), p.returncode, read(out), read(err))
+    return [subprocess.CompletedProcess(list(cmd), int(p.returncode), read(out), read(err))
             for cmd, p, (out, err) in zip(cmds, procs, files)]
 
 
 def run(cmd: Sequence[str], timeout: Optional[float] = None, stall: Optional[float] = None, grace: float = 10.0,
-        startup: Optional[float] = None, **popen: Any) -> subprocess.CompletedProcess:
-    """``subprocess.run(cmd, timeout=...)`` for a process tree: ``cmd`` runs under a guard, and on
-    ``timeout``, an exception or KeyboardInterrupt the whole tree is ended (``subprocess.run`` kills
-    only its first process). ``stall``: the watchdog's limit; ``startup``: the time allowed before
-    the first beat (default ``stall``); ``popen`` goes to ``subprocess.Popen``. The
-    ``returncode`` is the guard's (see the module's docstring).
+        startup: Optional[float] = None, fork: bool = False, **popen: Any) -> subprocess.CompletedProcess:
+    """[`run_all`][vae_ddp.guard.run_all] of one command: ``subprocess.run(cmd, timeout=...)`` for
+    a process tree.
 
     Raises:
         subprocess.TimeoutExpired: ``timeout`` passed (the tree has been ended).
     """
-    return run_all([cmd], timeout=timeout, stall=stall, grace=grace, startup=startup, **popen)[0]
+    return run_all([cmd], timeout=timeout, stall=stall, grace=grace, startup=startup, fork=fork, **popen)[0]
 
 
 def can_fork() -> bool:
@@ -177,11 +169,8 @@ def call_as_main(main: Callable[[], Optional[int]]) -> int:
         traceback.print_exc()
     finally:
         for stream in (sys.stdout, sys.stderr):
-            try:
-                if stream is not None:
-                    stream.flush()
-            except Exception:  # noqa: BLE001 - a closed stream: nothing more to say
-                pass
+            with contextlib.suppress(Exception):  # a closed stream: nothing more to say
+                stream.flush()
     return code
 
 
@@ -207,64 +196,49 @@ def fork(main: Callable[[], Optional[int]], parent_death: Optional[int] = None) 
         os._exit(code)
 
 
-def run_in_fork(main: Callable[[], int], argv: Sequence[str], env: dict, timeout: Optional[float] = None,
-                stall: Optional[float] = None, grace: float = 10.0, startup: Optional[float] = None,
-                stdout: Optional[int] = None, stderr: Optional[int] = None) -> int:
-    """[`run`][vae_ddp.guard.run] for a command that is a function of this process: the guard is a
-    fork of this process and the command a fork of the guard, which calls ``main()`` with
-    ``sys.argv = argv``, ``os.environ = env`` (and the guard's folder) and its output on the
-    descriptors ``stdout`` and ``stderr`` (None: this process's). A launch whose command would
-    import torch and Lightning (seconds of CPU) starts in milliseconds; the guarantees are
-    ``run``'s. Returns the guard's exit code. Only where [`can_fork`][vae_ddp.guard.can_fork]
-    holds (callers check it, else ``run`` the command line).
-
-    Raises:
-        subprocess.TimeoutExpired: ``timeout`` passed (the tree has been ended).
-    """
-    stall = default_stall() if stall is None else stall
-    parent = os.getpid()
+def _in_fork(cmd: list[str], stall: Optional[float], grace: float, startup: Optional[float],
+             env: Optional[dict] = None, stdout: Any = None, stderr: Any = None) -> int:
+    """Fork a guard whose command is a fork of it that runs ``python cmd[1:]`` (``run_all``'s
+    ``fork``); return the guard's pid. ``stdout``, ``stderr``: None, ``subprocess.DEVNULL``, a
+    descriptor or a file."""
+    if cmd[0] != sys.executable:
+        raise ValueError(f"fork=True runs a Python command ([sys.executable, ...]), got {cmd[0]!r}")
+    parent, env = os.getpid(), dict(os.environ if env is None else env)
 
     def guard() -> int:
         for fd, target in ((1, stdout), (2, stderr)):
+            if target == subprocess.DEVNULL:
+                target = os.open(os.devnull, os.O_WRONLY)
             if target is not None:
-                os.dup2(target, fd)
+                os.dup2(target if isinstance(target, int) else target.fileno(), fd)
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
         for sig in (signal.SIGINT, signal.SIGALRM, signal.SIGUSR1):
             signal.signal(sig, signal.SIG_DFL)
         os.environ.clear()
         os.environ.update(env)
-        start = lambda guard_env: fork(lambda: _as_command(main, argv, guard_env))  # noqa: E731
-        return _Guard(list(argv), timeout, stall, grace, startup, parent, start=start).main()
+        start = lambda guard_env: fork(lambda: _python(cmd[1:], guard_env))  # noqa: E731
+        return _Guard(cmd, None, default_stall() if stall is None else stall, grace, startup, parent, start).main()
 
-    pid = fork(guard)
-    import select
-
-    fd = os.pidfd_open(pid)  # readable once the guard has ended
-    try:
-        try:
-            if not select.select([fd], [], [], timeout)[0]:
-                raise subprocess.TimeoutExpired(list(argv), timeout)
-        except BaseException:  # a timeout, an exception or KeyboardInterrupt: the guard ends its tree
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            if not select.select([fd], [], [], grace + 5)[0]:
-                os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            raise
-        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-    finally:
-        os.close(fd)
+    return fork(guard)
 
 
-def run_python(argv: Sequence[str]) -> int:
-    """``python ARGV`` in this process (a fork that already imported what it needs): ``argv`` is
-    ``["-m", MODULE, *args]`` or ``[SCRIPT, *args]``, run as ``__main__`` with that command's
-    ``sys.argv`` and ``sys.path[0]`` (``runpy``) and torch's intra-op threads from
-    ``$OMP_NUM_THREADS`` (which a new interpreter's torch reads at import). Returns 0."""
+def _python(argv: list[str], env: dict) -> int:
+    """``python ARGV`` in this process (a fork that already imported what it needs) as a fresh
+    interpreter would run it: ``argv`` is ``["-m", MODULE, *args]`` or ``[SCRIPT, *args]``, run as
+    ``__main__`` (``runpy``) with that command's ``sys.argv`` and ``sys.path[0]``, ``os.environ =
+    env``, the guard's signal handlers undone, stdout unbuffered, torch's intra-op threads from
+    ``$OMP_NUM_THREADS`` (which a new interpreter's torch reads at import). Its start is progress
+    (a [`beat`][vae_ddp.guard.beat]: the watchdogs count from here). Returns 0."""
     import runpy
 
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.environ.clear()
+    os.environ.update(env)
+    beat()
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(write_through=True)
     module = argv[1] if argv[0] == "-m" else None
     sys.argv = list(argv[1:] if module else argv)
     sys.path[0] = os.getcwd() if module else os.path.dirname(os.path.abspath(argv[0]))
@@ -276,20 +250,6 @@ def run_python(argv: Sequence[str]) -> int:
     else:
         runpy.run_path(argv[0], run_name="__main__")
     return 0
-
-
-def _as_command(main: Callable[[], Optional[int]], argv: Sequence[str], env: dict) -> Optional[int]:
-    """``main()`` as a fresh interpreter would run it: the guard's signal handlers undone,
-    ``sys.argv = argv``, ``os.environ = env``, stdout unbuffered (as the ranks have it)."""
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    os.environ.clear()
-    os.environ.update(env)
-    sys.argv = list(argv)
-    if hasattr(sys.stdout, "reconfigure"):
-        sys.stdout.reconfigure(write_through=True)
-    return main()
 
 
 # --------------------------------------------------------------------------- the ranks' side
@@ -522,7 +482,7 @@ class _Guard:
         try:
             env = dict(os.environ, **{_ENV_DIR: str(self.dir)})
             self.t0, self.wall0 = time.monotonic(), time.time()
-            if self.start is not None:  # run_in_fork: the command is a fork of this process
+            if self.start is not None:  # run(fork=True): the command is a fork of this process
                 self.pid = self.start(env)
             else:
                 try:

@@ -18,7 +18,6 @@ def test_a_world_size_that_does_not_fit_is_refused_before_launch(tmp_path, monke
     monkeypatch.setattr(resources, "_available_memory", lambda: 2 * 10 ** 9)
     started = []
     monkeypatch.setattr(launch.guard, "run", lambda *a, **k: started.append(a))
-    monkeypatch.setattr(launch.guard, "run_in_fork", lambda *a, **k: started.append(a))
     out = tmp_path / "o"
     code, stdout, err = main_captured(["compare", "--configs", "[ddp]", "--devices", "64", "--steps", "2",
                                        "--out", str(out)])

@@ -7,7 +7,7 @@ vae_ddp.harness.runner JOB_FILE OUT_DIR``, which reads it with [`run_job`][vae_d
 on CPU the runner forks the other ranks ([`vae_ddp.ranks`][vae_ddp.ranks]), on GPUs Lightning's
 launcher re-runs the command. From a process that runs one thread and has imported Lightning
 (the entries of ``make results``) a CPU launch is that command in a fork under a guard
-([`guard.run_in_fork`][vae_ddp.guard.run_in_fork]): the same runs, bit for bit
+(``fork=True`` of [`guard.run`][vae_ddp.guard.run]): the same runs, bit for bit
 (``tests/studies/test_studies.py``), without importing torch and Lightning again;
 ``VAE_DDP_LAUNCH=exec`` always starts an interpreter. When a rank fails every rank ends, and
 [`launch`][vae_ddp.harness.launch.launch] raises [`RunFailed`][vae_ddp.harness.launch.RunFailed]
@@ -132,16 +132,9 @@ def launch(spec: Job, out_dir: Path, timeout: Optional[float] = None, quiet: boo
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // spec.world_size))
     cmd = (entry or [sys.executable, "-m", "vae_ddp.harness.runner"]) + [str(job), str(out_dir)]
     with open(log, "w") as err:
-        try:
-            # under a guard: its own process group, a watchdog, nothing left behind (vae_ddp.guard)
-            if _forkable(cmd, spec):
-                with open(os.devnull, "w") as null:
-                    code = guard.run_in_fork(lambda: guard.run_python(cmd[1:]), cmd[1:], env, timeout=timeout,
-                                             stall=stall, stdout=null.fileno() if quiet else None, stderr=err.fileno())
-            else:
-                proc = guard.run(cmd, stdout=subprocess.DEVNULL if quiet else None, stderr=err, env=env,
-                                 timeout=timeout, stall=stall)
-                code = proc.returncode
+        try:  # under a guard: its own process group, a watchdog, nothing left behind (vae_ddp.guard)
+            code = guard.run(cmd, timeout=timeout, stall=stall, fork=_forkable(cmd, spec), env=env, stderr=err,
+                             stdout=subprocess.DEVNULL if quiet else None).returncode
         except subprocess.TimeoutExpired:
             code = None
     if code != 0 or not (out_dir / "run.json").exists():
