@@ -315,35 +315,23 @@ def _register(where: Path, pid: int, rank: Optional[int]) -> None:
 
 
 # --------------------------------------------------------------------------- the guard
-_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
-
-
-def _stdlib_dirs() -> tuple[str, ...]:
-    import sysconfig
-
-    paths = sysconfig.get_paths()
-    return tuple({paths["stdlib"], sysconfig.get_paths(vars={"base": sys.base_prefix})["stdlib"]})
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+) in (\S+)', re.M)
 
 
 def _where_stuck(dump: str, main_thread: Optional[int]) -> Optional[str]:
     """The innermost frame of the main thread's stack in a faulthandler dump, preferring the
     innermost one outside Python's standard library."""
-    blocks = [b for b in re.split(r"\n(?=(?:Current thread|Thread) 0x)", "\n" + dump) if b.strip()]
-    wanted = f"0x{main_thread:016x}" if main_thread is not None else None
-    block = next((b for b in blocks if wanted and wanted in b.strip().splitlines()[0]), blocks[0] if blocks else None)
-    if block is None:
-        return None
-    frames = [m for m in (_FRAME.match(ln) for ln in block.splitlines()) if m]
+    import sysconfig
+
+    blocks = re.split(r"\n(?=(?:Current thread|Thread) 0x)", dump)
+    wanted = f"0x{main_thread:016x}" if main_thread is not None else "(none)"
+    frames = _FRAME.findall(next((b for b in blocks if wanted in b.split("\n", 1)[0]), blocks[0]))
     if not frames:
         return None
-    stdlib = _stdlib_dirs()
-    inner = next((m for m in frames if "site-packages" in m["file"] or not m["file"].startswith(stdlib)), frames[0])
-    short = inner["file"]
-    for marker in ("site-packages/", "/src/", "/examples/", "/tests/"):
-        if marker in short:
-            short = short.split(marker, 1)[1]
-            break
-    return f"{inner['func']} ({short}:{inner['line']})"
+    stdlib = sysconfig.get_paths()["stdlib"]
+    file, line, func = next((f for f in frames if "site-packages" in f[0] or not f[0].startswith(stdlib)), frames[0])
+    short = next((file.split(m, 1)[1] for m in ("site-packages/", "/src/", "/examples/", "/tests/") if m in file), file)
+    return f"{func} ({short}:{line})"
 
 
 class _Guard:
@@ -368,16 +356,12 @@ class _Guard:
         progress of the runs this guard watches)."""
         newest = None
         for f in self.dir.glob("beat-*"):
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 newest = max(newest or 0.0, f.stat().st_mtime)
-            except FileNotFoundError:
-                pass
         if self.outer and newest is not None and newest > self.forwarded:
             self.forwarded = newest
-            try:
+            with contextlib.suppress(OSError):
                 Path(self.outer, f"beat-{os.getpid()}").touch()
-            except OSError:
-                pass
         if newest is None:
             return time.time() - self.wall0 > self.startup
         return time.time() - max(newest, self.wall0) > self.stall
@@ -385,15 +369,10 @@ class _Guard:
     def _reap(self) -> None:
         """Collect every exited child: the command (its exit code kept) and, the guard being a
         subreaper on Linux, any orphaned descendant."""
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            if pid == self.pid and self.code is None:
-                self.code = os.waitstatus_to_exitcode(status)
+        with contextlib.suppress(ChildProcessError):
+            while (ended := os.waitpid(-1, os.WNOHANG))[0]:
+                if ended[0] == self.pid and self.code is None:
+                    self.code = os.waitstatus_to_exitcode(ended[1])
 
     def _tree(self) -> list:
         """Live processes of the command: every descendant of the guard (``psutil``; an orphan of
@@ -404,17 +383,12 @@ class _Guard:
         try:
             found = psutil.Process().children(recursive=True)
         except (psutil.Error, OSError):
-            try:
-                found = [psutil.Process(self.pid)]
-            except psutil.Error:
-                found = []
+            found = [psutil.Process(self.pid)] if psutil.pid_exists(self.pid) else []
         tree = []
         for p in found:
-            try:
+            with contextlib.suppress(psutil.Error):
                 if p.status() != psutil.STATUS_ZOMBIE:
                     tree.append(p)
-            except psutil.Error:
-                pass
         return tree
 
     def _end_tree(self) -> None:
@@ -427,37 +401,24 @@ class _Guard:
             deadline = time.monotonic() + wait
             while time.monotonic() < deadline:
                 self._reap()
-                tree = self._tree()
+                tree = set(self._tree())
                 if not tree:
                     return
-                for p in set(tree) - sent:
-                    try:
+                for p in tree - sent:
+                    with contextlib.suppress(psutil.Error):
                         p.send_signal(sig)
-                    except psutil.Error:
-                        pass
-                    sent.add(p)
+                sent |= tree
                 time.sleep(0.1)
-
-    def _rank(self, pid: int) -> int:
-        """The rank process ``pid`` registered with its first heartbeat (0 if none)."""
-        try:
-            return int(json.loads((self.dir / f"proc-{pid}.json").read_text())["rank"])
-        except (OSError, ValueError, KeyError):
-            return 0
 
     def _dump(self) -> str:
         """SIGUSR1 to every process (faulthandler dumps in each rank), then one phrase per rank."""
         procs = []
         for info in self.dir.glob("proc-*.json"):
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 procs.append(json.loads(info.read_text()))
-            except (OSError, ValueError):
-                pass
         for p in procs:  # only the processes that registered a dump: SIGUSR1 would end the others
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(p["pid"], signal.SIGUSR1)
-            except (ProcessLookupError, PermissionError):
-                pass
         time.sleep(2.0)
         parts, names = [], []
         for p in sorted(procs, key=lambda p: (p["rank"], p["pid"])):
@@ -510,35 +471,33 @@ class _Guard:
             if self.signal is not None or os.getppid() != self.parent:
                 self._end_tree()
                 return 128 + (self.signal or signal.SIGTERM)
-            if self.timeout is not None and time.monotonic() - self.t0 > self.timeout:
+            timed_out = self.timeout is not None and time.monotonic() - self.t0 > self.timeout
+            if timed_out or self._stalled():
                 where = self._dump()
                 self._end_tree()
-                sys.stderr.write(f"vae-ddp guard: {_show(self.cmd)} timed out after {self.timeout:g} s; {where}\n")
-                return TIMED_OUT
-            if self._stalled():
-                where = self._dump()
-                self._end_tree()
-                sys.stderr.write(f"vae-ddp guard: no process made progress for {self.stall:g} s in "
-                                 f"{_show(self.cmd)}; {where} (every rank's stacks above; all its processes ended)\n")
-                return STALLED
+                text = " ".join(" ".join(c.split()) for c in self.cmd)
+                cmd = f"`{text[:120]}{'...' if len(text) > 120 else ''}`"
+                why = f"{cmd} timed out after {self.timeout:g} s" if timed_out else \
+                    f"no process made progress for {self.stall:g} s in {cmd}"
+                sys.stderr.write(f"vae-ddp guard: {why}; {where} (every rank's stacks above; all its processes ended)\n")
+                return TIMED_OUT if timed_out else STALLED
             time.sleep(_POLL_S)
+
+    def _rank(self, pid: int) -> int:
+        """The rank process ``pid`` registered with its first heartbeat (0 if none)."""
+        try:
+            return int(json.loads((self.dir / f"proc-{pid}.json").read_text())["rank"])
+        except (OSError, ValueError, KeyError):
+            return 0
 
 
 def _prctl(option: int, value: int) -> None:
     """Linux ``prctl(option, value)``; nothing elsewhere (the guard's polling covers it)."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
+    if sys.platform.startswith("linux"):
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(option, int(value), 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
-
-
-def _show(cmd: list[str]) -> str:
-    text = " ".join(" ".join(c.split()) for c in cmd)
-    return f"`{text[:120]}{'...' if len(text) > 120 else ''}`"
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(option, int(value), 0, 0, 0)
 
 
 def main(argv: Optional[list[str]] = None) -> int:

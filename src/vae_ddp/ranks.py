@@ -17,12 +17,12 @@ idle pool, as in the ``forkserver`` of the DataLoader workers ([`vae_ddp.workers
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import sys
 import threading
-import time
 from typing import Any, Callable, Optional
 
 from vae_ddp import guard
@@ -41,40 +41,35 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _observe(children: dict[int, int], done: threading.Event) -> None:
+def _observe(ranks: dict, done: threading.Event) -> None:
     """Rank 0's watcher: when a rank exits non-zero, end every rank, rank 0 included."""
-    while not done.is_set() and children:
-        if _reap(children):
-            _kill(children)
+    while not done.is_set() and ranks:
+        if _reap(ranks, _POLL_S):
+            _kill(ranks)
             os.kill(os.getpid(), signal.SIGKILL)
-        time.sleep(_POLL_S)
 
 
-def _reap(children: dict[int, int]) -> bool:
-    """Collect the ranks of ``children`` that exited; name the first that failed on stderr (the
-    line [`launch`][vae_ddp.harness.launch.launch] puts last). Returns whether one failed."""
-    for pid, rank in list(children.items()):
-        try:
-            got, status = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            got, status = pid, 0
-        if got == 0:
-            continue
-        del children[pid]
-        code = os.waitstatus_to_exitcode(status)
-        if code != 0:
-            print(f"vae-ddp: rank {rank} (PID {pid}) {guard.how_it_ended(code, pid)}: ending every rank",
-                  file=sys.stderr, flush=True)
+def _reap(ranks: dict, wait: float) -> bool:
+    """Collect the ranks (``{psutil.Process: rank}``) that exit within ``wait`` seconds; name the
+    first that failed on stderr (the line [`launch`][vae_ddp.harness.launch.launch] puts last).
+    Returns whether one failed."""
+    import psutil
+
+    for p in psutil.wait_procs(list(ranks), wait)[0]:
+        rank = ranks.pop(p)
+        if p.returncode:
+            print(f"vae-ddp: rank {rank} (PID {p.pid}) {guard.how_it_ended(int(p.returncode), p.pid)}: ending every "
+                  "rank", file=sys.stderr, flush=True)
             return True
     return False
 
 
-def _kill(children: dict[int, int]) -> None:
-    for pid in list(children):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+def _kill(ranks: dict) -> None:
+    import psutil
+
+    for p in ranks:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
 
 
 def fork(main: Callable[[], Any], env: Optional[dict[str, str]] = None) -> int:
@@ -131,24 +126,22 @@ def run_ranks(world_size: int, main: Callable[[], Any]) -> int:
         return int(main() or 0)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), NODE_RANK="0",
                       WORLD_SIZE=str(world_size), **{FORKED_RANK: "1"})
-    children: dict[int, int] = {}
-    for rank in range(1, world_size):
-        children[fork(main, env={"LOCAL_RANK": str(rank)})] = rank
+    import psutil
+
+    ranks = {psutil.Process(fork(main, env={"LOCAL_RANK": str(rank)})): rank for rank in range(1, world_size)}
     os.environ["LOCAL_RANK"] = "0"
     done = threading.Event()
-    watcher = threading.Thread(target=_observe, args=(children, done), name="rank-observer", daemon=True)
+    watcher = threading.Thread(target=_observe, args=(ranks, done), name="rank-observer", daemon=True)
     watcher.start()
     try:
         code = int(main() or 0)
     except BaseException:
         done.set()
         watcher.join()
-        deadline = time.monotonic() + 1.0  # a rank that died made this one fail (a reset connection): name it
-        while children and not _reap(children) and time.monotonic() < deadline:
-            time.sleep(_POLL_S)
-        _kill(children)
+        _reap(ranks, 1.0)  # a rank that died made this one fail (a reset connection): name it
+        _kill(ranks)
         raise
-    while children and watcher.is_alive():  # the other ranks finish (the watcher ends all on a failure)
+    while ranks and watcher.is_alive():  # the other ranks finish (the watcher ends all on a failure)
         watcher.join(timeout=1.0)
     done.set()
     return code
