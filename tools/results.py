@@ -217,15 +217,11 @@ PRELOAD = ("torch", "torchvision", "pytorch_lightning")
 
 
 def run_entry(root: Path, e: dict[str, Any], preload: tuple[str, ...] = PRELOAD) -> str:
-    """Run one entry unless its stamp matches (in a worker process, ``_in_workers``); return
-    'cached' or 'ran'.
+    """Run one entry unless its stamp matches; return 'cached' or 'ran'.
 
     Raises:
         ResultsError: the entry failed or timed out (the message says why)."""
-    with _locked(root, e["name"]):
-        if _cached(root, e):
-            return "cached"
-    return _in_workers(root, [e["name"]], 1, preload)[e["name"]]
+    return generate(root, [e["name"]], preload)[e["name"]]
 
 
 @contextlib.contextmanager
@@ -304,8 +300,7 @@ def _in_workers(root: Path, names: list[str], n: int, preload: tuple[str, ...]) 
     """Run the entries ``names`` in ``n`` worker processes at once (``python tools/results.py
     --serve``, each under a guard) and return ``{name: 'cached' or 'ran'}``. A worker imports
     ``preload`` once (8-10 s of CPU for torch and Lightning here, most of what a small entry
-    spends) and runs each entry in a fork of itself; the workers share the entries by claiming
-    them in turn.
+    spends) and runs each entry in a fork of itself; the workers claim the entries in turn.
 
     Raises:
         ResultsError: every entry that failed, and why."""
@@ -314,50 +309,45 @@ def _in_workers(root: Path, names: list[str], n: int, preload: tuple[str, ...]) 
     env = dict(os.environ, PYTHONUNBUFFERED="1", MPLBACKEND="Agg", PYTHONHASHSEED="0")
     env["PYTHONPATH"] = os.pathsep.join([str(root / "src")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env.pop("LOCAL_RANK", None)
-    with tempfile.TemporaryDirectory(prefix="vae-ddp-results-") as tmp:
-        (Path(tmp) / "claims").mkdir()
-        reports = [Path(tmp, f"{i}.json") for i in range(n)]
-        procs = guard.run_all([[sys.executable, str(Path(__file__).resolve()), "--serve", str(root), str(r),
-                                ",".join(preload), *names] for r in reports], cwd=root, env=env)
-        done: dict[str, str] = {}
-        errors: dict[str, str] = {}
-        for proc, report in zip(procs, reports):
-            if not report.is_file():
-                raise ResultsError(f"a results worker ended (exit code {proc.returncode}) before it reported; "
-                                   "its guard's message, if any, is above")
-            got = json.loads(report.read_text())
-            done.update(got["done"])
-            errors.update(got["errors"])
-    if errors:
-        raise ResultsError("\n\n".join(errors[name] for name in names if name in errors))
-    return done
+    with tempfile.TemporaryDirectory(prefix="vae-ddp-results-") as claims:  # a file per entry: its outcome
+        procs = guard.run_all([[sys.executable, str(Path(__file__).resolve()), "--serve", str(root), claims,
+                                ",".join(preload), *names]] * n, cwd=root, env=env)
+        outcome = {name: json.loads(Path(claims, name).read_text() or "null") if Path(claims, name).exists() else None
+                   for name in names}
+    lost = (f"a results worker ended (exit codes {', '.join(str(p.returncode) for p in procs)}) before it ran "
+            "this entry; its guard's message, if any, is above")
+    failed = [outcome[name][1] if outcome[name] else f"{name}: {lost}" for name in names
+              if not outcome[name] or outcome[name][0] == "failed"]
+    if failed:
+        raise ResultsError("\n\n".join(failed))
+    return {name: outcome[name][0] for name in names}
 
 
-def _serve(root: Path, report: Path, preload: list[str], names: list[str]) -> None:
-    """A worker of ``_in_workers``: each entry of ``names`` that no other worker claimed first,
-    under its lock; ``preload`` imported before the first that is not cached (the worker forks
-    before anything has run in it: its only thread is the main one, ``vae_ddp.workers``)."""
+def _serve(root: Path, claims: Path, preload: list[str], names: list[str]) -> None:
+    """A worker of ``_in_workers``: each entry of ``names`` that no other worker claimed first
+    (``claims/NAME``, where it writes the outcome), under its lock; ``preload`` imported before
+    the first that is not cached (the worker forks before anything has computed in it: no
+    thread but BLAS's idle pool, ``vae_ddp.workers``)."""
     import importlib
 
     entries = {e["name"]: e for e in load_registry(root)}
-    done, errors = {}, {}
     for name in names:
         try:
-            os.close(os.open(report.parent / "claims" / name, os.O_CREAT | os.O_EXCL))
+            claim = os.open(claims / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
         except FileExistsError:
             continue  # another worker runs it
         try:
             with _locked(root, name):
-                if _cached(root, entries[name]):
-                    done[name] = "cached"
-                    continue
-                for module in preload:
-                    importlib.import_module(module)
-                _run_here(root, entries[name])
-                done[name] = "ran"
+                outcome = ["cached", ""] if _cached(root, entries[name]) else None
+                if outcome is None:
+                    for module in preload:
+                        importlib.import_module(module)
+                    _run_here(root, entries[name])
+                    outcome = ["ran", ""]
         except ResultsError as err:
-            errors[name] = str(err)
-    report.write_text(json.dumps({"done": done, "errors": errors}))
+            outcome = ["failed", str(err)]
+        os.write(claim, json.dumps(outcome).encode())
+        os.close(claim)
 
 
 def write_if_changed(path: Path, text: str) -> None:
@@ -459,13 +449,10 @@ def generate(root: Path, only: Optional[list[str]] = None, preload: tuple[str, .
     """Run the registry's entries (``only``: these names) that are not cached, ``jobs()`` at once;
     write the summary. ``preload``: what the workers import first (see ``_in_workers``)."""
     entries = load_registry(root)
-    if only:
-        unknown = set(only) - {e["name"] for e in entries}
-        if unknown:
-            raise ResultsError(f"not in {REGISTRY}: {', '.join(sorted(unknown))}")
-        todo = [e for e in entries if e["name"] in only]
-    else:
-        todo = entries
+    unknown = set(only or []) - {e["name"] for e in entries}
+    if unknown:
+        raise ResultsError(f"not in {REGISTRY}: {', '.join(sorted(unknown))}")
+    todo = [e for e in entries if not only or e["name"] in only]
     done: dict[str, str] = {}
     for e in todo:
         with _locked(root, e["name"]):

@@ -1,17 +1,7 @@
 """Start runs in a process tree of their own (under a [guard][vae_ddp.guard]) and collect what
-rank 0 wrote; the child's side of that launch.
-
-A launch writes its [`Job`][vae_ddp.harness.launch.Job] (groups of specs) to ``OUT_DIR/job.json``
-(a file: a command line is what ``ps`` shows every user) and runs ``python -m
-vae_ddp.harness.runner JOB_FILE OUT_DIR``, which reads it with [`run_job`][vae_ddp.harness.launch.run_job];
-on CPU the runner forks the other ranks ([`vae_ddp.ranks`][vae_ddp.ranks]), on GPUs Lightning's
-launcher re-runs the command. From a process that runs one thread and has imported Lightning
-(the entries of ``make results``) a CPU launch is that command in a fork under a guard
-(``fork=True`` of [`guard.run`][vae_ddp.guard.run]): the same runs, bit for bit
-(``tests/studies/test_studies.py``), without importing torch and Lightning again;
-``VAE_DDP_LAUNCH=exec`` always starts an interpreter. When a rank fails every rank ends, and
-[`launch`][vae_ddp.harness.launch.launch] raises [`RunFailed`][vae_ddp.harness.launch.RunFailed]
-with the failing process's first error.
+rank 0 wrote ([`launch`][vae_ddp.harness.launch.launch]); the child's side of that launch
+([`run_job`][vae_ddp.harness.launch.run_job]). On CPU the child forks the other ranks
+([`vae_ddp.ranks`][vae_ddp.ranks]); on GPUs Lightning's launcher re-runs the command.
 """
 
 from __future__ import annotations
@@ -34,8 +24,8 @@ from vae_ddp.ranks import fork, run_ranks
 __all__ = ["launch", "launch_by_world_size", "group_folder", "Job", "RunFailed",
            "JOB_FILE", "run_job", "BESIDE_PID"]
 
-#: The file in a launch's ``OUT_DIR`` that holds what its child runs (its job's ``to_json()``);
-#: the child's first argument is its path.
+#: The file in a launch's ``OUT_DIR`` that holds its job's ``to_json()`` (a file: a command line
+#: is what ``ps`` shows every user); the child's first argument is its path.
 JOB_FILE = "job.json"
 
 _ERROR_LINE = re.compile(r"^(\[rank\d+\]: )?[A-Za-z_][\w.]*(Error|Exception)(:|$)")
@@ -46,20 +36,19 @@ _NO_SPACE = ("No space left on device", "no space left on the file system", "une
 
 
 class Job:
-    """What one launch trains: groups of specs, ``{tag: [spec, ...]}``, each group of one world
-    size and accelerator and trained in ``OUT_DIR/tag/`` (its ``run.json``); then
-    ``OUT_DIR/run.json`` = ``{tag: that group's run.json}``. Specs have ``to_json()``, ``label``,
-    ``world_size`` and ``accelerator`` (a [`RunSpec`][vae_ddp.harness.configs.RunSpec] or the
-    audit's runs). The groups train one after the other (more than one: on CPU only, each in a
-    fork of the launch's child, which imports torch and Lightning once, with the intra-op threads
-    a launch of its world size alone would have: ``OMP_NUM_THREADS`` = cores // world size unless
-    set) or, ``together``, at the same time ([`run_job`][vae_ddp.harness.launch.run_job]).
+    """What one launch trains: groups of specs (each with ``to_json()``, ``label``, ``world_size``
+    and ``accelerator``: a [`RunSpec`][vae_ddp.harness.configs.RunSpec] or the audit's runs), each
+    group of one world size and accelerator, trained in ``OUT_DIR/tag/``; then ``OUT_DIR/run.json``
+    = ``{tag: that group's run.json}`` ([`run_job`][vae_ddp.harness.launch.run_job]).
 
     Args:
-        groups: ``{tag: specs}``, in this order; within a group the specs train one after the
-            other in one process tree (Lightning reuses the process group for the next ``fit``).
-        together: the last group in the launch's ranks, each other in a fork beside them (the
-            audit's one-device runs beside its DDP runs).
+        groups: ``{tag: specs}``, trained in this order (several: on CPU only, each in a fork of
+            the launch's child, which imports torch and Lightning once, with the intra-op threads
+            a launch of its world size alone would have: cores // world size unless
+            ``OMP_NUM_THREADS`` is set); within a group the specs train one after the other in
+            one process tree (Lightning reuses the process group for the next ``fit``).
+        together: the groups at the same time: the last in the launch's ranks, each other in a
+            fork beside them (the audit's one-device runs beside its DDP runs).
         same_threads: one intra-op thread count for every group, cores // the largest world size
             (a comparison to the last bit: MKL's float32 matrix product rounds differently at
             another thread count; measured on the small VAE's ``fc_mu``, 859 of its 1024 outputs
@@ -95,18 +84,20 @@ class Job:
 def launch(spec: Job, out_dir: Path, timeout: Optional[float] = None, quiet: bool = False,
            entry: Optional[list[str]] = None, stall: Optional[float] = None) -> dict:
     """Run the job ``spec`` (its specs validated) in a process tree under a guard; return its
-    ``run.json`` (``{tag: that group's run.json}``). Progress lines stream to stdout (unless ``quiet``), stderr to
-    ``out_dir/stderr.log``. ``entry`` replaces ``[python, -m, vae_ddp.harness.runner]``;
-    ``stall``: the watchdog's limit (it dumps every rank's stacks into ``stderr.log``). On
-    ``timeout``, SIGINT/SIGTERM of this process, or its death, every process of the run ends.
+    ``run.json``. Progress lines stream to stdout (unless ``quiet``), stderr to
+    ``out_dir/stderr.log``. ``entry`` replaces ``[python, -m, vae_ddp.harness.runner]``; ``stall``:
+    the watchdog's limit. On ``timeout``, SIGINT/SIGTERM of this process, or its death, every
+    process of the run ends. From a process that runs one thread and has imported Lightning (the
+    entries of ``make results``) the child is a fork of this one (``guard.run(fork=True)``; the
+    same runs bit for bit, ``tests/studies/test_studies.py``); ``VAE_DDP_LAUNCH=exec`` always
+    starts an interpreter.
 
     Raises:
         TypeError: ``spec`` is not a [`Job`][vae_ddp.harness.launch.Job] (one spec:
             [`launch_by_world_size`][vae_ddp.harness.launch.launch_by_world_size]).
-        RunFailed: non-zero exit (any rank failed: the last line names the first rank that
-            ended, its exit code or signal and its step), no progress for ``stall`` seconds (the
-            message names each rank and the frame it was stuck in) or ``timeout`` seconds
-            exceeded.
+        RunFailed: any rank failed (with its first error; the last line names the first rank
+            that ended, its exit code or signal and its step), no progress for ``stall`` seconds
+            (naming each rank and the frame it was stuck in) or ``timeout`` seconds exceeded.
         vae_ddp.outputs.OutOfSpace: (a ``RunFailed``) the file system of ``out_dir`` filled up.
         vae_ddp.outputs.NoSpaceForRun: (a ``UserError``, before anything starts) less free space
             in ``out_dir`` than [`space_needed`][vae_ddp.harness.resources.space_needed].
@@ -153,15 +144,13 @@ BESIDE_PID = "VAE_DDP_BESIDE_PID"
 
 def run_job(argv: list[str], parse: Callable[[dict], Any], train: Callable[[list, Path], int]) -> int:
     """The child of every launch (the study runner, report-scale's frozen runs, the audit's runs):
-    ``argv`` = ``JOB_FILE OUT_DIR``, the file holding a [`Job`][vae_ddp.harness.launch.Job]'s
-    JSON. Each group runs as ``train(specs, OUT_DIR/tag)`` in every rank of its process tree
-    (``specs``: ``parse`` of its dicts; on CPU the ranks are forks,
-    [`run_ranks`][vae_ddp.ranks.run_ranks]); rank 0 writes its ``run.json``. In turn, each group
-    of several in a fork of this process (which then trains nothing and may fork again); together,
-    the last group in the ranks here and each other in a fork beside them (the ranks find the
-    first one's pid in ``$VAE_DDP_BESIDE_PID``; under Lightning's launcher or torchrun, beside
-    the first process only). Returns the exit code: the first non-zero one of a group (in turn,
-    the groups after it do not run), else 0."""
+    ``argv`` = ``JOB_FILE OUT_DIR``. Each group runs as ``train(specs, OUT_DIR/tag)`` in every
+    rank of its process tree (``specs``: ``parse`` of its dicts; on CPU the ranks are forks,
+    [`run_ranks`][vae_ddp.ranks.run_ranks]); rank 0 writes its ``run.json``. Several groups in
+    turn: each in a fork of this process; together: the last in the ranks here, each other in a
+    fork beside them (the ranks find the first one's pid in ``$VAE_DDP_BESIDE_PID``; under
+    Lightning's launcher or torchrun, beside the first process only). Returns the first non-zero
+    exit code of a group (in turn, the groups after it do not run), else 0."""
     job = json.loads(Path(argv[0]).read_text())
     out_dir = Path(argv[1])
     groups = [(g["tag"], g["threads"], [parse(d) for d in g["specs"]]) for g in job["groups"]]
@@ -205,8 +194,8 @@ def run_job(argv: list[str], parse: Callable[[dict], Any], train: Callable[[list
 
 
 def _ended(pid: int, tag: str) -> int:
-    """The exit code of the fork ``pid`` that trained group ``tag``, once it ended; named on
-    stderr when not 0 (rank 0 and its signal when one ended it: a rank that failed names itself)."""
+    """The exit code of the fork ``pid`` that trained group ``tag``, once it ended; not 0: said on
+    stderr (with rank 0's signal, if one ended it: a rank that failed names itself)."""
     code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
     if code < 0:
         print(f"vae-ddp: rank 0 (PID {pid}) {guard.how_it_ended(code, pid)}", file=sys.stderr, flush=True)
@@ -216,10 +205,9 @@ def _ended(pid: int, tag: str) -> int:
 
 
 def _failure(label: str, code: Optional[int], lines: list[str], log: Path, out_dir: Path) -> RunFailed:
-    """The error of a failed run: its first error line (the rank that failed first; the others
-    follow from it), the log's path, and last the rank that ended first and how (its exit code
-    or signal, and its step); [`OutOfSpace`][vae_ddp.outputs.OutOfSpace] naming the folder when
-    the file system filled up."""
+    """The error of a failed run: its first error line (the rank that failed first), the log's
+    path, and last the rank that ended first and how; [`OutOfSpace`][vae_ddp.outputs.OutOfSpace]
+    when the file system filled up."""
     from vae_ddp.outputs import OutOfSpace, _free
 
     if any(s in ln for ln in lines for s in _NO_SPACE) or _free(out_dir) < 2 ** 20:
@@ -245,8 +233,7 @@ def _forkable(cmd: list[str], spec) -> bool:
     """Whether the launch of ``cmd`` may be a fork of this process: ``python -m`` one of
     ``_FORKED_MODULES``, on CPU (on GPUs Lightning's launcher re-runs the command line), Lightning
     imported here (what the fork saves), ``$VAE_DDP_LAUNCH`` not ``exec``, and one thread runs
-    ([`guard.can_fork`][vae_ddp.guard.can_fork]; false in an interpreter whose torch computed, so a
-    study started from a shell or a notebook starts an interpreter)."""
+    ([`guard.can_fork`][vae_ddp.guard.can_fork]: not in a shell or notebook whose torch computed)."""
     return (cmd[:2] == [sys.executable, "-m"] and cmd[2] in _FORKED_MODULES and spec.accelerator == "cpu"
             and "pytorch_lightning" in sys.modules and os.environ.get(_LAUNCH_ENV) != "exec" and guard.can_fork())
 
@@ -260,13 +247,11 @@ def group_folder(world_size: int, accelerator: str) -> str:
 def launch_by_world_size(specs: list[RunSpec], out_dir: Path, timeout: Optional[float] = None,
                          quiet: bool = False, same_threads: bool = False,
                          entry: Optional[list[str]] = None) -> list[tuple[dict, Path]]:
-    """Train ``specs`` in groups of one world size (in the order the world sizes first appear),
-    group ``g`` in ``out_dir/g/`` ([`group_folder`][vae_ddp.harness.launch.group_folder]): on CPU
-    all in one [`launch`][vae_ddp.harness.launch.launch] (a [`Job`][vae_ddp.harness.launch.Job]
-    whose groups train in turn, ``same_threads`` passed to it), else one launch per group, one
-    after the other. ``entry``: the child's command instead of the study runner's, as
-    [`launch`][vae_ddp.harness.launch.launch] (it writes each group's ``{"group": [one result
-    per spec]}``).
+    """Train ``specs`` in groups of one world size (in the order they first appear), group ``g``
+    in ``out_dir/g/`` ([`group_folder`][vae_ddp.harness.launch.group_folder]): on CPU all in one
+    [`launch`][vae_ddp.harness.launch.launch] (a [`Job`][vae_ddp.harness.launch.Job] whose groups
+    train in turn), else one launch per group. ``entry``: as ``launch``'s (the child writes each
+    group's ``{"group": [one result per spec]}``).
 
     Returns:
         for each spec, in the order given: its ``{"spec", "runs"}`` (an ``entry``'s result) and
@@ -276,16 +261,12 @@ def launch_by_world_size(specs: list[RunSpec], out_dir: Path, timeout: Optional[
         RunFailed: as [`launch`][vae_ddp.harness.launch.launch].
     """
     out_dir = Path(out_dir)
-    index: dict[str, list[int]] = {}  # group folder -> the specs' places
-    for i, spec in enumerate(specs):
-        index.setdefault(group_folder(spec.world_size, spec.accelerator), []).append(i)
-    groups = {tag: [specs[i] for i in idx] for tag, idx in index.items()}
+    tags = [group_folder(s.world_size, s.accelerator) for s in specs]
+    groups = {tag: [s for s, t in zip(specs, tags) if t == tag] for tag in dict.fromkeys(tags)}
     if all(s.accelerator == "cpu" for s in specs):
         launched = launch(Job(groups, same_threads=same_threads), out_dir, timeout=timeout, quiet=quiet, entry=entry)
     else:  # one launch per group, one after the other, each group in out_dir/tag as on CPU
         launched = {tag: launch(Job({tag: g}), out_dir, timeout=timeout, quiet=quiet, entry=entry)[tag]
                     for tag, g in groups.items()}
-    found: dict[int, tuple[dict, Path]] = {}
-    for tag, idx in index.items():
-        found.update({i: (result, out_dir / tag) for i, result in zip(idx, launched[tag]["group"])})
-    return [found[i] for i in range(len(specs))]
+    results = {tag: iter(launched[tag]["group"]) for tag in groups}  # a group's results in its specs' order
+    return [(next(results[tag]), out_dir / tag) for tag in tags]
