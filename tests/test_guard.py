@@ -112,6 +112,40 @@ def test_watchdog_dumps_the_stacks_names_the_frame_and_ends_the_tree(tmp_path):
     assert not wait_gone(alive(marker) + alive(str(script)), 5), "a process outlived the guard"
 
 
+NESTED = textwrap.dedent("""
+    import sys
+    from vae_ddp import guard
+    guard.beat()  # this process dumps its stacks on SIGUSR1 (as a results entry does before its launch)
+    proc = guard.run([sys.executable, sys.argv[1]], fork=True, stall=3, capture_output=True, text=True, timeout=120)
+    print(proc.returncode, proc.stderr.strip().splitlines()[-1])
+""")
+
+
+def test_a_forked_command_of_a_process_that_beat_still_dumps_its_stacks(tmp_path):
+    """A fork inherits faulthandler's record of its caller's SIGUSR1 handler but gets the
+    guard's default one: the command's first beat registers it again, so the watchdog's SIGUSR1
+    dumps its stacks instead of ending it (seen: "no stacks: not responding" in every nested launch)."""
+    marker = f"nested-{unique()}"
+    stuck, nested = tmp_path / "stuck.py", tmp_path / "nested.py"
+    stuck.write_text(STUCK.format(marker=marker))
+    nested.write_text(NESTED)
+    proc = guard.run([sys.executable, str(nested), str(stuck)], stall=60, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.startswith(f"{guard.STALLED} vae-ddp guard: no process made progress"), proc.stdout
+    assert "rank 0 in stuck_here (" in proc.stdout, proc.stdout
+    assert not wait_gone(alive(marker), 5), "a process outlived the guard"
+
+
+@pytest.mark.parametrize("cmd", [["-c", "pass"], ["-u", "x.py"], ["-m"], []])
+def test_a_forked_command_is_a_script_or_a_module(cmd):
+    """``fork=True`` runs what ``runpy`` runs: a script or ``-m MODULE``; anything else (and a
+    stderr of ``subprocess.STDOUT``) is refused before any process starts."""
+    with pytest.raises(ValueError, match="fork=True runs"):
+        guard.run([sys.executable, *cmd], fork=True)
+    with pytest.raises(ValueError, match="fork=True takes stdout and stderr"):
+        guard.run([sys.executable, "x.py"], fork=True, stderr=subprocess.STDOUT)
+
+
 def test_nothing_outlives_a_command_that_exits(tmp_path):
     """A command that leaves a process behind (a stray rank, a worker) has it ended."""
     marker = f"stray-{unique()}"

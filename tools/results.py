@@ -314,8 +314,8 @@ def _in_workers(root: Path, names: list[str], n: int, preload: tuple[str, ...]) 
                                 ",".join(preload), *names]] * n, cwd=root, env=env)
         outcome = {name: json.loads(Path(claims, name).read_text() or "null") if Path(claims, name).exists() else None
                    for name in names}
-    lost = (f"a results worker ended (exit codes {', '.join(str(p.returncode) for p in procs)}) before it ran "
-            "this entry; its guard's message, if any, is above")
+    lost = (f"a results worker ended (exit codes {', '.join(str(p.returncode) for p in procs)}) before or while "
+            "it ran this entry; its guard's message, if any, is above")
     failed = [outcome[name][1] if outcome[name] else f"{name}: {lost}" for name in names
               if not outcome[name] or outcome[name][0] == "failed"]
     if failed:

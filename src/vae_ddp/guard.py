@@ -95,6 +95,13 @@ def run_all(cmds: Sequence[Sequence[str]], timeout: Optional[float] = None, stal
     import psutil
 
     capture, text = popen.pop("capture_output", False), popen.pop("text", False)
+    if fork:  # what _python runs, checked before anything starts
+        for args in ([str(a) for a in c] for c in cmds):
+            module = args[1:2] == ["-m"]
+            if args[0] != sys.executable or len(args) < 2 + module or args[1].startswith("-") and not module:
+                raise ValueError(f"fork=True runs [sys.executable, SCRIPT or '-m', MODULE, *args], got {args}")
+        if any(isinstance(t, int) and t < 0 and t != subprocess.DEVNULL for t in (popen.get("stdout"), popen.get("stderr"))):
+            raise ValueError("fork=True takes stdout and stderr None, DEVNULL, a descriptor or a file")
     files = [(tempfile.TemporaryFile(), tempfile.TemporaryFile()) if capture else (None, None) for _ in cmds]
     procs: list = []
     try:
@@ -122,7 +129,7 @@ def run_all(cmds: Sequence[Sequence[str]], timeout: Optional[float] = None, stal
         f.close()
         return data.decode(errors="replace") if text else data
 
-    return [subprocess.CompletedProcess(list(cmd), int(p.returncode), read(out), read(err))
+    return [subprocess.CompletedProcess(list(cmd), int(p.returncode or 0), read(out), read(err))
             for cmd, p, (out, err) in zip(cmds, procs, files)]
 
 
@@ -201,8 +208,6 @@ def _in_fork(cmd: list[str], stall: Optional[float], grace: float, startup: Opti
     """Fork a guard whose command is a fork of it that runs ``python cmd[1:]`` (``run_all``'s
     ``fork``); return the guard's pid. ``stdout``, ``stderr``: None, ``subprocess.DEVNULL``, a
     descriptor or a file."""
-    if cmd[0] != sys.executable:
-        raise ValueError(f"fork=True runs a Python command ([sys.executable, ...]), got {cmd[0]!r}")
     parent, env = os.getpid(), dict(os.environ if env is None else env)
 
     def guard() -> int:
@@ -227,8 +232,7 @@ def _python(argv: list[str], env: dict) -> int:
     interpreter would run it: ``argv`` is ``["-m", MODULE, *args]`` or ``[SCRIPT, *args]``, run as
     ``__main__`` (``runpy``) with that command's ``sys.argv`` and ``sys.path[0]``, ``os.environ =
     env``, the guard's signal handlers undone, stdout unbuffered, torch's intra-op threads from
-    ``$OMP_NUM_THREADS`` (which a new interpreter's torch reads at import). Its start is progress
-    (a [`beat`][vae_ddp.guard.beat]: the watchdogs count from here). Returns 0."""
+    ``$OMP_NUM_THREADS`` (which a new interpreter's torch reads at import). Returns 0."""
     import runpy
 
     for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -236,7 +240,6 @@ def _python(argv: list[str], env: dict) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     os.environ.clear()
     os.environ.update(env)
-    beat()
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(write_through=True)
     module = argv[1] if argv[0] == "-m" else None
@@ -306,6 +309,9 @@ def _register(where: Path, pid: int, rank: Optional[int]) -> None:
         rank = int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")))
     where.mkdir(parents=True, exist_ok=True)
     stacks = open(where / f"stacks-{pid}.txt", "w")  # kept open: faulthandler writes to its descriptor
+    # a fork of a process that registered has faulthandler's record of it but the guard's default
+    # handler (it resets SIGUSR1): register() would then install nothing, and SIGUSR1 would end it
+    faulthandler.unregister(signal.SIGUSR1)
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True, chain=False)
     (where / f"proc-{pid}.json").write_text(json.dumps(
         {"pid": pid, "rank": rank, "main_thread": threading.main_thread().ident, "argv": sys.argv}))
@@ -383,7 +389,9 @@ class _Guard:
         try:
             found = psutil.Process().children(recursive=True)
         except (psutil.Error, OSError):
-            found = [psutil.Process(self.pid)] if psutil.pid_exists(self.pid) else []
+            found = []
+            with contextlib.suppress(psutil.Error):
+                found = [psutil.Process(self.pid)]
         tree = []
         for p in found:
             with contextlib.suppress(psutil.Error):
@@ -443,6 +451,9 @@ class _Guard:
         try:
             env = dict(os.environ, **{_ENV_DIR: str(self.dir)})
             self.t0, self.wall0 = time.monotonic(), time.time()
+            if self.outer:  # a command that starts is progress for the guard around this one
+                with contextlib.suppress(OSError):
+                    Path(self.outer, f"beat-{os.getpid()}").touch()
             if self.start is not None:  # run(fork=True): the command is a fork of this process
                 self.pid = self.start(env)
             else:

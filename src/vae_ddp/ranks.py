@@ -55,7 +55,7 @@ def _reap(ranks: dict, wait: float) -> bool:
     Returns whether one failed."""
     import psutil
 
-    for p in psutil.wait_procs(list(ranks), wait)[0]:
+    for p in sorted(psutil.wait_procs(list(ranks), wait)[0], key=ranks.get):
         rank = ranks.pop(p)
         if p.returncode:
             print(f"vae-ddp: rank {rank} (PID {p.pid}) {guard.how_it_ended(int(p.returncode), p.pid)}: ending every "
