@@ -84,13 +84,15 @@ def run_all(cmds: Sequence[Sequence[str]], timeout: Optional[float] = None, stal
     ``subprocess.Popen``; ``capture_output=True`` collects the output through temporary files
     (chatty processes cannot block each other on a full pipe). ``returncode``: the guard's.
 
-    ``fork``: each command is ``[sys.executable, *args]`` and runs as ``python ARGS`` would, in a
-    fork of this process (the guard a fork too): nothing is imported again. ``popen`` may then
-    give only ``env``, ``stdout`` and ``stderr``. Only where [`can_fork`][vae_ddp.guard.can_fork]
-    holds (or the caller knows its other threads hold no lock: an idle BLAS pool).
+    ``fork``: each command is ``[sys.executable, SCRIPT or "-m", MODULE, *args]`` and runs as that
+    command line would, in a fork of this process (the guard a fork too): nothing is imported
+    again. ``popen`` may then give only ``env``, ``stdout`` and ``stderr`` (None, ``DEVNULL``, a
+    descriptor or a file). Only where [`can_fork`][vae_ddp.guard.can_fork] holds (or the caller
+    knows its other threads hold no lock: an idle BLAS pool).
 
     Raises:
         subprocess.TimeoutExpired: ``timeout`` passed (every tree has been ended).
+        ValueError: (before anything starts) ``fork`` with another command or stream.
     """
     import psutil
 
