@@ -193,11 +193,11 @@ IN_FORK = textwrap.dedent("""
         if how == "exit":
             sys.exit(7)
         signal.pause()  # "timeout", "killed": never ends by itself
-    how, started, mode = sys.argv[1:4]  # the marker is in the command line of every fork of this process
+    how, started = sys.argv[1:3]  # the marker is in the command line of every fork of this process
     env = dict(os.environ, SEEN="env-given")
-    try:  # a fork of this process, or of its zygote (which imported json)
-        code = guard.run([sys.executable, __file__, "command", how, started], fork=mode == "fork" or ["json"],
-                         env=env, timeout=4 if how == "timeout" else None, grace=2).returncode
+    try:
+        code = guard.run([sys.executable, __file__, "command", how, started], fork=True, env=env,
+                         timeout=4 if how == "timeout" else None, grace=2).returncode
     except subprocess.TimeoutExpired:
         code = "timed out"
     print(code, flush=True)
@@ -210,39 +210,33 @@ def in_fork(tmp_path: Path, marker: str) -> Path:
     return script
 
 
-@pytest.mark.parametrize("mode", ["fork", "zygote"])
 @pytest.mark.parametrize("how, printed", [("exit", "7"), ("raise", "1"), ("timeout", "timed out")])
-def test_a_command_forked_under_a_guard_ends_with_its_tree(tmp_path, how, printed, mode):
-    """``guard.run(fork=True)``: the command is a fork of the caller (``fork=[modules]``: of the
-    caller's zygote) that runs ``python ARGS`` with the ``argv``, environment and folder it was
-    given; its exit code (1 when it raised, with the traceback) comes back, and on exit or
-    timeout nothing it started outlives it."""
+def test_a_command_forked_under_a_guard_ends_with_its_tree(tmp_path, how, printed):
+    """``guard.run(fork=True)``: the command is a fork of the caller that runs ``python ARGS`` with
+    the ``argv`` and the environment it was given; its exit code (1 when it raised, with the
+    traceback) comes back, and on exit or timeout nothing it started outlives it."""
     marker = f"in-fork-{unique()}"
     script = in_fork(tmp_path, marker)
-    proc = subprocess.run([sys.executable, str(script), how, str(tmp_path / "started"), mode, marker],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    proc = subprocess.run([sys.executable, str(script), how, str(tmp_path / "started"), marker],
+                          capture_output=True, text=True, timeout=120)
     assert proc.stdout.strip() == printed, proc.stderr[-3000:]
     assert (tmp_path / "started").read_text() == f"command {how} {tmp_path / 'started'} env-given"
     assert ("ValueError: the command failed on purpose" in proc.stderr) == (how == "raise"), proc.stderr[-3000:]
     assert not wait_gone(alive(marker), 15) and not alive(marker), "a process outlived the forked command"
 
 
-@pytest.mark.parametrize("mode", ["fork", "zygote"])
-def test_a_command_forked_under_a_guard_ends_when_its_caller_is_killed(tmp_path, mode):
-    """SIGKILL of the caller of ``guard.run(fork=...)``: the guard (its fork, or its zygote's)
-    ends the tree, and the zygote ends."""
-    import psutil
-
+def test_a_command_forked_under_a_guard_ends_when_its_caller_is_killed(tmp_path):
+    """SIGKILL of the caller of ``guard.run(fork=True)``: the guard (its fork) ends the tree."""
     marker = f"in-fork-orphan-{unique()}"
     script = in_fork(tmp_path, marker)
     started = tmp_path / "started"
     os.mkfifo(started)
     ready = os.open(started, os.O_RDONLY | os.O_NONBLOCK)
-    caller = subprocess.Popen([sys.executable, str(script), "killed", str(started), mode, marker])
+    caller = subprocess.Popen([sys.executable, str(script), "killed", str(started), marker])
     try:
         assert select.select([ready], [], [], 60)[0] and os.read(ready, 64).startswith(b"command"), "the command did not start"
-        pids = [p.pid for p in psutil.Process(caller.pid).children(recursive=True)]
-        assert len(pids) >= 3 + (mode == "zygote")  # (the zygote,) the guard, the command and the process it started
+        pids = alive(marker)
+        assert len(pids) >= 3  # the guard, the command and the process it started
         caller.kill()
         caller.wait()
         assert not wait_gone(pids, 15) and not alive(marker), "the forked command outlived its caller"
@@ -342,10 +336,6 @@ def test_no_process_of_an_audit_outlives_its_top_process(tmp_path, sig):
     ``subprocess.run(timeout=...)`` sends): 15 s later no process of the launch is alive; TERM
     and INT are said in the last line (``vae-ddp: terminated``, exit 143; ``interrupted``, 130) and
     the output folder's lock is gone with the run."""
-    import contextlib
-
-    import psutil
-
     from vae_ddp.utils import LOCK_NAME
 
     out, beats = tmp_path / "audit", tmp_path / "beats"
@@ -358,18 +348,16 @@ def test_no_process_of_an_audit_outlives_its_top_process(tmp_path, sig):
                             "--data", "examples.audit_models.Regression", "--steps", "30", "--out", str(out)],
                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr, env=env)
     try:
-        def tree() -> list[int]:  # every process the audit started
-            with contextlib.suppress(psutil.Error):
-                return [p.pid for p in psutil.Process(top.pid).children(recursive=True)]
-            return []
+        def ranks() -> list[int]:  # the launch's processes (not its guard): 2 ranks and the one-device runs
+            return [p for p in alive(str(out / "runs"))
+                    if b"vae_ddp.guard" not in Path(f"/proc/{p}/cmdline").read_bytes()]
 
-        # the zygote of the launch, its guard, the 2 ranks and the one-device runs (forks of the zygote)
-        assert wait_for(lambda: len(tree()) >= 5, events, 300), "the audit's DDP ranks did not start"
-        started = tree()
+        assert wait_for(lambda: len(ranks()) >= 3, events, 300), "the audit's DDP ranks did not start"
+        assert alive(str(out))
         os.kill(top.pid, sig)
         top.wait(timeout=60)
-        left = wait_gone(started, 15)
-        assert not left, f"left running after {sig.name}: {[psutil.Process(p).cmdline() for p in left]}"
+        left = wait_gone(alive(str(out)), 15)
+        assert not left and not alive(str(out)), f"left running after {sig.name}: {alive(str(out))}"
         said = (tmp_path / "stderr.txt").read_text().strip().splitlines()
         if sig != signal.SIGKILL:  # a killed process says nothing; its lock is taken over by the next run
             assert top.returncode == {signal.SIGTERM: 143, signal.SIGINT: 130}[sig], (top.returncode, said[-3:])
@@ -378,10 +366,9 @@ def test_no_process_of_an_audit_outlives_its_top_process(tmp_path, sig):
     finally:
         stderr.close()
         os.close(events)
-        for pid in tree():  # a failed test leaves nothing behind either
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
         top.kill()
+        for pid in alive(str(out)):
+            os.kill(pid, signal.SIGKILL)
 
 
 # --------------------------------------------------------------------------- workers

@@ -17,8 +17,8 @@ A process beats with [`beat`][vae_ddp.guard.beat]; the ``Trainer``s of this proj
 beat through the [`Heartbeat`][vae_ddp.heartbeat.Heartbeat] callback. Exit codes: ``CMD``'s own
 (128 + N when signal N ended it), 124 on ``--timeout``, 125 when the watchdog fired, 128 + N
 when the guard itself got signal N (its parent's death: SIGTERM). [`run`][vae_ddp.guard.run] and
-[`run_all`][vae_ddp.guard.run_all] are ``subprocess.run`` for such trees; with ``fork`` a Python
-command runs in a fork of the caller or of its zygote (nothing imported again).
+[`run_all`][vae_ddp.guard.run_all] are ``subprocess.run`` for such trees, ``fork=True`` a Python
+command in a fork of the caller (nothing imported again).
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def guarded(cmd: Sequence[str], timeout: Optional[float] = None, stall: Optional
 
 # --------------------------------------------------------------------------- the caller's side
 def run_all(cmds: Sequence[Sequence[str]], timeout: Optional[float] = None, stall: Optional[float] = None,
-            grace: float = 10.0, startup: Optional[float] = None, fork: "bool | Sequence[str]" = False,
+            grace: float = 10.0, startup: Optional[float] = None, fork: bool = False,
             **popen: Any) -> list[subprocess.CompletedProcess]:
     """``subprocess.run`` for ``cmds`` at the same time, each a process tree under a guard of its
     own: on ``timeout`` (for all together), an exception or KeyboardInterrupt every tree is ended
@@ -85,13 +85,10 @@ def run_all(cmds: Sequence[Sequence[str]], timeout: Optional[float] = None, stal
     (chatty processes cannot block each other on a full pipe). ``returncode``: the guard's.
 
     ``fork``: each command is ``[sys.executable, SCRIPT or "-m", MODULE, *args]`` and runs as that
-    command line would, in its folder, in a fork of this process (``True``; the guard a fork
-    too: nothing is imported again; only where [`can_fork`][vae_ddp.guard.can_fork] holds, or
-    the caller knows its other threads hold no lock: an idle BLAS pool) or (a list of modules)
-    of this process's zygote: a process started once (``python -m vae_ddp.guard --zygote``,
-    ending with this one) that imported those modules and nothing else, which forks the guard.
-    ``popen`` may then give only ``env``, ``stdout`` and ``stderr`` (None, ``DEVNULL``, a
-    descriptor or a file).
+    command line would, in a fork of this process (the guard a fork too): nothing is imported
+    again. ``popen`` may then give only ``env``, ``stdout`` and ``stderr`` (None, ``DEVNULL``, a
+    descriptor or a file). Only where [`can_fork`][vae_ddp.guard.can_fork] holds (or the caller
+    knows its other threads hold no lock: an idle BLAS pool).
 
     Raises:
         subprocess.TimeoutExpired: ``timeout`` passed (every tree has been ended).
@@ -112,7 +109,7 @@ def run_all(cmds: Sequence[Sequence[str]], timeout: Optional[float] = None, stal
     try:
         for cmd, (out, err) in zip(cmds, files):
             streams = dict(popen, **(dict(stdout=out, stderr=err) if capture else {}))
-            procs.append(_in_fork(list(map(str, cmd)), stall, grace, startup, fork, **streams) if fork else
+            procs.append(psutil.Process(_in_fork(list(map(str, cmd)), stall, grace, startup, **streams)) if fork else
                          psutil.Popen(guarded(cmd, stall=stall, grace=grace, startup=startup), **streams))
         if psutil.wait_procs(procs, timeout)[1]:
             raise subprocess.TimeoutExpired(list(cmds[0]), timeout)
@@ -139,7 +136,7 @@ def run_all(cmds: Sequence[Sequence[str]], timeout: Optional[float] = None, stal
 
 
 def run(cmd: Sequence[str], timeout: Optional[float] = None, stall: Optional[float] = None, grace: float = 10.0,
-        startup: Optional[float] = None, fork: "bool | Sequence[str]" = False, **popen: Any) -> subprocess.CompletedProcess:
+        startup: Optional[float] = None, fork: bool = False, **popen: Any) -> subprocess.CompletedProcess:
     """[`run_all`][vae_ddp.guard.run_all] of one command: ``subprocess.run(cmd, timeout=...)`` for
     a process tree.
 
@@ -208,136 +205,28 @@ def fork(main: Callable[[], Optional[int]], parent_death: Optional[int] = None) 
         os._exit(code)
 
 
-def _in_fork(cmd: list[str], stall: Optional[float], grace: float, startup: Optional[float], fork: Any,
-             env: Optional[dict] = None, stdout: Any = None, stderr: Any = None) -> Any:
+def _in_fork(cmd: list[str], stall: Optional[float], grace: float, startup: Optional[float],
+             env: Optional[dict] = None, stdout: Any = None, stderr: Any = None) -> int:
     """Fork a guard whose command is a fork of it that runs ``python cmd[1:]`` (``run_all``'s
-    ``fork``): from this process, or (``fork`` a list of modules) from this process's zygote,
-    which imported them. Returns the guard as ``psutil.wait_procs`` waits for it. ``stdout``,
-    ``stderr``: None, ``subprocess.DEVNULL``, a descriptor or a file."""
-    import psutil
+    ``fork``); return the guard's pid. ``stdout``, ``stderr``: None, ``subprocess.DEVNULL``, a
+    descriptor or a file."""
+    parent, env = os.getpid(), dict(os.environ if env is None else env)
 
-    request = dict(cmd=cmd, stall=stall, grace=grace, startup=startup, env=dict(os.environ if env is None else env),
-                   cwd=os.getcwd())
-    if fork is True:
-        parent = os.getpid()
-        return psutil.Process(globals()["fork"](lambda: _guard(request, stdout, stderr, parent)))
-    import socket
+    def guard() -> int:
+        for fd, target in ((1, stdout), (2, stderr)):
+            if target == subprocess.DEVNULL:
+                target = os.open(os.devnull, os.O_WRONLY)
+            if target is not None:
+                os.dup2(target if isinstance(target, int) else target.fileno(), fd)
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        for sig in (signal.SIGINT, signal.SIGALRM, signal.SIGUSR1):
+            signal.signal(sig, signal.SIG_DFL)
+        os.environ.clear()
+        os.environ.update(env)
+        start = lambda guard_env: fork(lambda: _python(cmd[1:], guard_env))  # noqa: E731
+        return _Guard(cmd, None, default_stall() if stall is None else stall, grace, startup, parent, start).main()
 
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    fds = [n if t is None else devnull if t == subprocess.DEVNULL else t if isinstance(t, int) else t.fileno()
-           for n, t in ((1, stdout), (2, stderr))]
-    reply, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    try:
-        socket.send_fds(_zygote(list(fork)), [json.dumps(request).encode()], [*fds, theirs.fileno()])
-    finally:
-        os.close(devnull)
-        theirs.close()
-    return _Zygoted(reply)
-
-
-_ZYGOTES: dict = {}
-
-
-def _zygote(preload: list[str]) -> Any:
-    """The socket to this process's zygote that imported ``preload`` (started at the first call:
-    ``python -m vae_ddp.guard --zygote MODULES``; it ends with this process)."""
-    import socket
-
-    key = (os.getpid(), tuple(preload))  # a fork of this process starts its own
-    proc, ctrl = _ZYGOTES.get(key, (None, None))
-    if proc is None or proc.poll() is not None:
-        ctrl, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        proc = subprocess.Popen([sys.executable, "-m", "vae_ddp.guard", "--parent", str(os.getpid()), "--zygote",
-                                 ",".join(preload)], stdin=theirs)
-        theirs.close()
-        _ZYGOTES[key] = proc, ctrl
-    return ctrl
-
-
-def _serve_zygote(preload: list[str], parent: int) -> int:
-    """The zygote: ``preload`` imported once (nothing computed: no thread but BLAS's idle pool),
-    then for each request on its standard input (a socket: the request, the command's stdout
-    and stderr, the socket to answer on) a guard forked from it; it ends when its caller does."""
-    import importlib
-    import socket
-
-    _prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:
-        return 128 + signal.SIGTERM
-    for module in preload:
-        importlib.import_module(module)
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the guards it forks are reaped by Linux
-    ctrl = socket.socket(fileno=0)
-    while True:
-        msg, fds, _, _ = socket.recv_fds(ctrl, 1 << 20, 3)
-        if not msg:  # its caller ended
-            return 0
-        fork(lambda: _answer(json.loads(msg), fds))
-        for fd in fds:
-            os.close(fd)
-
-
-def _answer(request: dict, fds: list[int]) -> int:
-    """A guard forked by the zygote: its pid, then its exit code, on the socket ``fds[2]``."""
-    import socket
-
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    reply = socket.socket(fileno=fds[2])
-    reply.send(str(os.getpid()).encode())
-    code = _guard(request, fds[0], fds[1])
-    reply.send(str(code).encode())
-    return code
-
-
-class _Zygoted:
-    """A guard that a zygote forked, with what ``psutil.wait_procs`` and ``run_all`` call of a
-    process (it is not this process's child: it answers on ``reply``)."""
-
-    def __init__(self, reply: Any) -> None:
-        self.reply, self.code = reply, None
-        self.pid = int(reply.recv(64) or 0)  # 0: the zygote ended before it forked the guard
-
-    def wait(self, timeout: Optional[float] = None) -> int:
-        import psutil
-        import select
-
-        if self.code is None and self.pid:
-            if not select.select([self.reply], [], [], timeout)[0]:
-                raise psutil.TimeoutExpired(timeout)
-            self.code = int(self.reply.recv(64) or -signal.SIGKILL)  # nothing: the guard was killed
-        self.reply.close()
-        return self.code if self.pid else 1
-
-    def is_running(self) -> bool:
-        return self.code is None and bool(self.pid)
-
-    def terminate(self, sig: int = signal.SIGTERM) -> None:
-        if self.is_running():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, sig)
-
-    def kill(self) -> None:
-        self.terminate(signal.SIGKILL)
-
-
-def _guard(request: dict, stdout: Any, stderr: Any, parent: Optional[int] = None) -> int:
-    """The guard of a forked command, in a fork: its streams, environment and folder set, then
-    ``_Guard.main()`` with the command a fork of this process (``parent``: the caller's pid;
-    None: this process's parent)."""
-    for fd, target in ((1, stdout), (2, stderr)):
-        if target == subprocess.DEVNULL:
-            target = os.open(os.devnull, os.O_WRONLY)
-        if target is not None:
-            os.dup2(target if isinstance(target, int) else target.fileno(), fd)
-    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-    for sig in (signal.SIGINT, signal.SIGALRM, signal.SIGUSR1):
-        signal.signal(sig, signal.SIG_DFL)
-    os.environ.clear()
-    os.environ.update(request["env"])
-    os.chdir(request["cwd"])
-    cmd, stall = request["cmd"], default_stall() if request["stall"] is None else request["stall"]
-    start = lambda guard_env: fork(lambda: _python(cmd[1:], guard_env))  # noqa: E731
-    return _Guard(cmd, None, stall, request["grace"], request["startup"], parent, start).main()
+    return fork(guard)
 
 
 def _python(argv: list[str], env: dict) -> int:
@@ -636,11 +525,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--parent", type=int, default=None,
                    help="the caller's pid: the tree ends when the guard's parent is no longer it (default: the "
                         "parent at start-up)")
-    p.add_argument("--zygote", default=None, help=argparse.SUPPRESS)  # MODULES: run_all(fork=[MODULES])'s server
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ...")
     args = p.parse_args(argv)
-    if args.zygote is not None:
-        return _serve_zygote([m for m in args.zygote.split(",") if m], args.parent)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
         p.error("no command: python -m vae_ddp.guard [options] -- CMD ...")

@@ -331,26 +331,25 @@ import os, sys
 import pytorch_lightning  # noqa: F401  what a fork saves: the runner's import of torch and Lightning
 from vae_ddp import guard
 from vae_ddp.harness.configs import RunSpec
-from vae_ddp.harness.launch import ZYGOTE, _fork, launch_by_world_size
+from vae_ddp.harness.launch import _forkable, launch_by_world_size
 
 out = sys.argv[1]
 specs = [RunSpec(config=c, devices=2, steps=2, global_batch_size=16, data="digits", seeds=[3], model="small",
                  save_params=True).validate() for c in ("single", "ddp")]
 runner = [sys.executable, "-m", "vae_ddp.harness.runner"]
-assert not guard.can_fork()  # an interpreter that imported torch runs threads: a fork of its zygote
-assert _fork(runner, specs[0]) == ZYGOTE
+assert not guard.can_fork()  # an interpreter that imported torch runs threads: its launches start one
 
 
 def forked():  # one thread, as the results runner's entries are: the launch is a fork of this process
-    assert guard.can_fork() and _fork(runner, specs[0]) is True
+    assert guard.can_fork() and _forkable(runner, specs[0])
+    os.environ["VAE_DDP_LAUNCH"] = "exec"
+    assert not _forkable(runner, specs[0])
+    del os.environ["VAE_DDP_LAUNCH"]
     launch_by_world_size(specs, os.path.join(out, "forked"), quiet=True)
 
 
 pid = guard.fork(forked)
 assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
-launch_by_world_size(specs, os.path.join(out, "zygote"), quiet=True)
-os.environ["VAE_DDP_LAUNCH"] = "exec"
-assert _fork(runner, specs[0]) is False
 launch_by_world_size(specs, os.path.join(out, "execed"), quiet=True)
 launch_by_world_size([specs[1]], os.path.join(out, "alone"), quiet=True)
 """
@@ -359,10 +358,10 @@ launch_by_world_size([specs[1]], os.path.join(out, "alone"), quiet=True)
 def test_launches_train_the_same_runs_in_a_sequence_forked_or_alone(tmp_path):
     """The same records and parameters, bit for bit, however a CPU study's runs are launched:
     launch_by_world_size trains its world sizes in one launch (each group in a fork of one
-    process that imported Lightning once), as a launch of the DDP group alone does; and that
-    launch is a fork of the caller when it runs one thread (the results runner's entries), else
-    a fork of its zygote (``vae_ddp.guard.run(fork=...)``), as it is an interpreter that
-    imports torch and Lightning again (``VAE_DDP_LAUNCH=exec``), at world sizes 1 and 2."""
+    process that imported Lightning once), as a launch of the DDP group alone does; and from a
+    process that runs one thread (the results runner's entries) that launch is a fork of the
+    caller (``vae_ddp.guard.run(fork=True)``) rather than an interpreter that imports torch and
+    Lightning again, at world sizes 1 and 2."""
     import torch
 
     from vae_ddp.guard import run
@@ -378,8 +377,7 @@ def test_launches_train_the_same_runs_in_a_sequence_forked_or_alone(tmp_path):
         saved = torch.load(folder / tag / found["params"])
         return found, {f"{part}.{k}": t for part, d in saved.items() for k, t in d.items()}
 
-    pairs = [(run_of(tmp_path / way, tag), run_of(tmp_path / "execed", tag))
-             for way in ("forked", "zygote") for tag in ("1-process", "2-processes")]
+    pairs = [(run_of(tmp_path / "forked", tag), run_of(tmp_path / "execed", tag)) for tag in ("1-process", "2-processes")]
     pairs.append((run_of(tmp_path / "execed", "2-processes"), run_of(tmp_path / "alone", "2-processes")))
     for (run_a, flat_a), (run_b, flat_b) in pairs:
         untimed = [[{k: v for k, v in r.items() if k != "time_s"} for r in run["records"]] for run in (run_a, run_b)]

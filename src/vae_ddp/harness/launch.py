@@ -87,9 +87,10 @@ def launch(spec: Job, out_dir: Path, timeout: Optional[float] = None, quiet: boo
     ``run.json``. Progress lines stream to stdout (unless ``quiet``), stderr to
     ``out_dir/stderr.log``. ``entry`` replaces ``[python, -m, vae_ddp.harness.runner]``; ``stall``:
     the watchdog's limit. On ``timeout``, SIGINT/SIGTERM of this process, or its death, every
-    process of the run ends. On CPU the child is a fork of this process or of its zygote
-    (``_fork``: no second import of torch and Lightning; the same runs bit for bit,
-    ``tests/studies/test_studies.py``); ``VAE_DDP_LAUNCH=exec`` always starts an interpreter.
+    process of the run ends. From a process that runs one thread and has imported Lightning (the
+    entries of ``make results``) the child is a fork of this one (``guard.run(fork=True)``; the
+    same runs bit for bit, ``tests/studies/test_studies.py``); ``VAE_DDP_LAUNCH=exec`` always
+    starts an interpreter.
 
     Raises:
         TypeError: ``spec`` is not a [`Job`][vae_ddp.harness.launch.Job] (one spec:
@@ -123,7 +124,7 @@ def launch(spec: Job, out_dir: Path, timeout: Optional[float] = None, quiet: boo
     cmd = (entry or [sys.executable, "-m", "vae_ddp.harness.runner"]) + [str(job), str(out_dir)]
     with open(log, "w") as err:
         try:  # under a guard: its own process group, a watchdog, nothing left behind (vae_ddp.guard)
-            code = guard.run(cmd, timeout=timeout, stall=stall, fork=_fork(cmd, spec), env=env, stderr=err,
+            code = guard.run(cmd, timeout=timeout, stall=stall, fork=_forkable(cmd, spec), env=env, stderr=err,
                              stdout=subprocess.DEVNULL if quiet else None).returncode
         except subprocess.TimeoutExpired:
             code = None
@@ -221,26 +222,20 @@ def _failure(label: str, code: Optional[int], lines: list[str], log: Path, out_d
     return RunFailed(text)
 
 
-#: ``VAE_DDP_LAUNCH=exec``: every launch starts a new interpreter.
+#: ``VAE_DDP_LAUNCH=exec``: every launch starts a new interpreter (``_forkable`` never holds).
 _LAUNCH_ENV = "VAE_DDP_LAUNCH"
-#: The runners a launch may fork from its caller: this project's. The audit's runs train the
-#: user's classes, whose modules a fork of the caller would carry over as the audit's checks left them.
+#: The runners a launch may fork: this project's. The audit's runs train the user's classes,
+#: whose modules a fork would carry over as the audit's checks left them: they start an interpreter.
 _FORKED_MODULES = ("vae_ddp.harness.runner", "vae_ddp.studies.report_scale")
-#: What the zygote of a launch that cannot fork its caller imports ([`guard.run_all`][vae_ddp.guard.run_all]).
-ZYGOTE = ("torch", "torchvision", "pytorch_lightning", "vae_ddp.harness.runner", "vae_ddp.audit.run")
 
 
-def _fork(cmd: list[str], spec) -> Any:
-    """How the child of a CPU launch of ``python -m MODULE`` starts (on GPUs Lightning's launcher
-    re-runs its command line, and ``$VAE_DDP_LAUNCH=exec`` always starts an interpreter): a fork
-    of this process (``True``) when it may (one of ``_FORKED_MODULES``, Lightning imported here,
-    one thread runs: [`guard.can_fork`][vae_ddp.guard.can_fork]), else a fork of this process's
-    zygote (``ZYGOTE``), which imported torch and Lightning once and nothing of the user's."""
-    if cmd[:2] != [sys.executable, "-m"] or spec.accelerator != "cpu" or os.environ.get(_LAUNCH_ENV) == "exec":
-        return False
-    if cmd[2] in _FORKED_MODULES and "pytorch_lightning" in sys.modules and guard.can_fork():
-        return True
-    return ZYGOTE if sys.platform.startswith("linux") else False
+def _forkable(cmd: list[str], spec) -> bool:
+    """Whether the launch of ``cmd`` may be a fork of this process: ``python -m`` one of
+    ``_FORKED_MODULES``, on CPU (on GPUs Lightning's launcher re-runs the command line), Lightning
+    imported here (what the fork saves), ``$VAE_DDP_LAUNCH`` not ``exec``, and one thread runs
+    ([`guard.can_fork`][vae_ddp.guard.can_fork]: not in a shell or notebook whose torch computed)."""
+    return (cmd[:2] == [sys.executable, "-m"] and cmd[2] in _FORKED_MODULES and spec.accelerator == "cpu"
+            and "pytorch_lightning" in sys.modules and os.environ.get(_LAUNCH_ENV) != "exec" and guard.can_fork())
 
 
 def group_folder(world_size: int, accelerator: str) -> str:
