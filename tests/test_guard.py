@@ -245,6 +245,32 @@ def test_a_command_forked_under_a_guard_ends_when_its_caller_is_killed(tmp_path)
         caller.kill()
 
 
+def test_a_forked_command_dies_with_its_guard(tmp_path):
+    """A guard killed outright (``run_all`` sends SIGKILL to one that did not end its tree in time)
+    takes its forked command with it (``PR_SET_PDEATHSIG``) instead of leaving it to init."""
+    import psutil
+
+    marker = f"in-fork-guard-killed-{unique()}"
+    script = in_fork(tmp_path, marker)
+    started = tmp_path / "started"
+    os.mkfifo(started)
+    ready = os.open(started, os.O_RDONLY | os.O_NONBLOCK)
+    caller = subprocess.Popen([sys.executable, str(script), "killed", str(started), marker])
+    try:
+        assert select.select([ready], [], [], 60)[0] and os.read(ready, 64).startswith(b"command"), "the command did not start"
+        (guard_process,) = psutil.Process(caller.pid).children()
+        command = [p.pid for p in guard_process.children() if p.cmdline() == guard_process.cmdline()]
+        assert len(command) == 1, command
+        guard_process.kill()
+        assert not wait_gone(command, 10), "the command outlived its guard"
+    finally:
+        os.close(ready)
+        caller.kill()
+        caller.wait()
+        for pid in alive(marker):  # the process the command started (its guard, the subreaper, is gone)
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_a_guard_whose_caller_died_while_it_started_runs_nothing(tmp_path):
     """The caller passes its pid (``--parent``): a guard whose caller died before the guard read
     its own parent (Python's start-up under load is a second or more) ends at once instead of

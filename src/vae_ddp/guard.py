@@ -213,17 +213,19 @@ def _in_fork(cmd: list[str], stall: Optional[float], grace: float, startup: Opti
     parent, env = os.getpid(), dict(os.environ if env is None else env)
 
     def guard() -> int:
-        for fd, target in ((1, stdout), (2, stderr)):
-            if target == subprocess.DEVNULL:
-                target = os.open(os.devnull, os.O_WRONLY)
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd, target in ((0, null), (1, stdout), (2, stderr)):
+            target = null if target == subprocess.DEVNULL else target
             if target is not None:
                 os.dup2(target if isinstance(target, int) else target.fileno(), fd)
-        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        if null > 2:
+            os.close(null)
         for sig in (signal.SIGINT, signal.SIGALRM, signal.SIGUSR1):
             signal.signal(sig, signal.SIG_DFL)
         os.environ.clear()
         os.environ.update(env)
-        start = lambda guard_env: fork(lambda: _python(cmd[1:], guard_env))  # noqa: E731
+        # the command dies with its guard, even when the guard is killed (run_all's SIGKILL after the grace)
+        start = lambda guard_env: fork(lambda: _python(cmd[1:], guard_env), parent_death=signal.SIGKILL)  # noqa: E731
         return _Guard(cmd, None, default_stall() if stall is None else stall, grace, startup, parent, start).main()
 
     return fork(guard)
