@@ -225,16 +225,26 @@ def test_a_command_forked_under_a_guard_ends_with_its_tree(tmp_path, how, printe
     assert not wait_gone(alive(marker), 15) and not alive(marker), "a process outlived the forked command"
 
 
-def test_a_command_forked_under_a_guard_ends_when_its_caller_is_killed(tmp_path):
-    """SIGKILL of the caller of ``guard.run(fork=True)``: the guard (its fork) ends the tree."""
-    marker = f"in-fork-orphan-{unique()}"
+def caller_of_a_forked_command(tmp_path: Path, marker: str) -> tuple[subprocess.Popen, int]:
+    """A process whose forked command (under a forked guard) runs until it is killed, once the
+    command has started; and the descriptor the command said so on (to close)."""
     script = in_fork(tmp_path, marker)
     started = tmp_path / "started"
     os.mkfifo(started)
     ready = os.open(started, os.O_RDONLY | os.O_NONBLOCK)
     caller = subprocess.Popen([sys.executable, str(script), "killed", str(started), marker])
+    if not (select.select([ready], [], [], 60)[0] and os.read(ready, 64).startswith(b"command")):
+        caller.kill()
+        os.close(ready)
+        pytest.fail("the command did not start")
+    return caller, ready
+
+
+def test_a_command_forked_under_a_guard_ends_when_its_caller_is_killed(tmp_path):
+    """SIGKILL of the caller of ``guard.run(fork=True)``: the guard (its fork) ends the tree."""
+    marker = f"in-fork-orphan-{unique()}"
+    caller, ready = caller_of_a_forked_command(tmp_path, marker)
     try:
-        assert select.select([ready], [], [], 60)[0] and os.read(ready, 64).startswith(b"command"), "the command did not start"
         pids = alive(marker)
         assert len(pids) >= 3  # the guard, the command and the process it started
         caller.kill()
@@ -251,13 +261,8 @@ def test_a_forked_command_dies_with_its_guard(tmp_path):
     import psutil
 
     marker = f"in-fork-guard-killed-{unique()}"
-    script = in_fork(tmp_path, marker)
-    started = tmp_path / "started"
-    os.mkfifo(started)
-    ready = os.open(started, os.O_RDONLY | os.O_NONBLOCK)
-    caller = subprocess.Popen([sys.executable, str(script), "killed", str(started), marker])
+    caller, ready = caller_of_a_forked_command(tmp_path, marker)
     try:
-        assert select.select([ready], [], [], 60)[0] and os.read(ready, 64).startswith(b"command"), "the command did not start"
         (guard_process,) = psutil.Process(caller.pid).children()
         command = [p.pid for p in guard_process.children() if p.cmdline() == guard_process.cmdline()]
         assert len(command) == 1, command
