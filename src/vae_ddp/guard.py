@@ -368,13 +368,18 @@ class _Guard:
         for f in self.dir.glob("beat-*"):
             with contextlib.suppress(FileNotFoundError):
                 newest = max(newest or 0.0, f.stat().st_mtime)
-        if self.outer and newest is not None and newest > self.forwarded:
+        if newest is not None and newest > self.forwarded:
             self.forwarded = newest
-            with contextlib.suppress(OSError):
-                Path(self.outer, f"beat-{os.getpid()}").touch()
+            self._beat_outer()
         if newest is None:
             return time.time() - self.wall0 > self.startup
         return time.time() - max(newest, self.wall0) > self.stall
+
+    def _beat_outer(self) -> None:
+        """A beat of this guard in the folder of the guard around it, if any."""
+        if self.outer:
+            with contextlib.suppress(OSError):
+                Path(self.outer, f"beat-{os.getpid()}").touch()
 
     def _reap(self) -> None:
         """Collect every exited child: the command (its exit code kept) and, the guard being a
@@ -455,9 +460,7 @@ class _Guard:
         try:
             env = dict(os.environ, **{_ENV_DIR: str(self.dir)})
             self.t0, self.wall0 = time.monotonic(), time.time()
-            if self.outer:  # a command that starts is progress for the guard around this one
-                with contextlib.suppress(OSError):
-                    Path(self.outer, f"beat-{os.getpid()}").touch()
+            self._beat_outer()  # a command that starts is progress for the guard around this one
             if self.start is not None:  # run(fork=True): the command is a fork of this process
                 self.pid = self.start(env)
             else:
