@@ -55,3 +55,21 @@ def test_launch_takes_a_job_and_says_what_to_call_for_one_spec(tmp_path):
     with pytest.raises(TypeError, match=r"launch_by_world_size\(\[spec\]"):
         launch(spec, tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+def test_only_this_projects_runners_are_forked_never_the_audits(monkeypatch):
+    """A CPU launch forks its caller only for the study runners; the audit's runs, which train the
+    user's classes, always start an interpreter (a fork would carry the user's modules as the
+    audit's checks left them), as does any launch under ``VAE_DDP_LAUNCH=exec``."""
+    import pytorch_lightning  # noqa: F401  (what _forkable asks for: Lightning imported here)
+
+    from vae_ddp import guard
+    from vae_ddp.harness.launch import _forkable
+
+    monkeypatch.setattr(guard, "can_fork", lambda: True)  # one thread, as a results entry runs
+    spec = _spec()
+    runners = [[sys.executable, "-m", m, "job.json", "out"] for m in ("vae_ddp.harness.runner", "vae_ddp.studies.report_scale")]
+    assert all(_forkable(cmd, spec) for cmd in runners)
+    assert not _forkable([sys.executable, "-m", "vae_ddp.audit.run", "job.json", "out"], spec)
+    monkeypatch.setenv("VAE_DDP_LAUNCH", "exec")
+    assert not any(_forkable(cmd, spec) for cmd in runners)
