@@ -375,9 +375,15 @@ def test_no_process_of_an_audit_outlives_its_top_process(tmp_path, sig):
     events = beats_in(beats)
     # this test as the outer guard (its heartbeat folder): the audit's guard passes its runs' beats on to it
     env = dict(os.environ, VAE_DDP_HEARTBEAT_DIR=str(beats))
-    top = subprocess.Popen([sys.executable, "-m", "vae_ddp.cli", "audit", "--model", "examples.audit_models.Plain",
-                            "--data", "examples.audit_models.Regression", "--steps", "30", "--out", str(out)],
-                           cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr, env=env)
+    # Ctrl-C as a terminal delivers it: a background job of a shell without job control (`cmd &` in a
+    # script) starts with SIGINT ignored, and Python leaves it ignored in the processes it starts
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        top = subprocess.Popen([sys.executable, "-m", "vae_ddp.cli", "audit", "--model", "examples.audit_models.Plain",
+                                "--data", "examples.audit_models.Regression", "--steps", "30", "--out", str(out)],
+                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr, env=env)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     try:
         def ranks() -> list[int]:  # the launch's processes (not its guard): 2 ranks and the one-device runs
             return [p for p in alive(str(out / "runs"))
