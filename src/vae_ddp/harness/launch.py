@@ -151,7 +151,9 @@ def run_job(argv: list[str], parse: Callable[[dict], Any], train: Callable[[list
     turn: each in a fork of this process; together: the last in the ranks here, each other in a
     fork beside them (the ranks find the first one's pid in ``$VAE_DDP_BESIDE_PID``; under
     Lightning's launcher or torchrun, beside the first process only). Returns the first non-zero
-    exit code of a group (in turn, the groups after it do not run), else 0."""
+    exit code of a group (in turn, the groups after it do not run), else 0. What exists when it
+    starts is never collected again (``gc.freeze``): it is a launched process's entry point, not a
+    function for a long-lived one (a notebook's kernel would keep its garbage)."""
     # what the imports made, out of every later collection (Python's gc.freeze: what the runs make is
     # still collected): a third of a 3-step audit's time, a tenth of a reduced ablation study's launch
     gc.freeze()
