@@ -12,12 +12,14 @@ Lightning 2.x equivalents (`LightningCLI` replaced `add_argparse_args`; DP is go
 the DataParallel page):
 
 ```bash
-python examples/vae.py fit --trainer.accelerator gpu --trainer.devices 1 --data.batch_size 256
-python examples/vae.py fit --trainer.accelerator gpu --trainer.devices 2 --trainer.strategy ddp --data.batch_size 128
+python examples/vae.py fit --trainer.accelerator gpu --trainer.devices 1 --data.batch_size 256 --data.data_dir DIR
+python examples/vae.py fit --trainer.accelerator gpu --trainer.devices 2 --trainer.strategy ddp --data.batch_size 128 \
+    --data.data_dir DIR
 ```
 
-and on a CPU with gloo, on a CIFAR-10 subset in an ImageFolder tree (the default data class;
-`.github/scripts/cifar10-subset.sh DIR` builds one from public CIFAR-10 images):
+where DIR is an ImageFolder tree (the default data class; it has no default folder), and on a
+CPU with gloo, on a CIFAR-10 subset in such a tree (`.github/scripts/cifar10-subset.sh DIR` builds
+one from public CIFAR-10 images):
 
 ```bash
 python examples/vae.py fit --trainer.accelerator cpu --trainer.devices 2 --trainer.strategy ddp \

@@ -78,6 +78,48 @@ def _documented_commands() -> list[tuple[str, list[str]]]:
     return found
 
 
+
+def _lightningcli_commands() -> list[tuple[str, list[str]]]:
+    """Every ``examples/vae.py fit ...`` a reader is shown: bash blocks of the README and the pages,
+    and the script's own docstring (the reproduce page includes it); continuation lines joined, as
+    (file, the arguments after ``fit``)."""
+    import re
+    import shlex
+
+    files = [ROOT / "README.md", ROOT / "examples" / "vae.py",
+             *(p for p in sorted((ROOT / "docs").rglob("*.md")) if "generated" not in p.parts)]
+    found = []
+    for path in files:
+        for block in re.findall(r"```(?:bash|sh)\n(.*?)```", path.read_text(), re.S):
+            for line in block.replace("\\\n", " ").splitlines():
+                words = shlex.split(line, comments=True)
+                for i, w in enumerate(words):
+                    if w.endswith("examples/vae.py") and words[i + 1:i + 2] == ["fit"]:
+                        found.append((str(path.relative_to(ROOT)), words[i + 2:]))
+    return found
+
+
+def test_every_documented_lightningcli_command_names_its_data_and_builds(cifar_dir, monkeypatch):
+    """The report's script's default data class, an ImageFolder tree, has no default folder (the
+    project's data is named by no default): each command shown names ``--data.data_dir``, and each
+    without shell variables builds its model, data module and ``Trainer`` as shown (``DIR``: the
+    CIFAR-10 subset; ``gpu`` read as ``cpu`` on a machine without one), with no training."""
+    from helpers import load_script
+
+    monkeypatch.delenv("VAE_DDP_CIFAR_SUBSET", raising=False)  # a reader has not set it
+    vae = load_script("examples/vae.py")
+    commands = _lightningcli_commands()
+    assert len(commands) >= 6 and {w for w, _ in commands} >= {"README.md", "examples/vae.py", "docs/scaling.md"}
+    for where, args in commands:
+        assert "--data.data_dir" in args, (where, args)
+        if any("$" in a for a in args):  # a cluster's template (docs/scaling.md)
+            continue
+        args = [str(cifar_dir) if a == "DIR" else "cpu" if a == "gpu" else a for a in args]
+        cli = vae.ReportCLI(vae.VAE, subclass_mode_data=True, run=False, args=args)
+        assert cli.datamodule.data_dir == str(cifar_dir) and cli.trainer.max_steps == (
+            int(args[args.index("--trainer.max_steps") + 1]) if "--trainer.max_steps" in args else -1), (where, args)
+
+
 def test_every_documented_command_parses():
     """A reader copies these: each parses as shown (the flags exist, the values are valid)."""
     commands = _documented_commands()
