@@ -88,6 +88,20 @@ def test_unwritable_out_is_found_before_training(tmp_path, capsys):
     assert code == 2 and "is a file, not a folder" in err
 
 
+
+@pytest.mark.parametrize("spelling", [["--out", ""], ["--out="], ["--out", " "]])
+@pytest.mark.parametrize("command", [["compare", "--steps", "1"],
+                                     ["audit", "--model", f"{ROOT}/examples/audit_models.py:Plain",
+                                      "--data", f"{ROOT}/examples/audit_models.py:Regression"]])
+def test_an_empty_out_is_refused_not_read_as_the_working_folder(tmp_path, capsys, monkeypatch, command, spelling):
+    """``Path("")`` is the working folder: an empty ``--out`` would write the results there."""
+    monkeypatch.chdir(tmp_path)
+    code, err = _run(capsys, *command, *spelling)
+    prog = "vae-ddp audit" if command[0] == "audit" else "vae-ddp"
+    assert code == 2 and err.strip() == f"{prog}: error: --out is empty: give it a value (see -h)", err
+    assert not list(tmp_path.iterdir())
+
+
 def test_a_valid_out_is_left_as_it_was_after_bad_input(tmp_path, capsys):
     out = tmp_path / "new" / "deeper"
     code, _ = _run(capsys, "compare", "--out", str(out), "--configs", "[dp]", "--dp_mode", "real", "--devices", "3")

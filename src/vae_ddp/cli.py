@@ -36,6 +36,8 @@ def build_parser(spec_cls: Optional[type] = None, flags: bool = True):
 
 
 def _flags(p, name: str, defaults: dict, hide: tuple, spec_cls: Optional[type]):
+    from jsonargparse.typing import NotEmptyStr
+
     from vae_ddp.fixes import registry
     from vae_ddp.harness.configs import RunSpec
 
@@ -50,7 +52,7 @@ def _flags(p, name: str, defaults: dict, hide: tuple, spec_cls: Optional[type]):
         if "exact" not in params and "switches" not in hide:
             p.add_argument("--exact", type=bool, default=False, help="turn every fix on, over the fix switches (RunSpec.exact())")
     p.add_function_arguments(function, nested_key=None, skip={"base", "out_dir"}, as_group=False)
-    p.add_argument("--out", type=Path, default=Path("runs", name), help="output folder")
+    p.add_argument("--out", type=NotEmptyStr, default=f"runs/{name}", help="output folder")
     p.set_defaults(**defaults)
     for action in p._actions:  # help as plain text (no cross-references); a flag with a default is optional
         action.help = action.help and re.sub(r"\[`([^`]+)`\]\[[^\]]+\]", r"\1", action.help).replace("``", "")

@@ -96,6 +96,7 @@ def one_line(text: str) -> str:
     """An error message as one line; jsonargparse's (``Parser key "steps":`` and its reasons, over
     several lines) names the flag and what it expected (``--steps: expected int, got 'ten'``), and
     a value outside a ``Literal``'s choices says them (``unknown --model 'x': use one of resnet18, small``).
+    An empty value of a flag typed ``jsonargparse.typing.NotEmptyStr`` (``--out ''``) says so.
 
     Dotted flags keep their names (``--trainer.gradient_clip_val``). A bad init argument of a
     class given by its path (``--model.init_args.hidden``) is named as such:
@@ -123,6 +124,8 @@ def one_line(text: str) -> str:
             return f"--{flag}: {cls.rsplit('.', 1)[-1]} has no init argument {arg!r}"
         return one_line(re.sub(r'^Parser key "[\w.]+":', f'Parser key "{flag}":', inner))
     text = re.sub(r'Parser key "(?:--)?([\w.-]+)":', r"--\1:", flat)
+    if empty := re.match(r"(--[\w.]+): Not of type NotEmptyStr", text):  # jsonargparse.typing.NotEmptyStr
+        return f"{empty[1]} is empty: give it a value (see -h)"
     lit = re.search(r"(--[\w.]+):.*?Expected a typing\.Literal\[(.*?)\]\. Got value: (.*?)(?: - |$)", text)
     if lit:
         return f"unknown {lit[1]} {lit[3]!r}: use one of {', '.join(ast.literal_eval(f'({lit[2]},)'))}"

@@ -19,6 +19,7 @@ import sys
 from typing import Any, Literal, Optional
 
 from jsonargparse import ArgumentParser
+from jsonargparse.typing import NotEmptyStr
 
 from vae_ddp.audit import preflight
 from vae_ddp.errors import UserError, config_action, one_line
@@ -94,7 +95,7 @@ def build_parser() -> AuditParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--effect_batches", type=int, default=32, help="global batches each side takes from one device's "
                    "weights to tell a change of what DDP trains from other luck (a bias, a noise ratio); 0 skips it")
-    p.add_argument("--out", type=str, default="runs/audit", help="output folder")
+    p.add_argument("--out", type=NotEmptyStr, default="runs/audit", help="output folder")
     p.add_argument("--trainer", type=Optional[dict[str, Any]], default=None, metavar="NAME VALUE", help=(
         "your Trainer's arguments as LightningCLI spells them, --trainer.NAME VALUE, the same in every run: "
         + "; ".join(f"--trainer.{k}: {text}" for k, text in TRAINER_ARGS.items())
