@@ -9,7 +9,7 @@ import pytest
 from vae_ddp.cli import build_parser, main
 from vae_ddp.fixes import registry
 from vae_ddp.harness.configs import flag
-from helpers import ROOT
+from helpers import ROOT, load_script
 
 
 @pytest.mark.parametrize("command", ["compare", "equivalence", "ablation", "seeds"])
@@ -78,7 +78,6 @@ def _documented_commands() -> list[tuple[str, list[str]]]:
     return found
 
 
-
 def _lightningcli_commands() -> list[tuple[str, list[str]]]:
     """Every ``examples/vae.py fit ...`` a reader is shown: bash blocks of the README and the pages,
     and the script's own docstring (the reproduce page includes it); continuation lines joined, as
@@ -104,8 +103,6 @@ def test_every_documented_lightningcli_command_names_its_data_and_builds(cifar_d
     project's data is named by no default): each command shown names ``--data.data_dir``, and each
     without shell variables builds its model, data module and ``Trainer`` as shown (``DIR``: the
     CIFAR-10 subset; ``gpu`` read as ``cpu`` on a machine without one), with no training."""
-    from helpers import load_script
-
     monkeypatch.delenv("VAE_DDP_CIFAR_SUBSET", raising=False)  # a reader has not set it
     vae = load_script("examples/vae.py")
     commands = _lightningcli_commands()

@@ -88,7 +88,6 @@ def test_unwritable_out_is_found_before_training(tmp_path, capsys):
     assert code == 2 and "is a file, not a folder" in err
 
 
-
 @pytest.mark.parametrize("spelling", [["--out", ""], ["--out="], ["--out", " "]])
 @pytest.mark.parametrize("command", [["compare", "--steps", "1"],
                                      ["audit", "--model", f"{ROOT}/examples/audit_models.py:Plain",
