@@ -3,6 +3,7 @@
 import dataclasses
 import itertools
 import functools
+from pathlib import Path
 
 import pytest
 
@@ -53,49 +54,43 @@ def test_each_fix_is_a_switch_and_exact_turns_all_on(monkeypatch, tmp_path):
     assert dataclasses.asdict(seen["base"])["seeds"] == [0]
 
 
-def _documented_commands() -> list[tuple[str, list[str]]]:
-    """Every ``vae-ddp SUBCOMMAND ...`` of the README, CONTRIBUTING and the pages (bash blocks,
-    continuation lines joined, and inline code), as (file, argv after ``vae-ddp``)."""
+def _shown_lines(*extra: Path) -> list[tuple[str, list[str]]]:
+    """Every shell line a reader is shown in the README, CONTRIBUTING, the pages and ``extra``
+    (bash blocks, continuation lines joined, and inline ``vae-ddp ...`` code), as (file, words)."""
     import re
     import shlex
-    from vae_ddp.studies import COMMANDS
 
-    root = ROOT
-    files = [root / "README.md", root / "CONTRIBUTING.md",
-             *(p for p in sorted((root / "docs").rglob("*.md")) if "generated" not in p.parts)]
+    files = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *extra,
+             *(p for p in sorted((ROOT / "docs").rglob("*.md")) if "generated" not in p.parts)]
     found = []
     for path in files:
         text = path.read_text()
         lines = [ln for block in re.findall(r"```(?:bash|sh)\n(.*?)```", text, re.S)
                  for ln in block.replace("\\\n", " ").splitlines()]
         lines += re.findall(r"`((?:\.venv/bin/)?vae-ddp [^`]+)`", text)
-        for line in lines:
-            words = shlex.split(line, comments=True)
-            for i, w in enumerate(words):
-                if w.endswith("vae-ddp") and i + 1 < len(words) and words[i + 1] in COMMANDS:
-                    argv = list(itertools.takewhile(lambda a: a not in (">", "|", "&&", ";"), words[i + 1:]))
-                    found.append((str(path.relative_to(root)), argv))
+        found += [(str(path.relative_to(ROOT)), shlex.split(line, comments=True)) for line in lines]
+    return found
+
+
+def _documented_commands() -> list[tuple[str, list[str]]]:
+    """Every ``vae-ddp SUBCOMMAND ...`` a reader is shown (``_shown_lines``), as (file, argv after
+    ``vae-ddp``)."""
+    from vae_ddp.studies import COMMANDS
+
+    found = []
+    for where, words in _shown_lines():
+        for i, w in enumerate(words):
+            if w.endswith("vae-ddp") and i + 1 < len(words) and words[i + 1] in COMMANDS:
+                argv = list(itertools.takewhile(lambda a: a not in (">", "|", "&&", ";"), words[i + 1:]))
+                found.append((where, argv))
     return found
 
 
 def _lightningcli_commands() -> list[tuple[str, list[str]]]:
-    """Every ``examples/vae.py fit ...`` a reader is shown: bash blocks of the README and the pages,
-    and the script's own docstring (the reproduce page includes it); continuation lines joined, as
-    (file, the arguments after ``fit``)."""
-    import re
-    import shlex
-
-    files = [ROOT / "README.md", ROOT / "examples" / "vae.py",
-             *(p for p in sorted((ROOT / "docs").rglob("*.md")) if "generated" not in p.parts)]
-    found = []
-    for path in files:
-        for block in re.findall(r"```(?:bash|sh)\n(.*?)```", path.read_text(), re.S):
-            for line in block.replace("\\\n", " ").splitlines():
-                words = shlex.split(line, comments=True)
-                for i, w in enumerate(words):
-                    if w.endswith("examples/vae.py") and words[i + 1:i + 2] == ["fit"]:
-                        found.append((str(path.relative_to(ROOT)), words[i + 2:]))
-    return found
+    """Every ``examples/vae.py fit ...`` a reader is shown (``_shown_lines``, and the script's own
+    docstring, which the reproduce page includes), as (file, the arguments after ``fit``)."""
+    return [(where, words[i + 2:]) for where, words in _shown_lines(ROOT / "examples" / "vae.py")
+            for i, w in enumerate(words) if w.endswith("examples/vae.py") and words[i + 1:i + 2] == ["fit"]]
 
 
 def test_every_documented_lightningcli_command_names_its_data_and_builds(cifar_dir, monkeypatch):
