@@ -9,10 +9,11 @@ number and every verdict word in it is read from their JSON:
   effect on the gradient, what Adam steps on: ``different`` changes what DDP trains,
   ``same distribution`` only the luck, ``exact`` nothing, ``inconclusive`` is not resolved;
   logging changes no gradient, only what is plotted;
-- the answer is "No" (not a bug in Lightning) only where the defaults account for the whole
-  difference: with every one of them changed, DDP's step is one device's up to rounding (kind
-  ``exact``) and the seed study finds no difference in any final value (``ddp+fixed``);
-  otherwise "Not shown";
+- bug or expected behaviour by the rule of
+  [`answer.bug_or_expected`][vae_ddp.studies.answer.bug_or_expected]: "expected behaviour" only
+  where the defaults account for the whole difference (with every one of them changed, DDP's step
+  is one device's up to rounding and no final value of ``ddp+fixed`` differs) and each is
+  documented behaviour;
 - whole trainings: the seed study's words for default DDP against one device and the
   long-horizon check's (shared against independent noise), each word exactly as the study
   decided it, a difference placed against the study's margin by ``verdict._against``.
@@ -20,7 +21,8 @@ number and every verdict word in it is read from their JSON:
     python examples/is_it_a_bug.py --out out/is-it-a-bug
 
 Prints the answer (Markdown) and writes it to ``answer.md``, with ``is-it-a-bug.json``
-(the answer and the class of each factor).
+(the answer and the class of each factor), and the page's sections (``vae_ddp.studies.answer``):
+``documented.md``, ``kl.md``, ``dp.md``, ``faq.md``, ``report_command.md`` and ``reply.md``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import argparse
 import json
 from pathlib import Path
 
+from vae_ddp.studies import answer as rules
 from vae_ddp.studies.report_scale import CELL, effect_cell, factor_effects, logging_cell
 from vae_ddp.studies.verdict import (
     QUANTITIES,
@@ -103,33 +106,33 @@ def _scale(rs: dict) -> str:
 
 
 def accounted(rs: dict, seeds: dict) -> bool:
-    """Whether the defaults account for the whole difference: with every one changed, DDP's step is
-    one device's up to rounding (``exact``) and no final value of ``ddp+fixed`` is ``different``."""
-    floor = (rs["variants"].get("ddp, every fix") or {}).get("effect") or {}
-    fixed = seeds.get("verdict", {}).get("ddp+fixed")
-    return floor.get("kind") == "exact" and bool(fixed) and "different" not in fixed.values()
+    """Whether the defaults account for the whole difference, by ``answer.bug_or_expected``: with every
+    one changed, DDP's step is one device's up to rounding (``exact``), no final value of ``ddp+fixed``
+    is ``different`` (where the seed study has it), and each difference left is documented."""
+    return rules.bug_or_expected(rs, seeds)["kind"] == "expected"
 
 
 def headline(rs: dict, seeds: dict) -> str:
-    """The first sentence: **No** / **Not shown**, and which defaults change what DDP trains, with
+    """The first sentence: expected behaviour or not (``answer.HEADLINE``), and which defaults change what DDP trains, with
     their one-step sizes."""
     cls = classes(rs)
     trains = [k for k, c in cls.items() if c == "trains"]
     unresolved = [k for k, c in cls.items() if c == "unresolved"]
     fill = _per_rank(rs)
     if accounted(rs, seeds):
-        head = "**No: not a bug in Lightning, "
+        head = f"**{rules.HEADLINE['expected']}: "
         if trains:
             verb = "changes" if len(trains) == 1 else "change"
-            head += (f"but {_count(len(trains))} of its defaults {verb} what DDP trains**, measured {_scale(rs)}: "
+            head += (f"{_count(len(trains))} of Lightning's defaults {verb} what DDP trains**, measured {_scale(rs)}: "
                      + _join([f"{_factor(k)} ({DEFAULTS[k].format(**fill)}: {_trains_words(factor_effects(rs)[k])})"
                               for k in trains]) + ".")
         else:
-            head += f"and none of its defaults is shown to change what DDP trains** {_scale(rs)}."
+            head += f"none of Lightning's defaults is shown to change what DDP trains** {_scale(rs)}."
     else:
         fixed = worst(list(seeds.get("verdict", {}).get("ddp+fixed", {}).values()))
-        head = (f"**Not shown**: with every default changed, {_step_words(rs)} and whole trainings end **{fixed}** "
-                "against one device's, so these studies do not rule out a bug in Lightning.")
+        kind = rules.bug_or_expected(rs, seeds)["kind"]
+        head = (f"**{rules.HEADLINE[kind]}**: with every default changed, {_step_words(rs)} and whole trainings end "
+                f"**{fixed}** against one device's.")
         if trains:
             head += (f" {_count(len(trains)).capitalize()} of Lightning's defaults "
                      f"{'changes' if len(trains) == 1 else 'change'} what DDP trains, measured "
@@ -276,6 +279,11 @@ def main(argv=None) -> str:
     text = answer(results)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "answer.md").write_text(text)
+    sections = {"documented": rules.documented_table(results["report_scale"]), "kl": rules.kl_section(results),
+                "dp": rules.dp_account(results), "faq": rules.faq_section(results),
+                "report_command": rules.command_block(), "reply": rules.reply(results)}
+    for name, section in sections.items():
+        (args.out / f"{name}.md").write_text(section)
     rs = results["report_scale"]
     (args.out / "is-it-a-bug.json").write_text(json.dumps(
         {"answer": text, "classes": classes(rs), "accounted": accounted(rs, results["seeds"])}, indent=1))

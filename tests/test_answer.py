@@ -253,180 +253,6 @@ def test_verdict_rule_per_quantity():
     assert combine(_seeds(p=0.01))["train_kl"] == "different"
 
 
-def test_verdict_inconclusive_long_horizon_never_says_matches():
-    """The seed study says "equivalent" everywhere, the long-horizon check "inconclusive" for the
-    KL: the KL is inconclusive, and nothing outside the seed study's own cell says it matches."""
-    from vae_ddp.studies.verdict import decide, verdict_box, verdict_table
-
-    lh = _lh({"train_kl": "inconclusive", "val_kl": "inconclusive", "train_recon_loss": "equivalent",
-              "val_recon_loss": "equivalent"})
-    d = decide(_seeds(), lh)
-    assert d["kind"] == "inconclusive" and d["verdicts"]["train_kl"] == "inconclusive"
-    box = verdict_box({"seeds": _seeds(), "long_horizon": lh, "report_scale": RS})
-    table = verdict_table({"seeds": _seeds(), "long_horizon": lh, "report_scale": RS})
-    words = (d["title"] + " " + d["training"]).lower()
-    # the long-horizon check is named for what it trains: one factor alone, not DDP against one device
-    assert "inconclusive" in d["title"] and "random streams per rank](factors/noise.md) alone on the kl is inconclusive" \
-        in words, words
-    assert "±0.05" in d["training"]  # what "inconclusive" means: not shown within the margin
-    kl = next(c for c in d["training"].split(";") if "KL" in c)
-    for word in ("match", "equivalent", "not a bug", "same as one device"):
-        assert word not in kl.lower() and word not in d["title"].lower(), (word, d)
-    assert "not a bug" not in box.lower() and "not a bug" not in table.lower()
-    assert _column(table, "KL")["**verdict**"] == "**inconclusive**", table
-    # p-values alone never show equivalence either
-    d = decide(_seeds(p=0.4))
-    assert d["kind"] == "inconclusive" and "match" not in (d["title"] + d["training"]).lower()
-
-
-def test_verdict_difference_is_stated_with_its_size_against_the_margin():
-    from vae_ddp.studies.verdict import decide, verdict_table
-
-    # larger than the margin: the 95% CI lies wholly above it (the committed long-horizon case)
-    big = _cmp("different", 0.00081, mean_b=0.0427, margin=0.00051, ci=(0.00055, 0.0011))
-    lh = _lh({"train_kl": "inconclusive", "val_kl": "inconclusive", "train_recon_loss": "different",
-              "val_recon_loss": "different"}, train_recon_loss=big)
-    d = decide(_seeds(), lh)
-    assert d["kind"] == "different" and d["verdicts"]["train_recon_loss"] == "different"
-    assert ("raises the final training reconstruction by 1.9%, more than one seed-to-seed standard deviation "
-            "(0.00081 against ±0.00051)") in d["training"], d["training"]
-    assert "over 10 seeds x 2,000 steps" in d["training"]
-    assert "inconclusive" in d["training"] and "change training" in d["title"]
-    # a difference the seed study shows smaller than its margin, with no long-horizon check
-    seeds = _seeds({"ddp": {"train_kl": "equivalent", "val_kl": "equivalent", "train_recon_loss": "different",
-                            "val_recon_loss": "equivalent"}}, train_recon_loss=-0.02)
-    d = decide(seeds)
-    assert ("with Lightning's defaults, over 10 seeds x 150 steps, DDP lowers the final training reconstruction "
-            "by 2.0%") in d["training"], d["training"]
-    assert "less than one seed-to-seed standard deviation (0.02 against ±0.1)" in d["training"]
-    table = verdict_table({"seeds": seeds, "long_horizon": None, "report_scale": None})
-    col = _column(table, "reconstruction")
-    assert col["**verdict**"] == "**different**" and "-2.0% (within the margin), equivalent" in col.values(), table
-    both = _seeds({"ddp": {"train_kl": "equivalent", "val_kl": "equivalent", "train_recon_loss": "different",
-                           "val_recon_loss": "different"}}, train_recon_loss=-0.02, val_recon_loss=-0.02)
-    table = verdict_table({"seeds": both, "long_horizon": None, "report_scale": None})
-    assert "-2.0%, -2.0% (within the margin)" in _column(table, "reconstruction").values(), table
-
-
-def test_verdict_all_equivalent_says_matches_within_the_margin():
-    from vae_ddp.studies.verdict import decide, verdict_box
-
-    lh = _lh({q: "equivalent" for q in QS})
-    d = decide(_seeds(), lh)
-    assert d["kind"] == "equivalent" and "matches one device" in d["title"]
-    assert "the KL matches one device's within ±0.1, one seed-to-seed standard deviation" in d["training"], \
-        d["training"]
-    assert "10 seeds x 150 steps and 10 seeds x 2,000 steps" in d["training"]
-    box = verdict_box({"seeds": _seeds(), "long_horizon": lh, "report_scale": RS})
-    assert "the KL matches one device's within ±0.1" in box and not re.search(r"\bDP\b", _prose(box))
-
-
-def test_verdict_box_shape():
-    """A neutral admonition; three sentences (what the report saw, what training changes, why DP
-    looked like one device) before a small table; the change one click away, no code block."""
-    from vae_ddp.studies.verdict import UPSTREAM, verdict_box, verdict_table
-
-    lh = _lh({"train_kl": "inconclusive", "val_kl": "inconclusive", "train_recon_loss": "different",
-              "val_recon_loss": "different"})
-    cases = [(_seeds(), lh, RS), (_seeds(), None, None), (_seeds(p=0.4), None, RS),
-             (_seeds(), _lh(dict.fromkeys(QS, "equivalent")), RS)]
-    for seeds, lh_, rs in cases:
-        box = verdict_box({"seeds": seeds, "long_horizon": lh_, "report_scale": rs})
-        kind = box.split(None, 2)[1]
-        assert box.startswith("!!! ") and kind in ("info", "note"), box.splitlines()[0]
-        assert "warning" not in box.splitlines()[0] and "success" not in box.splitlines()[0]
-        prose = _prose(box)
-        assert _sentences(prose) <= 3, prose
-        assert ["**What the report saw**", "**What training changes**", "**What to change**"] == \
-            re.findall(r"\*\*[^*]+\*\*", prose)[:3]
-        assert "```" not in box and "self." not in box
-        assert "[the recipe](recipe.md)" in box and "factors/noise.md" in box
-        assert UPSTREAM in box and "sync_dist=True" in box and "factors/logging.md" in box
-        assert "|" not in box  # the table is under the box (a phone's width holds the box's prose)
-        table = verdict_table({"seeds": seeds, "long_horizon": lh_, "report_scale": rs})
-        rows = [ln for ln in table.splitlines() if ln.startswith("|")]
-        assert 4 <= len(rows) <= 5 and "is-it-a-bug.md" in table, table  # head, verdict, one row per study
-        assert len(rows[0].split("|")) - 2 <= 3  # columns: the row's name and one per term
-    # the logging row of the report's scale gives the first sentence its sizes
-    box = verdict_box({"seeds": _seeds(), "long_horizon": None, "report_scale": RS})
-    assert "rank 0's 128 of 256 samples" in box and "0.700x a batch-to-batch change" in box and "1.40x as spread" in box
-
-
-def test_dp_lead_is_worded_from_the_seed_study():
-    from vae_ddp.studies.verdict import dp_lead
-
-    words = {"ddp": dict.fromkeys(QS, "equivalent"), "dp": {**dict.fromkeys(QS, "equivalent"),
-                                                         "train_recon_loss": "different"}}
-    line = dp_lead({"seeds": _seeds(words), "long_horizon": None, "report_scale": RS})
-    assert "DP differs in training (training reconstruction +3.0%)" in line, line
-    assert "DDP matches one device in training within ±0.1" in line
-    assert "DP's gradient 0.750x" in line and "DDP's 0.800x" in line
-
-
-def test_dp_lead_weighs_the_long_horizon_check_as_the_box_does():
-    """The seed study says "equivalent", the long-horizon check "inconclusive" for the KL: the line
-    above the DP/DDP table must not say DDP matches one device while the box says inconclusive."""
-    from vae_ddp.studies.verdict import decide, dp_lead
-
-    lh = _lh({"train_kl": "inconclusive", "val_kl": "inconclusive", "train_recon_loss": "equivalent",
-              "val_recon_loss": "equivalent"})
-    words = {"ddp": dict.fromkeys(QS, "equivalent"), "dp": dict.fromkeys(QS, "equivalent")}
-    line = dp_lead({"seeds": _seeds(words), "long_horizon": lh, "report_scale": RS})
-    assert decide(_seeds(words), lh)["kind"] == "inconclusive"
-    ddp = line.split("and DDP", 1)[1]
-    assert "match" not in ddp and "is inconclusive in training" in ddp, line
-    assert "long-horizon check" in ddp and "10 seeds x 2,000 steps" in ddp, line
-    # DP is not measured by the long-horizon check: its words stay the seed study's
-    assert "DP matches one device in training" in line
-
-
-def test_home_verdict_is_generated_from_the_committed_results(generated):
-    """Home shows what the rules make of the committed studies: each quantity's word is the
-    rule applied to the seed study's and the long-horizon check's words, and the sizes in the
-    box are those of the committed JSON."""
-    from vae_ddp.studies.verdict import (
-        QUANTITIES,
-        decide,
-        dp_lead,
-        dp_table,
-        load,
-        verdict_box,
-        verdict_table,
-        worst,
-    )
-
-    results = load(ROOT)
-    decision = generated("home_verdict")["decision"]
-    assert decision == json.loads(json.dumps(decide(results["seeds"], results["long_horizon"], results["report_scale"])))
-    gen = ROOT / "docs" / "generated" / "home_verdict"
-    box = (gen / "output.md").read_text()
-    assert box.rstrip() == verdict_box(results).rstrip()
-    assert (gen / "verdict_table.md").read_text() == verdict_table(results)
-    assert (gen / "dp_lead.md").read_text() == dp_lead(results)
-    assert (gen / "dp_table.md").read_text() == dp_table(results)
-    lh = results["long_horizon"]
-    for q, word in decision["verdicts"].items():
-        words = [results["seeds"]["verdict"]["ddp"][q]] + ([lh["comparison"][q]["verdict"]] if lh else [])
-        assert word == worst(words), (q, words)
-    table = (gen / "verdict_table.md").read_text()
-    for term in ("KL", "reconstruction"):
-        word = worst([decision["verdicts"][q] for q in QUANTITIES if QUANTITIES[q][0] == term])
-        assert _column(table, term)["**verdict**"] == f"**{word}**", table
-    assert box.startswith("!!! info ") and _sentences(_prose(box)) <= 3 and "```" not in box
-    if decision["verdicts"]["train_kl"] != "equivalent":
-        assert "match" not in decision["title"] and "the KL matches" not in decision["training"]
-    # a difference DDP shows against one device is stated with its size against the margin
-    if results["seeds"]["verdict"]["ddp"]["train_recon_loss"] == "different":
-        c = results["seeds"]["summary"]["ddp"]["train_recon_loss"]["vs_single"]
-        assert f"{abs(c['diff']):.2g} against ±{c['margin']:.2g}" in box
-        assert f"{abs(c['diff'] / c['mean_b']):.1%}" in box
-    rs = results["report_scale"]
-    if rs:
-        from vae_ddp.studies.verdict import plotted_words, step_words
-
-        assert plotted_words(rs["logging"]["effect"]["kl"]) in box and step_words(rs) in box
-
-
 def test_factor_table_and_report_scale_rank_by_the_same_quantity(generated):
     """Home's factor table, the report-scale table and each factor page show each training factor's
     one-step effect in the same words from the same JSON (another model or other luck, on the
@@ -469,30 +295,10 @@ def _effect(bias=0.0, bias_ci=(0.0, 0.3), ratio=1.0, ratio_ci=(0.7, 1.4)) -> dic
             "variance_ratio": ratio, "variance_ratio_ci": list(ratio_ci)}
 
 
-def test_plotted_words_say_noisier_or_shifted_only_where_shown():
-    """Logging's words on the plotted curve, by rule: noisier only where the noise ratio's interval is
-    above 1; "not a shifted one" only where the shift is shown below the margin; a detected shift is
-    named; nothing resolved is never worded as "the same"."""
-    from vae_ddp.studies.verdict import plotted_words
-
-    w = plotted_words(_effect(ratio=2.1, ratio_ci=(1.4, 3.3)))
-    assert w.startswith("a noisier curve (2.10x the variance") and "not a shifted one (a shift below 0.3 sd)" in w, w
-    w = plotted_words(_effect(ratio=2.1, ratio_ci=(1.4, 3.3), bias_ci=(0.0, 0.9)))
-    assert "neither detected nor excluded" in w and "not a shifted" not in w, w
-    w = plotted_words(_effect(bias=0.8, bias_ci=(0.4, 1.2), ratio=2.1, ratio_ci=(1.4, 3.3)))
-    assert "noisier" in w and "shifted by 0.8 sd" in w, w
-    assert plotted_words(_effect(ratio=0.4, ratio_ci=(0.2, 0.7))).startswith("a quieter curve")
-    assert plotted_words(_effect(bias=0.8, bias_ci=(0.4, 1.2))) == "a curve shifted by 0.8 sd"
-    assert plotted_words(_effect()) == "the same curve up to other luck"
-    w = plotted_words(_effect(ratio_ci=(0.3, 3.0)))  # inconclusive
-    assert "cannot tell" in w and "same" not in w
-
-
 def test_effect_cells_word_the_kind_and_what_was_detected():
-    """The report-scale table's cells and the box's clauses name the kind, and for "different" only
+    """The report-scale table's cells name the kind, and for "different" only
     what its intervals show: a bias, a noise ratio, or both."""
     from vae_ddp.studies.report_scale import effect_cell, logging_cell
-    from vae_ddp.studies.verdict import _step_clause
 
     bias = _effect(bias=0.82, bias_ci=(0.5, 1.1))
     noise = _effect(ratio=1.9, ratio_ci=(1.3, 2.8))
@@ -504,11 +310,6 @@ def test_effect_cells_word_the_kind_and_what_was_detected():
     assert effect_cell(_effect(ratio_ci=(0.3, 3.0))) == "not resolved"
     assert effect_cell(dict(_effect(), kind="exact")) == "the same step"
     assert logging_cell(noise) == "noisier 1.9x" and logging_cell(bias) == "shifted 0.82 sd"
-    assert _step_clause("batchnorm", bias).endswith("shifts DDP's gradient by 0.82 sd")
-    assert _step_clause("noise", noise).endswith("gives DDP's gradient 1.9x one device's variance")
-    assert _step_clause("noise", both).endswith("shifts DDP's gradient by 0.82 sd and 1.9x its variance")
-    assert _step_clause("sampler", _effect()).endswith("changes only the luck")
-    assert _step_clause("sampler", _effect(ratio_ci=(0.3, 3.0))).endswith("is not resolved")
 
 
 def _rs_effects(kinds: dict[str, dict]) -> dict:
@@ -521,29 +322,6 @@ def _rs_effects(kinds: dict[str, dict]) -> dict:
             "logging": {"kl_ratio": 0.7, "effect": {"kl": _effect(ratio=2.1, ratio_ci=(1.4, 3.3)),
                                                     "reconstruction": _effect()}},
             "variants": variants}
-
-
-def test_the_box_names_the_fixes_of_what_changes_training_at_the_reports_scale():
-    """The first screen's three sentences from the report's scale: the plotted curve's words, each
-    factor's one-step effect (what changes training first) and the fixes of only those that change
-    it; every fix named is one of the package's."""
-    import vae_ddp.fixes
-    from vae_ddp.studies.verdict import FIXES, verdict_box
-
-    assert all(hasattr(vae_ddp.fixes, name) for name in FIXES.values())
-    rs = _rs_effects({"batchnorm": _effect(bias=0.82, bias_ci=(0.5, 1.1)), "noise": _effect(ratio=1.9, ratio_ci=(1.3, 2.8)),
-                      "sampler": _effect()})
-    box = verdict_box({"seeds": _seeds(), "long_horizon": None, "report_scale": rs})
-    prose = _prose(box)
-    assert "its KL is a noisier curve (2.10x the variance" in prose and "not a shifted one" in prose, prose
-    assert "at the report's scale (one step of the ResNet-18 VAE, 24 global batches of 256 = 2 x 128" in prose
-    step = prose.split("**What training changes**", 1)[1]
-    assert step.index("BatchNorm statistics") < step.index("Sampler and data order"), step
-    assert "changes only the luck" in step and "shifts DDP's gradient by 0.82 sd" in step
-    change = prose.split("**What to change**", 1)[1]
-    assert "`GlobalSyncBatchNorm`" in change and "`GlobalBatchNoise`" in change
-    assert "GlobalBatchDistributedSampler" not in change  # only other luck: no change needed for the model
-    assert _sentences(prose) <= 3, prose
 
 
 def test_a_difference_is_more_than_the_margin_only_by_the_interval_the_correction_allows():

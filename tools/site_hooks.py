@@ -8,7 +8,10 @@ workflow sets it to the repository that publishes the site). A page writes
   ``pip install "vae-ddp @ git+<repo_url>"``;
 - ``{{ clone_command }}``: one line that clones the repository and enters it (for what needs the
   repository's files: ``examples/``, the extras such as ``.[gallery]``);
-- ``{{ repo_link }}``: a Markdown link to the repository.
+- ``{{ repo_link }}``: a Markdown link to the repository;
+- ``{{ page_url }}``: the page's own address (``site_url`` and the page's URL; without a
+  ``site_url``, words that say to link this page), for text a reader posts elsewhere; replaced in
+  the page's HTML (``on_page_content``), so an included snippet may use it too.
 
 Without a ``repo_url`` (a local build) each says to work in a clone of the repository instead,
 so no page shows a command with a made-up address.
@@ -47,7 +50,7 @@ GROUPS = {"different": "Change what DDP trains", "same distribution": "Change on
 #: The API page's placeholder for the fix modules' blocks.
 FIX_MODULES = "{{ fix_modules }}"
 
-PLACEHOLDERS = ("{{ install_command }}", "{{ clone_command }}", "{{ repo_link }}")
+PLACEHOLDERS = ("{{ install_command }}", "{{ clone_command }}", "{{ repo_link }}", "{{ page_url }}")
 
 
 def texts(repo_url: str | None) -> dict[str, str]:
@@ -78,6 +81,16 @@ def on_page_markdown(markdown: str, page, config, files) -> str:  # MkDocs calls
     return render(markdown, config.get("repo_url"))
 
 
+PAGE_URL = "{{ page_url }}"
+
+
+def page_url(site_url: str | None, url: str) -> str:
+    """A page's address: ``site_url`` joined with the page's ``url``; without a ``site_url`` (a local
+    build), what to write instead."""
+    base = (site_url or "").strip()
+    return base.rstrip("/") + "/" + url.lstrip("/") if base else "(the address of this page on the published site)"
+
+
 _IMG = re.compile(r"<img\b[^>]*?\bsrc=\"([^\"]+)\"[^>]*>")
 _OPEN_A = re.compile(r"<a\b[^>]*>\s*$")
 FULL_SIZE = "Open the figure at full size"
@@ -96,6 +109,8 @@ def link_figures(html: str) -> str:
 
 
 def on_page_content(html: str, page, config, files) -> str:  # MkDocs calls it with these names
+    if PAGE_URL in html:
+        html = html.replace(PAGE_URL, page_url(config.get("site_url"), page.url))
     return link_figures(html) if "<img" in html else html
 
 
