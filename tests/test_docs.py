@@ -633,14 +633,19 @@ _TABLE_WIDTHS = """() => {
 }"""
 
 
+#: The top-level items of the site's navigation, in order, as a desktop shows them.
+_NAV = """() => [...document.querySelectorAll('.md-nav--primary > .md-nav__list > .md-nav__item')]
+    .map(e => (e.querySelector('a, label') || e).textContent.trim())"""
+
+
 @pytest.fixture(scope="module")
 def rendered(site, server, browser) -> dict:
     """Every page, loaded once on a desktop (1280 x 800) and once on a phone (390 x 844): what
     the browser tests below check. Per viewport and page: ``errors`` (console errors, uncaught
     exceptions), ``images`` (``src``, loaded), ``width`` (the page's scroll width),
-    ``tables`` (as laid out, collapsed blocks closed: fits the screen or scrolls in its own box)
-    and ``widths`` (collapsed blocks opened: each table's width, its column's, the right edge
-    of its verdict column)."""
+    ``tables`` (as laid out, collapsed blocks closed: fits the screen or scrolls in its own box),
+    ``nav`` (the navigation's top-level items) and ``widths`` (collapsed blocks opened: each
+    table's width, its column's, the right edge of its verdict column)."""
     seen = {}
     for name, context in (("desktop", browser.new_context(viewport=_DESKTOP)),
                           ("phone", browser.new_context(viewport=_PHONE, device_scale_factor=2, is_mobile=True))):
@@ -662,6 +667,7 @@ def rendered(site, server, browser) -> dict:
                         "img", "els => els.map(e => ({src: e.getAttribute('src'), ok: e.complete && e.naturalWidth > 0}))"),
                     "width": page.evaluate("document.documentElement.scrollWidth"),
                     "tables": page.eval_on_selector_all("article table", _PHONE_TABLES),
+                    "nav": page.evaluate(_NAV),
                     "widths": page.evaluate(_TABLE_WIDTHS),  # last: it opens the collapsed blocks
                     "errors": errors}
                 page.close()
@@ -978,3 +984,10 @@ def test_tables_fit_the_column_on_a_desktop_and_show_the_verdict_on_a_phone(rend
                      f"off the screen" for t in r["widths"]
                      if t["verdictRight"] is not None and t["verdictRight"] > _PHONE["width"] + 1]
     assert not problems, "\n".join(problems)
+
+
+def test_is_it_a_bug_is_among_the_first_navigation_items(rendered):
+    """"Is it a bug?", the question most readers come with, is one of the first three items of
+    the navigation after Home."""
+    nav = rendered["desktop"]["/"]["nav"]
+    assert nav[:1] == ["Home"] and "Is it a bug?" in nav[1:4], f"the navigation: {nav}"
