@@ -81,3 +81,11 @@ def test_legacy_page_names_the_report_seed_and_version():
     r = report()
     text = (ROOT / "docs" / "legacy.md").read_text()
     assert f"`{r['seed']}`" in text and f"Lightning {r['lightning']}" in text
+
+
+def test_dataparallel_page_quotes_the_report_dp_flags():
+    """The DataParallel page opens with the report's third configuration, its flags as written."""
+    dp_line = next(c for c in report()["commands"] if "--accelerator=dp" in c)
+    first = (ROOT / "docs" / "dataparallel.md").read_text().split("\n\n")[1]
+    spans = [s for s in re.findall(r"`([^`]+)`", first.replace("\n", " ")) if "--accelerator" in s]
+    assert spans and all(s in dp_line for s in spans) and any("--accelerator=dp" in s for s in spans), spans
