@@ -1,12 +1,19 @@
 """The report's training script in its Lightning 2.x form, built on LightningCLI.
 
-The report (Lightning 1.2) ran bolts' VAE script with `Trainer.add_argparse_args`:
+The report (Lightning 1.2.6) ran bolts' VAE script, whose `cli_main` calls
+`pl.seed_everything(1234)` and reads its flags with `Trainer.add_argparse_args`, as it
+wrote them:
 
 ```bash
-python vae.py --gpus 1 --batch_size 256                       # single
-python vae.py --gpus 2 --accelerator dp --batch_size 256      # DP
-python vae.py --gpus 2 --accelerator ddp --batch_size 128     # DDP, 128 per process
+python vae.py --dataset=cifar10 --batch_size=256 # single gpu training
+python vae.py --dataset=cifar10 --batch_size=128 --gpus=2 --accelerator=ddp
+python vae.py --dataset=cifar10 --batch_size=256 --gpus=2 --accelerator=dp
 ```
+
+The first line names no `--gpus`: Lightning 1.2.6's `Trainer` defaults to `gpus=None`, which
+trains on the CPU (it warns "GPU available but not used"), although the line's comment says
+one GPU. `--accelerator` meant the distributed backend in Lightning 1.2; Lightning 1.5 moved it
+to `--strategy`. This script's default seed is the report's, 1234.
 
 Lightning 2.x equivalents (`LightningCLI` replaced `add_argparse_args`; DP is gone, see
 the DataParallel page):
@@ -26,7 +33,8 @@ python examples/vae.py fit --trainer.accelerator cpu --trainer.devices 2 --train
     --data.batch_size 128 --data.data_dir DIR
 ```
 
-Full CIFAR-10 (torchvision downloads it into DIR): `--data vae_ddp.data.CIFAR10DataModule --data.data_dir DIR`.
+Full CIFAR-10, the report's `--dataset=cifar10` (torchvision downloads it into DIR):
+`--data vae_ddp.data.CIFAR10DataModule --data.data_dir DIR`.
 """
 
 import re

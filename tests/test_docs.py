@@ -633,14 +633,47 @@ _TABLE_WIDTHS = """() => {
 }"""
 
 
+#: The tables and code blocks that start on the first screen (no scrolling; collapsed blocks stay
+#: closed): each fits when its box does not scroll sideways and it ends on the screen.
+_FIRST_SCREEN = """() => [...document.querySelectorAll('article table, article pre')]
+        .filter(e => e.offsetParent !== null && e.getBoundingClientRect().top < window.innerHeight).map(e => {
+    const table = e.tagName === 'TABLE';
+    const box = table ? (e.closest('.md-typeset__scrollwrap') || e.parentElement) : (e.querySelector('code') || e);
+    const r = e.getBoundingClientRect();
+    return {kind: table ? 'table' : 'code block', width: table ? e.scrollWidth : box.scrollWidth,
+            fits: box.scrollWidth <= box.clientWidth + 1 && r.right <= window.innerWidth + 1 && r.left >= -1,
+            over: Math.max(box.scrollWidth - box.clientWidth, Math.round(r.right - window.innerWidth)),
+            what: (table ? [...e.querySelectorAll('th')].map(h => h.textContent.trim()).join(' | ')
+                         : e.textContent.trim().split('\\n')[0]).slice(0, 80)};
+})"""
+
+#: Every code block, collapsed blocks opened: does it scroll inside its own box, on the screen?
+_CODE_BLOCKS = """() => {
+    document.querySelectorAll('article details').forEach(d => { d.open = true; });
+    return [...document.querySelectorAll('article pre')].filter(e => e.offsetParent !== null).map(e => {
+        const box = e.querySelector('code') || e;
+        const r = box.getBoundingClientRect();
+        return {wide: box.scrollWidth > box.clientWidth + 1, scrolls: ['auto', 'scroll'].includes(getComputedStyle(box).overflowX),
+                inside: r.left >= -1 && r.right <= window.innerWidth + 1, first: e.textContent.trim().split('\\n')[0].slice(0, 60)};
+    }).concat([{page: document.documentElement.scrollWidth}]);
+}"""
+
+#: The top-level items of the site's navigation, in order, as a desktop shows them.
+_NAV = """() => [...document.querySelectorAll('.md-nav--primary > .md-nav__list > .md-nav__item')]
+    .map(e => (e.querySelector('a, label') || e).textContent.trim())"""
+
+
 @pytest.fixture(scope="module")
 def rendered(site, server, browser) -> dict:
     """Every page, loaded once on a desktop (1280 x 800) and once on a phone (390 x 844): what
     the browser tests below check. Per viewport and page: ``errors`` (console errors, uncaught
     exceptions), ``images`` (``src``, loaded), ``width`` (the page's scroll width),
-    ``tables`` (as laid out, collapsed blocks closed: fits the screen or scrolls in its own box)
-    and ``widths`` (collapsed blocks opened: each table's width, its column's, the right edge
-    of its verdict column)."""
+    ``tables`` (as laid out, collapsed blocks closed: fits the screen or scrolls in its own box),
+    ``first_screen`` (the tables and code blocks that start on the first screen: do they fit),
+    ``nav`` (the navigation's top-level items), ``widths`` (collapsed blocks opened: each
+    table's width, its column's, the right edge of its verdict column) and ``code`` (collapsed
+    blocks opened: each code block, wide or not, scrolls in its box on the screen; last, the
+    page's width)."""
     seen = {}
     for name, context in (("desktop", browser.new_context(viewport=_DESKTOP)),
                           ("phone", browser.new_context(viewport=_PHONE, device_scale_factor=2, is_mobile=True))):
@@ -662,7 +695,10 @@ def rendered(site, server, browser) -> dict:
                         "img", "els => els.map(e => ({src: e.getAttribute('src'), ok: e.complete && e.naturalWidth > 0}))"),
                     "width": page.evaluate("document.documentElement.scrollWidth"),
                     "tables": page.eval_on_selector_all("article table", _PHONE_TABLES),
-                    "widths": page.evaluate(_TABLE_WIDTHS),  # last: it opens the collapsed blocks
+                    "first_screen": page.evaluate(_FIRST_SCREEN),
+                    "nav": page.evaluate(_NAV),
+                    "widths": page.evaluate(_TABLE_WIDTHS),  # from here on: the collapsed blocks opened
+                    "code": page.evaluate(_CODE_BLOCKS),
                     "errors": errors}
                 page.close()
         context.close()
@@ -983,4 +1019,43 @@ def test_tables_fit_the_column_on_a_desktop_and_show_the_verdict_on_a_phone(rend
         problems += [f"390 px: {path}: the verdict column of '{t['head']}' ends at {t['verdictRight']:.0f} px, "
                      f"off the screen" for t in r["widths"]
                      if t["verdictRight"] is not None and t["verdictRight"] > _PHONE["width"] + 1]
+    assert not problems, "\n".join(problems)
+
+
+def test_is_it_a_bug_is_among_the_first_navigation_items(rendered):
+    """"Is it a bug?", the question most readers come with, is one of the first three items of
+    the navigation after Home."""
+    nav = rendered["desktop"]["/"]["nav"]
+    assert nav[:1] == ["Home"] and "Is it a bug?" in nav[1:4], f"the navigation: {nav}"
+
+
+#: The pages a reader starts from: on each, every table and code block that starts on the first
+#: phone screen fits its width (390 px) without scrolling sideways. A URL path, or a folder of pages.
+FIRST_SCREEN_PAGES = ["/", "/is-it-a-bug/", "/factors/", "/questions/"]
+
+
+@pytest.mark.parametrize("where", FIRST_SCREEN_PAGES)
+def test_first_phone_screen_fits(rendered, where):
+    """At 390 x 844, every table and code block that starts on the first screen (no scrolling)
+    of Home, "Is it a bug?", the factor pages and the question pages fits the screen's width:
+    it does not scroll sideways and ends on the screen."""
+    paths = ([p for p in rendered["phone"] if p == where]  # a page, or the pages of a folder
+             or [p for p in rendered["phone"] if p.startswith(where)])
+    assert len(paths) >= (1 if where in rendered["phone"] else 6), f"{where}: {paths}"
+    problems = [f"{path}: {e['kind']} '{e['what']}' is {e['width']} px wide, {e['over']} px more than the screen has"
+                for path in paths for e in rendered["phone"][path]["first_screen"] if not e["fits"]]
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("path", ["/audit/", "/scaling/"])
+def test_code_blocks_scroll_inside_their_block_on_a_phone(rendered, path):
+    """At 390 px the long lines of the audit and scaling pages' code blocks (collapsed blocks
+    opened) scroll inside their block, which stays on the screen; the page itself does not
+    scroll sideways."""
+    *blocks, page = rendered["phone"][path]["code"]
+    assert any(b["wide"] for b in blocks), f"{path}: no code block wider than the screen, nothing checked"
+    problems = [f"{path}: code block '{b['first']}' " + ("runs off the screen" if not b["inside"] else "does not scroll")
+                for b in blocks if not b["inside"] or (b["wide"] and not b["scrolls"])]
+    if page["page"] > _PHONE["width"] + 1:
+        problems.append(f"{path}: the page is {page['page']} px wide with its collapsed blocks open")
     assert not problems, "\n".join(problems)

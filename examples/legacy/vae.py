@@ -2,17 +2,16 @@
 
 The report trained lightning-bolts' CIFAR-10 VAE; its script opens as bolts'
 ``pl_bolts/models/autoencoders/basic_vae/basic_vae_module.py`` at commit 261a098 (the file of
-lightning-bolts 0.3.1 to 0.3.3). This script keeps that file's ``cli_main`` as bolts wrote it:
-``pl.seed_everything()`` (bolts' call has no seed; the report's own script has the seed call
-the report shows: with a seed or without one, every DDP rank seeds its generator alike),
-``VAE.add_model_specific_args``, ``Trainer.add_argparse_args``,
+lightning-bolts 0.3.1 to 0.3.3), with ``pl.seed_everything(1234)`` where bolts' ``cli_main``
+calls ``pl.seed_everything()`` without a seed. This script keeps that file's ``cli_main`` as
+bolts wrote it: ``pl.seed_everything()`` (with a seed or without one, every DDP rank seeds
+its generator alike), ``VAE.add_model_specific_args``, ``Trainer.add_argparse_args``,
 ``CIFAR10DataModule.from_argparse_args``, ``Trainer.from_argparse_args``, ``fit``. The report
-compared one GPU at the default batch of 256, DataParallel on 2 GPUs and DDP on 2 GPUs with the
-batch size set to 128; in Lightning 1.2's flags:
+(Lightning 1.2.6) ran it as it wrote these lines:
 
-    python vae.py --gpus 1                                       # single GPU, batch 256
-    python vae.py --gpus 2 --accelerator dp                      # DataParallel, 2 x 128
-    python vae.py --gpus 2 --accelerator ddp --batch_size 128    # DDP, 2 x 128
+    python vae.py --dataset=cifar10 --batch_size=256 # single gpu training
+    python vae.py --dataset=cifar10 --batch_size=128 --gpus=2 --accelerator=ddp
+    python vae.py --dataset=cifar10 --batch_size=256 --gpus=2 --accelerator=dp
 
 The model is lightning-bolts' own ``VAE`` class, imported from the installed package, not
 a copy. Everything below follows bolts' ``cli_main``; these are the only changes, each forced:

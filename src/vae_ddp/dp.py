@@ -30,10 +30,10 @@ source: every replica is a shallow copy of the LightningModule (torch's
 same result object and each call overwrites the last one (Lightning 1.2.6:
 ``training_loop.training_step`` sets ``model._results = Result()`` before the DP forward and
 ``Result.log`` stores with ``__setitem__``; Lightning 1.9.5: ``_ResultMetric.update`` sets
-``_forward_cache`` for ``on_step`` values, and with ``sync_dist=True`` DP's
-``DataParallelStrategy.reduce`` only takes the mean of that one scalar). Which replica
-writes last depends on thread scheduling; the emulation logs the last replica's value
-(``logged_replica``), a half batch, as DDP's rank 0 does. The *loss* that is optimised is
+``_forward_cache`` for ``on_step`` values, and ``LightningModule.log`` passes on
+``sync_dist and _distributed_available()``, false under DP, which starts no process
+group). Which replica writes last depends on thread scheduling; the emulation logs the last
+replica's value (``logged_replica``), a half batch, as DDP's rank 0 does. The *loss* that is optimised is
 the mean over replicas (``training_step_end``'s default reduction).
 """
 
