@@ -22,6 +22,8 @@ import contextlib
 import errno
 import os
 import shutil
+import stat
+import tempfile
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -106,22 +108,39 @@ def check_space(folder: "str | Path", needed: int) -> None:
 def replacing(path: "str | Path", needed: Optional[int] = None) -> Iterator[Path]:
     """A temporary path in ``path``'s folder to write ``path`` to; renamed over ``path`` when the
     block ends without an exception, removed when it raises. ``needed``: the file's expected size
-    in bytes, for the message of a full file system.
+    in bytes, for the message of a full file system. The temporary file is created here, empty,
+    under a name with a random part (``O_CREAT | O_EXCL``: never a file or link someone else
+    made there), with the mode a new file gets (0666 less the umask).
 
     Raises:
         OutOfSpace: the file system is full (what was written is removed).
     """
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}{_TMP}")
+    tmp: Optional[Path] = None
     try:
+        tmp = _new_file(path.parent, f".{path.name}.{os.getpid()}.", _TMP)
         yield tmp
         os.replace(tmp, path)
     except BaseException as err:
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, TypeError):
             tmp.unlink()
         if isinstance(err, Exception) and not isinstance(err, OutOfSpace) and no_space(err, path.parent):
             raise OutOfSpace(path.parent, needed) from err
         raise
+
+
+def _new_file(folder: Path, prefix: str, suffix: str) -> Path:
+    """A new empty file ``folder/prefix<random>suffix``, created by this call (``O_EXCL``, which
+    follows no link), mode 0666 less the umask."""
+    import secrets
+
+    while True:
+        tmp = folder / f"{prefix}{secrets.token_hex(4)}{suffix}"
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            return tmp
+        except FileExistsError:
+            continue
 
 
 def write_atomic(path: "str | Path", data: "str | bytes") -> Path:
@@ -206,18 +225,17 @@ def result_set(out_dir: "str | Path") -> Iterator[Path]:
         cwd = Path.cwd()
     except OSError:
         cwd = None
+    mode = stat.S_IMODE(out.stat().st_mode)
     try:
         if cwd is not None and (cwd == out or out in cwd.parents):
             raise IsADirectoryError(out)  # this process works inside --out: the folder stays the same
-        new = out.parent / f".{out.name}.{_NEW}-{os.getpid()}"
-        shutil.rmtree(new, ignore_errors=True)
-        new.mkdir()
+        # made anew under a random name (mkdtemp: never a folder or link someone else made), with --out's mode
+        new = Path(tempfile.mkdtemp(prefix=f".{out.name}.{_NEW}-{os.getpid()}-", dir=out.parent))
         whole = True
     except OSError:  # the parent is not writable, or the cwd is inside: a folder inside, its files renamed one by one
-        new = out / f".{_NEW}-{os.getpid()}"
-        shutil.rmtree(new, ignore_errors=True)
-        new.mkdir()
+        new = Path(tempfile.mkdtemp(prefix=f".{_NEW}-{os.getpid()}-", dir=out))
         whole = False
+    os.chmod(new, mode)
     try:
         yield new
         _publish(new, out, whole)

@@ -220,9 +220,8 @@ def _train(runs: list[AuditRun], out: Path) -> int:
                 with replacing(out / f"{run.label}.steps.pt") as tmp:
                     torch.save(record, tmp)
                 if not run.teacher_forced:  # the reference: its weights, for the forced runs (written whole)
-                    tmp = Path(run.steps_file).with_suffix(".partial")
-                    torch.save({**record, "states": probe.states}, tmp)
-                    os.replace(tmp, run.steps_file)
+                    with replacing(Path(run.steps_file)) as tmp:
+                        torch.save({**record, "states": probe.states}, tmp)
         # Lightning's Trainer and module refer to each other: without a collection here each run's
         # module, optimizer state and recorded steps (several copies of the parameters) outlive it
         del model, dm, trainer, probe

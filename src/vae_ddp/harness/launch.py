@@ -123,7 +123,8 @@ def launch(spec: Job, out_dir: Path, timeout: Optional[float] = None, quiet: boo
         # like torchrun: do not let N ranks x all cores threads fight over the cores
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // spec.world_size))
     cmd = (entry or [sys.executable, "-m", "vae_ddp.harness.runner"]) + [str(job), str(out_dir)]
-    with open(log, "w") as err:
+    log.unlink(missing_ok=True)  # a new file of this run's (O_EXCL): never a link or file someone else put there
+    with os.fdopen(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "w") as err:
         try:  # under a guard: its own process group, a watchdog, nothing left behind (vae_ddp.guard)
             code = guard.run(cmd, timeout=timeout, stall=stall, fork=_forkable(cmd, spec), env=env, stderr=err,
                              stdout=subprocess.DEVNULL if quiet else None).returncode
