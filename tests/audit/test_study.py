@@ -9,6 +9,7 @@ gradient within 2x the one-device floor.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -405,6 +406,67 @@ def test_a_failed_run_is_exit_code_3_not_a_verdict(tmp_path, capsys, monkeypatch
     code = main(["audit", "--model", f"{M}.Plain", "--data", f"{M}.Regression", "--out", str(tmp_path / "a")])
     err = capsys.readouterr().err
     assert code == 3 and "boom" in err, err
+
+
+def test_a_failed_audit_keeps_the_earlier_report_and_says_whose_it_is(tmp_path, capsys, monkeypatch):
+    """An audit that fails (a run raising, killed, a rank gone) into a folder with an earlier report
+    leaves that report whole (it deleted audit.json and tables.md when it planned its runs) and says
+    that the report there is the earlier one."""
+    from vae_ddp.audit import study
+    from vae_ddp.cli import main
+    from vae_ddp.harness.launch import RunFailed
+
+    out = tmp_path / "a"
+    (out / "runs").mkdir(parents=True)
+    (out / "audit.json").write_text('{"within_floor": true}')
+    (out / "tables.md").write_text("the earlier report\n")
+
+    def failing(plan, runs_dir):
+        raise RunFailed("run 'ddp' exited with code 1; first error: RuntimeError: boom")
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(study, "_measure", failing)
+    code = main(["audit", "--model", f"{M}.Plain", "--data", f"{M}.Regression", "--steps", "1", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 3 and "boom" in err, err
+    assert (out / "audit.json").read_text() == '{"within_floor": true}'
+    assert (out / "tables.md").read_text() == "the earlier report\n"
+    assert f"{out / 'tables.md'} and audit.json are not this audit's: they are the earlier report" in err, err
+
+
+def test_out_is_where_the_command_started_whatever_the_module_does(tmp_path, capsys, monkeypatch):
+    """A module whose __init__ calls os.chdir('/') made a relative --out resolve under /: exit 0 and
+    the report in /out/..., without a word. --out is resolved when the command starts, the runs
+    start in that folder, and the output says where the report was written."""
+    from vae_ddp.audit import study
+    from vae_ddp.cli import main
+
+    seen = {}
+
+    def measured(plan, runs_dir):
+        seen.update(cwd=os.getcwd(), runs_dir=runs_dir)
+        return None
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [str(ROOT), *sys.path])
+    monkeypatch.setattr(study, "_measure", measured)
+    monkeypatch.setattr(study, "_judge", lambda plan, runs, notes: {"within_floor": True})
+    monkeypatch.setattr(study, "render", lambda result: "the table")
+    stray = Path("/", f"t51-out-{os.getpid()}")
+    try:
+        code = main(["audit", "--model", str(ROOT / "tests/scripts/changes_folder.py:ChangesFolder"), "--data",
+                     f"{M}.Regression", "--steps", "1", "--out", stray.name])
+        out = capsys.readouterr().out
+        assert code == 0 and not stray.exists(), out
+    finally:
+        import shutil
+
+        shutil.rmtree(stray, ignore_errors=True)
+    assert (tmp_path / stray.name / "tables.md").read_text() == "the table\n"
+    assert seen == {"cwd": str(tmp_path), "runs_dir": tmp_path / stray.name / "runs"}, seen
+    assert (f"[audit] report of this audit written to {tmp_path / stray.name / 'tables.md'} and "
+            f"{tmp_path / stray.name / 'audit.json'}") in out, out
 
 
 def test_a_failing_one_device_run_is_exit_code_3_with_its_own_error(tmp_path):
