@@ -57,8 +57,27 @@ def under_guard() -> bool:
 
 
 def default_stall() -> float:
-    """Seconds without progress before the watchdog fires: ``$VAE_DDP_WATCHDOG_S`` or 300."""
-    return float(os.environ.get(_ENV_STALL) or DEFAULT_STALL_S)
+    """Seconds without progress before the watchdog fires: ``$VAE_DDP_WATCHDOG_S`` or 300.
+
+    Raises:
+        vae_ddp.errors.UserError: ``$VAE_DDP_WATCHDOG_S`` is set but not a number of seconds above 0
+            (``abc``, ``0``, ``-5``, ``nan``): bad input, which the commands refuse before any work.
+    """
+    import math
+
+    from vae_ddp.errors import UserError
+
+    text = os.environ.get(_ENV_STALL, "").strip()
+    if not text:
+        return DEFAULT_STALL_S
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not seconds > 0:  # nan too
+        raise UserError(f"{_ENV_STALL}={os.environ[_ENV_STALL]!r} is not a number of seconds above 0: set it to the "
+                        f"seconds without progress after which a run is ended (say 60), or unset it ({DEFAULT_STALL_S:g})")
+    return seconds
 
 
 def guarded(cmd: Sequence[str], timeout: Optional[float] = None, stall: Optional[float] = None,
