@@ -73,3 +73,24 @@ def test_only_this_projects_runners_are_forked_never_the_audits(monkeypatch):
     assert not _forkable([sys.executable, "-m", "vae_ddp.audit.run", "job.json", "out"], spec)
     monkeypatch.setenv("VAE_DDP_LAUNCH", "exec")
     assert not any(_forkable(cmd, spec) for cmd in runners)
+
+
+def test_a_dataloader_workers_own_error_is_in_the_first_line(tmp_path):
+    """torch re-raises a worker's error as 'ValueError: Caught ValueError in DataLoader worker process
+    0.', the worker's own error at the end of its traceback below: the one line kept only the former."""
+    from vae_ddp.harness.launch import _failure
+
+    log = """[rank1]: Traceback (most recent call last):
+[rank1]:   File "/x/torch/_utils.py", line 803, in reraise
+[rank1]:     raise exception
+[rank1]: ValueError: Caught ValueError in DataLoader worker process 0.
+[rank1]: Original Traceback (most recent call last):
+[rank1]:   File "/x/torch/utils/data/_utils/worker.py", line 375, in _worker_loop
+[rank1]:     data = fetcher.fetch(index)
+[rank1]:   File "data.py", line 6, in __getitem__
+[rank1]: ValueError: bad sample 3: its label is missing
+[rank0]: RuntimeError: Connection closed by peer""".splitlines()
+    err = _failure("ddp", 1, log, tmp_path / "stderr.log", tmp_path)
+    assert str(err).splitlines()[0] == ("run 'ddp' exited with code 1; first error: [rank1]: ValueError: Caught "
+                                        "ValueError in DataLoader worker process 0: ValueError: bad sample 3: its "
+                                        "label is missing"), str(err)

@@ -212,14 +212,21 @@ def _ended(pid: int, tag: str) -> int:
 
 
 def _failure(label: str, code: Optional[int], lines: list[str], log: Path, out_dir: Path) -> RunFailed:
-    """The error of a failed run: its first error line (the rank that failed first), the log's
-    path, and last the rank that ended first and how; [`OutOfSpace`][vae_ddp.outputs.OutOfSpace]
+    """The error of a failed run: its first error line (the rank that failed first; for an error a
+    DataLoader worker raised, with the worker's own error line), the log's path, and last the rank that ended first and how; [`OutOfSpace`][vae_ddp.outputs.OutOfSpace]
     when the file system filled up."""
     from vae_ddp.outputs import OutOfSpace, _free
 
     if any(s in ln for ln in lines for s in _NO_SPACE) or _free(out_dir) < 2 ** 20:
         return OutOfSpace(out_dir)
-    first = next((ln for ln in lines if _ERROR_LINE.match(ln)), None)
+    at = next((i for i, ln in enumerate(lines) if _ERROR_LINE.match(ln)), None)
+    first = None if at is None else lines[at]
+    if first is not None and "in DataLoader worker process" in first:
+        # torch re-raises a worker's error as "Caught X in DataLoader worker process N." with the
+        # worker's own traceback below it: its last line is what went wrong (the dataset's words)
+        own = next((ln for ln in lines[at + 1:] if _ERROR_LINE.match(ln)), None)
+        if own is not None:
+            first = f"{first.rstrip('.')}: {re.sub(r'^[[]rank[0-9]+[]]: ', '', own)}"
     rank = next((m for m in map(_RANK_LINE.match, lines) if m), None)
     what = "timed out" if code is None else f"exited with code {code}"
     text = f"run '{label}' {what}" + (f"; first error: {first}" if first else "")
