@@ -469,6 +469,36 @@ def test_out_is_where_the_command_started_whatever_the_module_does(tmp_path, cap
             f"{tmp_path / stray.name / 'audit.json'}") in out, out
 
 
+def test_a_world_size_says_what_it_costs_and_one_that_does_not_fit_is_refused(tmp_path, capsys, monkeypatch):
+    """--devices 64 on 2 cores started 69 processes without a word: the output says what a world
+    size costs (processes, cores, memory) before anything starts, and refuses one whose processes
+    would not fit in memory (exit 2, one line, nothing built or started)."""
+    import vae_ddp.harness.resources as resources
+    from vae_ddp.audit import study
+    from vae_ddp.cli import main
+    from vae_ddp.harness.launch import RunFailed
+
+    def failing(plan, runs_dir):
+        raise RunFailed("run 'ddp' exited with code 1; first error: RuntimeError: stopped here")
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(study, "_measure", failing)
+    monkeypatch.setattr(resources, "_available_memory", lambda: 10 ** 9)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    args = ["audit", "--model", f"{M}.Plain", "--data", f"{M}.Regression", "--steps", "1", "--data.batch_size"]
+    code = main([*args, "64", "--devices", "64", "--out", str(tmp_path / "big")])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.err.count("\n") == 1 and not (tmp_path / "big").exists(), captured
+    assert ("--devices 64: 65 processes (64 DDP ranks and the one-device runs beside them) need about 9.8 GB of "
+            "memory (150.0 MB each), 1.0 GB is available: use at most --devices 5") in captured.err, captured.err
+    code = main([*args, "16", "--devices", "4", "--out", str(tmp_path / "small")])
+    out = capsys.readouterr().out
+    assert code == 3, out
+    assert ("[audit] cost: 5 processes (4 DDP ranks and the one-device runs beside them) on 2 CPU cores, about 2x as "
+            "long per step as with a core each; about 750.") in out.splitlines()[0], out
+
+
 def test_a_failing_one_device_run_is_exit_code_3_with_its_own_error(tmp_path):
     """The one-device runs train beside the DDP ranks in the same launch: when they fail, the
     DDP runs waiting for their weights stop, and the audit names the one-device error, not theirs."""

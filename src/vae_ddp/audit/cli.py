@@ -144,7 +144,10 @@ def _audit(cfg: Any, argv: list[str], cwd: str) -> int:
     out = Path(cwd, os.path.expanduser(cfg.out))
     try:
         run, model_cls, data_cls = preflight.audit_run(cfg.as_dict())
-        static, notes = preflight.check(run, data_cls, model_cls)
+        cost: list[str] = []
+        static, notes = preflight.check(run, data_cls, model_cls, cost)
+        for line in cost:  # before anything starts: what the world size costs
+            print(f"[audit] cost: {line}", flush=True)
         if os.getcwd() != cwd:  # the user's __init__ changed the working folder: the runs start where the command did
             os.chdir(cwd)
         out = preflight.writable(out)
