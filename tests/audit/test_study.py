@@ -507,6 +507,7 @@ def test_a_failing_one_device_run_is_exit_code_3_with_its_own_error(tmp_path):
     assert not list((tmp_path / "audit").rglob("*.pt"))  # a failed audit leaves no tensors either
     first = next(ln for ln in output.splitlines() if ln.startswith("vae-ddp audit: error:"))
     assert "first error: RuntimeError: one device exploded on purpose" in first, first
+    assert first.startswith("vae-ddp audit: error: run 'single' "), first  # not all 22 runs' names
 
 
 def test_a_one_device_process_that_dies_ends_the_audit(tmp_path):

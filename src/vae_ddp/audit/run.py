@@ -183,12 +183,20 @@ def main(argv: list[str]) -> int:
     return run_job(argv, lambda d: AuditRun(**d), _train_or_mark)
 
 
+#: The run this process trains now (its label), for the line that names a run that failed.
+_CURRENT: list[str] = []
+
+
 def _train_or_mark(runs: list[AuditRun], out: Path) -> int:
-    """``_train(runs, out)``; if it fails, the teacher-forced runs waiting for the weights these
-    runs record are told so (their marker file)."""
+    """``_train(runs, out)``; if it fails, the line ``vae-ddp: run 'LABEL' failed in PID P`` names
+    the run on stderr ([`launch`][vae_ddp.harness.launch.launch] names it, not the job's every
+    label), and the teacher-forced runs waiting for the weights these runs record are told so
+    (their marker file)."""
     try:
         return _train(runs, out)
     except BaseException:
+        if _CURRENT:
+            print(f"vae-ddp: run '{_CURRENT[-1]}' failed in PID {os.getpid()}", file=sys.stderr, flush=True)
         for run in runs:
             if run.steps_file and not run.teacher_forced:
                 failed_marker(Path(run.steps_file)).touch()
@@ -201,6 +209,9 @@ def _train(runs: list[AuditRun], out: Path) -> int:
     out.mkdir(parents=True, exist_ok=True)
     info = {}
     for run in runs:
+        # which run each process trains, in the log: a rank that dies is named with its run (launch)
+        _CURRENT[:] = [run.label]
+        print(f"vae-ddp: PID {os.getpid()} starts run '{run.label}'", file=sys.stderr, flush=True)
         probe = None
         if run.steps_file:
             probe = StepProbe(wait_for_steps(Path(run.steps_file)) if run.teacher_forced else None,

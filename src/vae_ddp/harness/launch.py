@@ -31,7 +31,10 @@ JOB_FILE = "job.json"
 
 _ERROR_LINE = re.compile(r"^(\[rank\d+\]: )?[A-Za-z_][\w.]*(Error|Exception)(:|$)")
 #: what a rank's watcher, the job's child or the guard says of a rank that ended (vae_ddp.ranks)
-_RANK_LINE = re.compile(r"^vae-ddp: rank (?P<rank>\d+) \(PID \d+\) (?P<how>.*?)(: ending every rank)?$")
+_RANK_LINE = re.compile(r"^vae-ddp: rank (?P<rank>\d+) \(PID (?P<pid>\d+)\) (?P<how>.*?)(: ending every rank)?$")
+#: what a process of a launch says when it starts a run, and when a run fails in it (vae_ddp.audit.run)
+_STARTS = re.compile(r"^vae-ddp: PID (?P<pid>\d+) starts run '(?P<label>[^']*)'$")
+_FAILED = re.compile(r"^vae-ddp: run '(?P<label>[^']*)' failed in PID (?P<pid>\d+)$")
 #: what a full file system looks like in a run's stderr
 _NO_SPACE = ("No space left on device", "no space left on the file system", "unexpected pos", "file write failed")
 
@@ -133,7 +136,8 @@ def launch(spec: Job, out_dir: Path, timeout: Optional[float] = None, quiet: boo
     if code != 0 or not (out_dir / "run.json").exists():
         lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
         if code in (guard.STALLED, guard.TIMED_OUT) and lines and lines[-1].startswith("vae-ddp guard:"):
-            head = f"run '{spec.label}': {lines[-1][len('vae-ddp guard: '):]}"
+            stopped = re.search(r"\(PID (\d+)\) is stopped", lines[-1])
+            head = f"run '{_which_run(spec.label, lines, stopped and stopped[1])}': {lines[-1][len('vae-ddp guard: '):]}"
             raise RunFailed(f"{head}\n(every rank's stacks: {log})")
         raise _failure(spec.label, code, lines, log, out_dir)
     return json.loads((out_dir / "run.json").read_text())
@@ -228,12 +232,32 @@ def _failure(label: str, code: Optional[int], lines: list[str], log: Path, out_d
         if own is not None:
             first = f"{first.rstrip('.')}: {re.sub(r'^[[]rank[0-9]+[]]: ', '', own)}"
     rank = next((m for m in map(_RANK_LINE.match, lines) if m), None)
-    what = "timed out" if code is None else f"exited with code {code}"
+    label = _which_run(label, lines, rank["pid"] if rank else None)
+    # the launch's own exit code (137: rank 0 ended by its watcher) is not the rank's: the last line says that
+    what = "timed out" if code is None else "failed" if rank else f"exited with code {code}"
     text = f"run '{label}' {what}" + (f"; first error: {first}" if first else "")
     text += f"\n(full stderr of all ranks: {log})"
     if rank:
         text += f"\nrank {rank['rank']} of run '{label}' {rank['how']}"
+    elif code == 0:  # the launch ended without a word and without its results
+        text += (f"\nrank 0 of run '{label}' exited with code 0 before the runs ended (sys.exit or os._exit in the "
+                 "training code?)")
     return RunFailed(text)
+
+
+def _which_run(label: str, lines: list[str], pid: Optional[str] = None) -> str:
+    """The run a failure belongs to, from the launch's log: the first run that says it failed; else
+    the run process ``pid`` (the rank that ended) was training; else, after a stall, the runs its
+    processes were training; else ``label``, the job's."""
+    failed = next((m["label"] for m in map(_FAILED.match, lines) if m), None)
+    if failed is not None:
+        return failed
+    started = {m["pid"]: m["label"] for m in map(_STARTS.match, lines) if m}  # each process's last run
+    if pid is not None and pid in started:
+        return started[pid]
+    if pid is None and started:
+        return ", ".join(dict.fromkeys(started.values()))
+    return label
 
 
 #: ``VAE_DDP_LAUNCH=exec``: every launch starts a new interpreter (``_forkable`` never holds).
