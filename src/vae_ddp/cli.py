@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from vae_ddp.errors import Terminated
+
 __all__ = ["build_parser", "main", "main_captured"]
 
 
@@ -61,13 +63,9 @@ def _flags(p, name: str, defaults: dict, hide: tuple, spec_cls: Optional[type]):
     return p
 
 
-class Terminated(BaseException):
-    """SIGTERM reached ``vae-ddp``: raised in the main thread so that every guard ends its tree."""
-
-
 @contextlib.contextmanager
 def _sigterm_says_terminated():
-    """While ``vae-ddp`` runs in the main thread, SIGTERM raises [`Terminated`][vae_ddp.cli.Terminated]
+    """While ``vae-ddp`` runs in the main thread, SIGTERM raises [`Terminated`][vae_ddp.errors.Terminated]
     (Python's default would end the process without a word); the previous handler is restored."""
     import signal
     import threading

@@ -23,7 +23,7 @@ from jsonargparse import ArgumentParser
 from jsonargparse.typing import NotEmptyStr
 
 from vae_ddp.audit import preflight
-from vae_ddp.errors import UserError, config_action, one_line
+from vae_ddp.errors import Terminated, UserError, config_action, one_line
 
 __all__ = ["main", "build_parser", "AuditParser"]
 
@@ -137,7 +137,6 @@ def _audit(cfg: Any, argv: list[str], cwd: str) -> int:
     """The pre-flight checks of the parsed ``cfg``, then the audit; returns the exit code. ``cwd``:
     the working folder the command started in (``--out`` is relative to it, the runs start in it)."""
     from vae_ddp.audit.study import audit, earlier_report
-    from vae_ddp.cli import Terminated
     from vae_ddp.harness.launch import RunFailed
     from vae_ddp.utils import out_folder_lock
 
