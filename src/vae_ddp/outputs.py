@@ -122,8 +122,9 @@ def replacing(path: "str | Path", needed: Optional[int] = None) -> Iterator[Path
         yield tmp
         os.replace(tmp, path)
     except BaseException as err:
-        with contextlib.suppress(OSError, TypeError):
-            tmp.unlink()
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
         if isinstance(err, Exception) and not isinstance(err, OutOfSpace) and no_space(err, path.parent):
             raise OutOfSpace(path.parent, needed) from err
         raise
@@ -280,6 +281,9 @@ def save_figure(fig, path: "str | Path", dpi: int = 110) -> Path:
 def drop_tensors(folder: Path) -> None:
     """Delete the tensors runs saved under ``folder`` (``*.pt``, half-written ``*.partial``) once a
     study has compared them; their logs and ``run.json`` stay. Per-step gradients and states are
-    hundreds of MB for the VAE and several GB for a ResNet-18 in float64."""
+    hundreds of MB for the VAE and several GB for a ResNet-18 in float64. A ``folder`` that is a
+    link is left alone (not this run's: a link planted in a ``--out`` others can write)."""
+    if Path(folder).is_symlink():
+        return
     for saved in (*Path(folder).rglob("*.pt"), *Path(folder).rglob("*.partial")):
         saved.unlink(missing_ok=True)

@@ -435,6 +435,28 @@ def test_a_failed_audit_keeps_the_earlier_report_and_says_whose_it_is(tmp_path, 
     assert f"{out / 'tables.md'} and audit.json are not this audit's: they are the earlier report" in err, err
 
 
+def test_the_runs_folder_is_not_written_through_a_planted_link(tmp_path, capsys, monkeypatch):
+    """``--out``'s runs folder planted as a link to a folder of the user's (a --out others can write):
+    the audit deleted and wrote files through it; refused now in one line (exit 2), the target untouched."""
+    from vae_ddp.audit import study
+    from vae_ddp.cli import main
+
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "single-steps.pt").write_text("precious")
+    out = tmp_path / "a"
+    out.mkdir()
+    (out / "runs").symlink_to(victim)
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(study, "_measure", lambda plan, runs_dir: (_ for _ in ()).throw(AssertionError("ran")))
+    code = main(["audit", "--model", f"{M}.Plain", "--data", f"{M}.Regression", "--steps", "1", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and f"{out / 'runs'} is a link to {victim}" in err, err
+    assert [p.name for p in victim.iterdir()] == ["single-steps.pt"]
+    assert (victim / "single-steps.pt").read_text() == "precious"
+
+
 def test_out_is_where_the_command_started_whatever_the_module_does(tmp_path, capsys, monkeypatch):
     """A module whose __init__ calls os.chdir('/') made a relative --out resolve under /: exit 0 and
     the report in /out/..., without a word. --out is resolved when the command starts, the runs
