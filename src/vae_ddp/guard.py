@@ -77,7 +77,8 @@ def default_stall() -> float:
         seconds = math.nan
     if not seconds > 0:  # nan too
         raise UserError(f"{_ENV_STALL}={os.environ[_ENV_STALL]!r} is not a number of seconds above 0: set it to the "
-                        f"seconds without progress after which a run is ended (say 60), or unset it ({DEFAULT_STALL_S:g})")
+                        f"seconds without progress after which a run is ended (say 60), or unset it "
+                        f"({DEFAULT_STALL_S:g})")
     return seconds
 
 

@@ -117,7 +117,8 @@ def test_a_failure_names_the_run_that_failed_not_the_jobs_every_run(tmp_path):
     from vae_ddp.harness.launch import _failure
 
     job = "single, floor-1, floor-2, ddp, ddp+fixed, ddp+fixed-forced"
-    log = ["vae-ddp: PID 11 starts run 'single'", "vae-ddp: PID 20 starts run 'ddp'", "vae-ddp: PID 21 starts run 'ddp'",
+    log = ["vae-ddp: PID 11 starts run 'single'", "vae-ddp: PID 20 starts run 'ddp'",
+           "vae-ddp: PID 21 starts run 'ddp'",
            "vae-ddp: PID 11 starts run 'floor-1'", "vae-ddp: PID 20 starts run 'ddp+fixed'",
            "vae-ddp: PID 21 starts run 'ddp+fixed'", "vae-ddp: run 'ddp+fixed' failed in PID 20",
            "[rank0]: RuntimeError: Connection closed by peer",

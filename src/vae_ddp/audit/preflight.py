@@ -318,7 +318,8 @@ def _check_model(run, model_cls: type, dm, batches: list, batch,
         raise UserError(f"{model_cls.__name__}(...) fails ({type(err).__name__}: {_first(err)}): check --model's "
                         "init args") from None
     if run.accelerator == "cpu":
-        line = audit_cost(run.devices, sum(p.numel() for p in model.parameters()) * (8 if run.dtype == "float64" else 4))
+        size = 8 if run.dtype == "float64" else 4
+        line = audit_cost(run.devices, sum(p.numel() for p in model.parameters()) * size)
         if cost is not None:
             cost.append(line)
     if model.automatic_optimization:  # manual optimization needs the trainer's optimizers: no dry run

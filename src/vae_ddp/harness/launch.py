@@ -137,7 +137,8 @@ def launch(spec: Job, out_dir: Path, timeout: Optional[float] = None, quiet: boo
         lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
         if code in (guard.STALLED, guard.TIMED_OUT) and lines and lines[-1].startswith("vae-ddp guard:"):
             stopped = re.search(r"\(PID (\d+)\) is stopped", lines[-1])
-            head = f"run '{_which_run(spec.label, lines, stopped and stopped[1])}': {lines[-1][len('vae-ddp guard: '):]}"
+            which = _which_run(spec.label, lines, stopped and stopped[1])
+            head = f"run '{which}': {lines[-1][len('vae-ddp guard: '):]}"
             raise RunFailed(f"{head}\n(every rank's stacks: {log})")
         raise _failure(spec.label, code, lines, log, out_dir)
     return json.loads((out_dir / "run.json").read_text())
@@ -217,7 +218,8 @@ def _ended(pid: int, tag: str) -> int:
 
 def _failure(label: str, code: Optional[int], lines: list[str], log: Path, out_dir: Path) -> RunFailed:
     """The error of a failed run: its first error line (the rank that failed first; for an error a
-    DataLoader worker raised, with the worker's own error line), the log's path, and last the rank that ended first and how; [`OutOfSpace`][vae_ddp.outputs.OutOfSpace]
+    DataLoader worker raised, with the worker's own error line), the log's path, and last the rank
+    that ended first and how; [`OutOfSpace`][vae_ddp.outputs.OutOfSpace]
     when the file system filled up."""
     from vae_ddp.outputs import OutOfSpace, _free
 
