@@ -362,6 +362,7 @@ def case_audit(work: Path, tmp: Path, tries: int, rng: random.Random) -> dict:
             # failed, or SIGTERM once its command was read (before, it cannot name the folder)
             if p.returncode in (3, 143) and "[audit] cost:" in printed and "are not this audit's" not in err:
                 counts["not_said"] += 1
+                counts.setdefault("not_said_lines", []).append(last_line(err))
         else:
             counts["new"] += 1
             earlier = now
