@@ -274,3 +274,17 @@ def test_ctrl_c_while_it_imports_is_130_without_a_traceback(command, tmp_path):
             proc.wait()
     assert proc.returncode == 130 and "Traceback" not in err, (proc.returncode, err)
     assert err.strip().splitlines()[-1] in ("vae-ddp: interrupted", "vae-ddp audit: interrupted; no verdict"), err
+
+
+@pytest.mark.timeout(60)
+def test_a_runs_folder_planted_as_a_link_is_refused(tmp_path, capsys):
+    """compare into a --out whose runs folder is a link (planted where others can write) wrote its
+    runs' logs and tensors through it: one line, exit 2, nothing written there."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "runs").symlink_to(victim)
+    code, err = _run(capsys, "compare", "--configs", "[single]", "--steps", "1", "--out", str(out))
+    assert code == 2 and err.count("\n") == 1 and f"{out / 'runs'} is a link to {victim}" in err, err
+    assert list(victim.iterdir()) == []

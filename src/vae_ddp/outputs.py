@@ -29,7 +29,7 @@ from typing import Iterator, Optional
 
 from vae_ddp.errors import RunFailed, UserError
 
-__all__ = ["replacing", "write_atomic", "drop_tensors", "result_set", "clean_stale", "OutOfSpace", "NoSpaceForRun", "check_space",
+__all__ = ["replacing", "write_atomic", "drop_tensors", "own_folder", "result_set", "clean_stale", "OutOfSpace", "NoSpaceForRun", "check_space",
            "no_space", "megabytes"]
 
 _TMP = ".vae-ddp-tmp"
@@ -263,6 +263,25 @@ def _publish(new: Path, out: Path, whole: bool) -> None:
             continue  # a hard link of out's own file
         os.replace(entry.path, target)
     shutil.rmtree(new, ignore_errors=True)
+
+
+def own_folder(folder: "str | Path") -> None:
+    """Refuse to write into ``folder`` (a folder of a run under ``--out``: its runs, a launch's
+    group) when it exists as a link, or as another user's folder: the run would write and delete
+    files through it (a link planted in a ``--out`` others can write). Nothing is checked where it
+    does not exist yet (the run makes it).
+
+    Raises:
+        UserError: it is a link, not a folder, or not this user's (bad input: exit 2, before the runs).
+    """
+    try:
+        info = os.lstat(folder)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        what = f"a link to {os.readlink(folder)}" if stat.S_ISLNK(info.st_mode) else "not a folder of yours"
+        raise UserError(f"{folder} is {what}: the run writes there and would write through it; remove it, or "
+                        "choose a folder of your own as --out")
 
 
 def save_figure(fig, path: "str | Path", dpi: int = 110) -> Path:

@@ -56,7 +56,7 @@ from vae_ddp.probes import per_step_differences
 from vae_ddp.studies.equivalence import FLOOR_FACTOR
 from vae_ddp.harness.launch import Job, RunFailed, launch
 from vae_ddp.harness.table import format_table
-from vae_ddp.outputs import drop_tensors, result_set
+from vae_ddp.outputs import drop_tensors, own_folder, result_set
 
 __all__ = ["audit", "render", "write_report", "earlier_report", "FLOOR_RATIO", "FLOOR_DRAWS", "ROUNDING_EPS"]
 
@@ -241,7 +241,7 @@ def _plan(base: AuditRun, out_dir: Path, static: list[dict]) -> _Plan:
     fixes = list(registry.audit_fixable())
     runs_dir = out_dir / "runs"
     for folder in (runs_dir, runs_dir / "one-device", runs_dir / "ddp"):
-        _own_folder(folder)
+        own_folder(folder)  # before anything is deleted or written there
     steps_file = (runs_dir / "single-steps.pt").resolve()
     runs_dir.mkdir(parents=True, exist_ok=True)
     # a previous audit's reference weights must not serve this one's runs; its report (audit.json,
@@ -281,28 +281,6 @@ def _plan(base: AuditRun, out_dir: Path, static: list[dict]) -> _Plan:
     more = effects.plan(base, fixes, str(steps_file))  # each factor's bias and noise ratio: many batches, last
     one_device, ddp = one_device + more[0], ddp + more[1]
     return _Plan(base, fixes, one_device, ddp, lag, recheck, attention, torch_draws, static)
-
-
-def _own_folder(folder: Path) -> None:
-    """Refuse to write into ``folder`` (a folder of the runs under ``--out``) when it is a link or
-    another user's folder: the runs would write and delete files through it (a link planted in a
-    ``--out`` others can write). Nothing is checked where it does not exist yet.
-
-    Raises:
-        UserError: it is a link, or not this user's.
-    """
-    import stat
-
-    from vae_ddp.errors import UserError
-
-    try:
-        info = os.lstat(folder)
-    except FileNotFoundError:
-        return
-    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
-        what = f"a link to {os.readlink(folder)}" if stat.S_ISLNK(info.st_mode) else "not a folder of yours"
-        raise UserError(f"{folder} is {what}: the audit writes its runs there and would write through it; remove "
-                        "it, or choose a folder of your own as --out")
 
 
 class _Runs:
