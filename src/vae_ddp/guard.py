@@ -398,17 +398,19 @@ class _Guard:
             return time.time() - self.wall0 > self.startup
         return time.time() - max(newest, self.wall0) > self.stall
 
-    def _stopped_too_long(self) -> Optional[str]:
-        """A registered process (a rank) stopped (SIGSTOP: state T) for ``stall`` seconds, named:
-        ``"rank 1 (PID 123) is stopped (SIGSTOP), not running"``; None if there is none. The other
-        processes may go on beating meanwhile (the one-device runs beside the ranks, ranks that
-        wait for it), so the stall of the whole tree would come late or never. Checked once a second."""
+    def _stopped_too_long(self, at_least: Optional[float] = None) -> Optional[str]:
+        """The registered processes (ranks) stopped (SIGSTOP: state T) for ``at_least`` seconds
+        (default ``stall``), named: ``"rank 1 (PID 123) is stopped (SIGSTOP), not running"``; None if
+        there is none. The other processes may go on beating meanwhile (the one-device runs beside
+        the ranks, ranks that wait for it), so the stall of the whole tree would come late or never.
+        Checked once a second (``at_least`` given: now)."""
         import psutil
 
         now = time.monotonic()
-        if now - self.checked < 1.0:
+        if at_least is None and now - self.checked < 1.0:
             return None
         self.checked = now
+        at_least = self.stall if at_least is None else at_least
         stopped = {}
         for info in self.dir.glob("proc-*.json"):
             with contextlib.suppress(OSError, ValueError, KeyError, psutil.Error):
@@ -416,7 +418,7 @@ class _Guard:
                 if psutil.Process(p["pid"]).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP):
                     stopped[p["pid"]] = (p["rank"], self.stopped.get(p["pid"], now))
         self.stopped = {pid: since for pid, (_, since) in stopped.items()}
-        late = sorted((rank, pid) for pid, (rank, since) in stopped.items() if now - since >= self.stall)
+        late = sorted((rank, pid) for pid, (rank, since) in stopped.items() if now - since >= at_least)
         return "; ".join(f"rank {rank} (PID {pid}) is stopped (SIGSTOP), not running" for rank, pid in late) or None
 
     def _beat_outer(self) -> None:
@@ -538,7 +540,8 @@ class _Guard:
             timed_out = self.timeout is not None and time.monotonic() - self.t0 > self.timeout
             stopped = None if timed_out else self._stopped_too_long()
             if timed_out or stopped or self._stalled():
-                where = self._dump() if not stopped else stopped + "; " + self._dump()
+                named = stopped or self._stopped_too_long(at_least=0.0)  # a stopped rank is named first
+                where = self._dump() if not named else named + "; " + self._dump()
                 self._end_tree()
                 text = " ".join(" ".join(c.split()) for c in self.cmd)
                 cmd = f"`{text[:120]}{'...' if len(text) > 120 else ''}`"
