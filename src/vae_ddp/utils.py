@@ -89,7 +89,7 @@ def out_folder_lock(out_dir: "str | Path", command: str) -> Iterator[Path]:
 
 #: The lock file of a run's output folder (``out_folder_lock``).
 LOCK_NAME = ".vae-ddp.lock"
-#: The prefix of a run's own temporary folder (``private_tmpdir``), followed by its PID.
+#: The prefix of a run's own temporary folder (``private_tmpdir``), followed by its PID and a random part.
 RUN_TMP = "vae-ddp-run-"
 
 
