@@ -35,7 +35,7 @@ from vae_ddp.audit.spec import AuditRun, failed_marker, import_class
 from vae_ddp import heartbeat
 from vae_ddp.fixes import registry
 from vae_ddp.guard import beat
-from vae_ddp.harness.launch import BESIDE_PID, run_job
+from vae_ddp.harness.launch import BESIDE_PID, run_job, say_run
 from vae_ddp.harness.permutation import WithinBatchPermutation
 from vae_ddp.outputs import replacing, write_atomic
 from vae_ddp.probes import StepProbe
@@ -196,7 +196,7 @@ def _train_or_mark(runs: list[AuditRun], out: Path) -> int:
         return _train(runs, out)
     except BaseException:
         if _CURRENT:
-            print(f"vae-ddp: run '{_CURRENT[-1]}' failed in PID {os.getpid()}", file=sys.stderr, flush=True)
+            say_run(_CURRENT[-1], failed=True)
         for run in runs:
             if run.steps_file and not run.teacher_forced:
                 failed_marker(Path(run.steps_file)).touch()
@@ -211,7 +211,7 @@ def _train(runs: list[AuditRun], out: Path) -> int:
     for run in runs:
         # which run each process trains, in the log: a rank that dies is named with its run (launch)
         _CURRENT[:] = [run.label]
-        print(f"vae-ddp: PID {os.getpid()} starts run '{run.label}'", file=sys.stderr, flush=True)
+        say_run(run.label)
         probe = None
         if run.steps_file:
             probe = StepProbe(wait_for_steps(Path(run.steps_file)) if run.teacher_forced else None,

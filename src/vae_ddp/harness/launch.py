@@ -23,7 +23,7 @@ from vae_ddp.outputs import write_atomic
 from vae_ddp.ranks import fork, run_ranks
 
 __all__ = ["launch", "launch_by_world_size", "group_folder", "Job", "RunFailed",
-           "JOB_FILE", "run_job", "BESIDE_PID"]
+           "JOB_FILE", "run_job", "say_run", "BESIDE_PID"]
 
 #: The file in a launch's ``OUT_DIR`` that holds its job's ``to_json()`` (a file: a command line
 #: is what ``ps`` shows every user); the child's first argument is its path.
@@ -32,7 +32,7 @@ JOB_FILE = "job.json"
 _ERROR_LINE = re.compile(r"^(\[rank\d+\]: )?[A-Za-z_][\w.]*(Error|Exception)(:|$)")
 #: what a rank's watcher, the job's child or the guard says of a rank that ended (vae_ddp.ranks)
 _RANK_LINE = re.compile(r"^vae-ddp: rank (?P<rank>\d+) \(PID (?P<pid>\d+)\) (?P<how>.*?)(: ending every rank)?$")
-#: what a process of a launch says when it starts a run, and when a run fails in it (vae_ddp.audit.run)
+#: what a process of a launch says when it starts a run, and when a run fails in it (say_run)
 _STARTS = re.compile(r"^vae-ddp: PID (?P<pid>\d+) starts run '(?P<label>[^']*)'$")
 _FAILED = re.compile(r"^vae-ddp: run '(?P<label>[^']*)' failed in PID (?P<pid>\d+)$")
 #: what a full file system looks like in a run's stderr
@@ -149,6 +149,14 @@ def launch(spec: Job, out_dir: Path, timeout: Optional[float] = None, quiet: boo
 
 
 # --------------------------------------------------------------------------- the child's side
+def say_run(label: str, failed: bool = False) -> None:
+    """On stderr, in a launch's process: ``vae-ddp: PID P starts run 'LABEL'``, or with ``failed``
+    ``vae-ddp: run 'LABEL' failed in PID P``: the lines by which [`launch`][vae_ddp.harness.launch.launch]
+    names the run that failed (not the job's every label)."""
+    text = f"run '{label}' failed in PID {os.getpid()}" if failed else f"PID {os.getpid()} starts run '{label}'"
+    print(f"vae-ddp: {text}", file=sys.stderr, flush=True)
+
+
 #: Set in the ranks of a ``together`` job: the pid of the first group forked beside them.
 BESIDE_PID = "VAE_DDP_BESIDE_PID"
 
