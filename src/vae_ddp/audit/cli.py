@@ -106,7 +106,7 @@ def build_parser() -> AuditParser:
 
 def main(argv: Optional[list[str]] = None) -> int:
     """``vae-ddp audit ARGV`` (default ``sys.argv[1:]``); returns the exit code (see the module's;
-    130 for Ctrl-C, at any moment, the imports included)."""
+    130 for Ctrl-C, also while it imports torch and Lightning)."""
     try:
         return _main(argv)
     except KeyboardInterrupt:  # the runs' guards end their trees with this process
