@@ -105,8 +105,8 @@ def launch(spec: Job, out_dir: Path, timeout: Optional[float] = None, quiet: boo
         vae_ddp.outputs.OutOfSpace: (a ``RunFailed``) the file system of ``out_dir`` filled up.
         vae_ddp.outputs.NoSpaceForRun: (a ``UserError``, before anything starts) less free space
             in ``out_dir`` than [`space_needed`][vae_ddp.harness.resources.space_needed].
-        UserError: (before anything starts) ``out_dir`` or a group's folder in it is a link or another
-            user's folder ([`own_folder`][vae_ddp.outputs.own_folder]).
+        vae_ddp.errors.UserError: (before anything starts) ``out_dir`` or a group's folder in it is a
+            link or another user's folder ([`own_folder`][vae_ddp.outputs.own_folder]).
         vae_ddp.harness.resources.NotEnoughMemory: (a ``UserError``, before anything starts) the ranks' estimated memory
             ([`check_memory`][vae_ddp.harness.resources.check_memory]) is more than is available.
     """
