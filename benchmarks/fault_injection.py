@@ -20,6 +20,14 @@ Cases:
   the last line must name the rank and SIGKILL.
 - ``changed-image``: a checked image folder, one image then overwritten with 300 bytes of
   garbage: the next run must name that image (exit 2).
+- ``audit-kill``: as ``kill``, for the audit's report: a process writes ``audit.json`` and
+  ``tables.md`` (``vae_ddp.audit.study.write_report``) over and over, alternating two reports, and
+  is killed with SIGKILL at a random moment: one whole report must be left, never none or a mix.
+- ``audit``: ``--audit_tries`` real audits (``--seed`` 1, 2, ...: each report its own) into a folder
+  holding an earlier report, each ended at a random moment by SIGKILL or SIGTERM, or failing (a
+  model that raises on rank 1): the folder must hold the earlier report or the new one, whole
+  (``tables.md`` is the rendering of ``audit.json``); an audit that failed, or was terminated once
+  it had read its command, must say the report there is the earlier one.
 - every run has its own ``TMPDIR``; anything left in it afterwards is counted.
 
 ``--control`` writes the kill case's files in place, one after the other, as the studies did
@@ -252,11 +260,122 @@ def case_changed_image(work: Path, tmp: Path) -> dict:
             "not_seen": int(second.returncode != 2 or str(changed) not in err)}
 
 
+AUDIT_WRITER = r"""
+import sys
+from pathlib import Path
+from vae_ddp.audit.study import write_report
+
+out, mode = Path(sys.argv[1]), sys.argv[2]
+report = lambda tag: ({"tag": tag, "rows": [tag * k for k in range(2000)]}, f"| tag |\n|-----|\n| {tag} |")
+if mode == "reference":
+    for tag in (1.0, 2.0):
+        write_report(out / str(tag), *report(tag))
+    sys.exit(0)
+print("ready", flush=True)
+tag = 1.0
+while True:
+    tag = 3.0 - tag
+    write_report(out, *report(tag))
+"""
+REPORT = ("audit.json", "tables.md")
+
+
+def case_audit_kill(work: Path, tries: int, rng: random.Random) -> dict:
+    """The audit's report written over and over, killed at random: one whole report left each time."""
+    ref = work / "audit-reference"
+    subprocess.run([sys.executable, "-c", AUDIT_WRITER, str(ref), "reference"], env=ENV, check=True)
+    sets = {tag: {f: (ref / tag / f).read_bytes() for f in REPORT} for tag in ("1.0", "2.0")}
+    out = work / "audit-kill" / "out"
+    counts = {"tries": tries, "lost": 0, "mixed": 0, "sets_seen": []}
+    for i in range(tries):
+        proc = subprocess.Popen([sys.executable, "-c", AUDIT_WRITER, str(out), "loop"], env=ENV, stdout=subprocess.PIPE,
+                                text=True)
+        proc.stdout.readline()
+        time.sleep(rng.uniform(0.0, 2.0))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        files = {f: (out / f).read_bytes() if (out / f).exists() else b"" for f in REPORT}
+        if i == 0 and not any(files.values()):
+            continue  # killed before the first report was whole: nothing was there to lose
+        if not all(files.values()):
+            counts["lost"] += 1
+            continue
+        tags = [t for t, s in sets.items() if files == s]
+        counts["mixed"] += not tags
+        counts["sets_seen"].append(tags[0] if tags else "mixed")
+    counts["sets_seen"] = {t: counts["sets_seen"].count(t) for t in set(counts["sets_seen"])}
+    return counts
+
+
+AUDIT = ("audit", "--data", "examples.audit_models.Regression", "--steps", "2", "--effect_batches", "0")
+RAISES = """
+from examples.audit_models import Plain
+
+
+class RaisesOnRank1(Plain):
+    def training_step(self, batch, batch_idx):
+        if self.trainer.global_rank == 1 and batch_idx == 1:
+            raise RuntimeError("rank 1 raised on purpose")
+        return super().training_step(batch, batch_idx)
+"""
+
+
+def _report(out: Path) -> "dict | None":
+    """The report in ``out`` when it is whole (``tables.md`` the rendering of ``audit.json``), else None."""
+    from vae_ddp.audit.study import render
+
+    try:
+        result = json.loads((out / "audit.json").read_text())
+        return result if (out / "tables.md").read_text() == render(result) + "\n" else None
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def case_audit(work: Path, tmp: Path, tries: int, rng: random.Random) -> dict:
+    """Real audits into a folder with an earlier report, killed, terminated or failing: the earlier report
+    or the new one, whole, each time; a failed or terminated audit says the report is the earlier one."""
+    out = work / "audit" / "out"
+    model = work / "raises.py"
+    model.write_text(RAISES)
+    t0 = time.perf_counter()
+    first = cli(*AUDIT, "--model", "examples.audit_models.Plain", "--seed", "0", "--out", str(out), tmp=tmp)
+    first.communicate(timeout=900)
+    period = time.perf_counter() - t0  # the kills fall anywhere in an audit's time (15-25 s on 2 cores)
+    earlier = _report(out)
+    counts = {"tries": tries, "first_exit": first.returncode, "lost": 0, "earlier": 0, "new": 0, "not_said": 0,
+              "how": []}
+    for i in range(tries):
+        how = ("SIGKILL", "SIGTERM", "raises")[i % 3]
+        cls = f"{model}:RaisesOnRank1" if how == "raises" else "examples.audit_models.Plain"
+        p = cli(*AUDIT, "--model", cls, "--seed", str(i + 1), "--out", str(out), tmp=tmp)
+        if how != "raises":
+            time.sleep(rng.uniform(0.0, period))
+            p.send_signal(getattr(signal, how))
+        printed, err = p.communicate(timeout=900)
+        now = _report(out)
+        left = "lost" if now is None else "earlier" if now == earlier else "new"
+        counts["how"].append(f"{how}: exit {p.returncode}, {left}")
+        if now is None:
+            counts["lost"] += 1
+        elif now == earlier:
+            counts["earlier"] += 1
+            # failed, or SIGTERM once its command was read (before, it cannot name the folder)
+            if p.returncode in (3, 143) and "[audit] cost:" in printed and "are not this audit's" not in err:
+                counts["not_said"] += 1
+                counts.setdefault("not_said_lines", []).append(last_line(err))
+        else:
+            counts["new"] += 1
+            earlier = now
+    return counts
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tries", type=int, default=30, help="kills during output writes (default 30)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--cases", nargs="+", default=["kill", "two-runs", "full-disk", "rank-killed", "changed-image"])
+    p.add_argument("--cases", nargs="+", default=["kill", "two-runs", "full-disk", "rank-killed", "changed-image",
+                                                  "audit-kill", "audit"])
+    p.add_argument("--audit_tries", type=int, default=6, help="real audits killed, terminated or failing (default 6)")
     p.add_argument("--out", type=Path, default=None, help="folder for fault_injection.json")
     p.add_argument("--control", action="store_true",
                    help="kill case only: write the files in place, one after the other, as before the result sets "
@@ -271,6 +390,10 @@ def main(argv=None) -> int:
             t = time.perf_counter()
             if case == "kill":
                 report[case] = case_kill(work, args.tries, random.Random(args.seed), args.control)
+            elif case == "audit-kill":
+                report[case] = case_audit_kill(work, args.tries, random.Random(args.seed))
+            elif case == "audit":
+                report[case] = case_audit(work, tmp, args.audit_tries, random.Random(args.seed))
             else:
                 report[case] = {"two-runs": case_two_runs, "full-disk": case_full_disk, "rank-killed": case_rank_killed,
                                 "changed-image": case_changed_image}[case](work, tmp)

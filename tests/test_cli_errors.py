@@ -232,3 +232,59 @@ def test_a_config_file_error_names_the_file_the_line_and_what_to_do(command, tmp
     code, err = _run(capsys, *command, "--config", str(typed), "--out", str(tmp_path / "o"))
     assert code == 2 and err.strip().endswith(f"--config {typed}: --steps: expected int, got 'ten'"), err
     assert not (tmp_path / "o").exists()
+
+
+AUDIT = ["audit", "--model", "examples.audit_models.Plain", "--data", "examples.audit_models.Regression"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("value", ["abc", "0", "-5", "nan"])
+@pytest.mark.parametrize("command", [["compare", "--steps", "1"], AUDIT], ids=["compare", "audit"])
+def test_a_bad_watchdog_setting_is_refused_before_any_work(command, value, tmp_path, capsys, monkeypatch):
+    """VAE_DDP_WATCHDOG_S that is not a number of seconds above 0 reached the runs (exit 3, 'could not
+    convert string to float'): one line, exit 2, nothing written."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr("sys.path", list(__import__("sys").path))
+    monkeypatch.setenv("VAE_DDP_WATCHDOG_S", value)
+    code, err = _run(capsys, *command, "--out", str(tmp_path / "o"))
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"VAE_DDP_WATCHDOG_S='{value}' is not a number of seconds above 0" in err, err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("command", [["compare", "--steps", "1"], AUDIT], ids=["compare", "audit"])
+def test_ctrl_c_while_it_imports_is_130_without_a_traceback(command, tmp_path):
+    """Ctrl-C in the first second (the command still imports jsonargparse, torch and Lightning)
+    printed a Python traceback and ended by the signal (-2): one line and exit code 130 now."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "vae_ddp.cli", *command, "--out", str(tmp_path / "o")], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130 and "Traceback" not in err, (proc.returncode, err)
+    assert err.strip().splitlines()[-1] in ("vae-ddp: interrupted", "vae-ddp audit: interrupted; no verdict"), err
+
+
+@pytest.mark.timeout(60)
+def test_a_runs_folder_planted_as_a_link_is_refused(tmp_path, capsys):
+    """compare into a --out whose runs folder is a link (planted where others can write) wrote its
+    runs' logs and tensors through it: one line, exit 2, nothing written there."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "runs").symlink_to(victim)
+    code, err = _run(capsys, "compare", "--configs", "[single]", "--steps", "1", "--out", str(out))
+    assert code == 2 and err.count("\n") == 1 and f"{out / 'runs'} is a link to {victim}" in err, err
+    assert list(victim.iterdir()) == []

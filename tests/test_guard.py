@@ -492,3 +492,38 @@ def test_the_project_forks_in_one_place():
                 calls += [f"{path.relative_to(ROOT)}:{n.lineno}" for n in ast.walk(t)
                           if isinstance(n, ast.Call) and ast.unparse(n.func) in ("os.fork", "os.forkpty")]
     assert len(calls) == 1 and calls[0].startswith("src/vae_ddp/guard.py:"), calls
+
+
+STOPPED = textwrap.dedent("""
+    import os, signal, sys, time
+    from vae_ddp.guard import beat, fork
+    def rank(r):
+        for i in range(10 ** 6):
+            if r == 0 and i > 3 and sys.argv[1] == "waits":
+                signal.pause()  # rank 0 waits for rank 1 without a beat (in a collective, say)
+            beat(r, i)
+            if r == 1 and i == 3:
+                os.kill(os.getpid(), signal.SIGSTOP)  # rank 1 stops; rank 0 goes on beating, or waits
+            time.sleep(0.1)
+    child = fork(lambda: rank(1))
+    rank(0)
+""")
+
+
+@pytest.mark.parametrize("others", ["beat", "waits"])
+def test_a_stopped_rank_is_named_and_ended_while_others_beat(tmp_path, others):
+    """A rank stopped with SIGSTOP while another process goes on beating (the audit's one-device runs
+    beside its ranks): it was ended after 95 s with the watchdog at 30, named 'rank 1 in an unknown
+    frame'. Now within the watchdog's seconds, named as the stopped one; also when the others wait
+    for it without a beat (the whole tree stalls)."""
+    script = tmp_path / "stopped.py"
+    script.write_text(STOPPED)
+    t0 = time.monotonic()
+    proc = guard.run([sys.executable, str(script), others], stall=2, capture_output=True, text=True, timeout=30)
+    took = time.monotonic() - t0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == guard.STALLED, (proc.returncode, proc.stderr[-3000:])
+    why = "a process was stopped for 2 s" if others == "beat" else "no process made progress for 2 s"
+    assert last.startswith(f"vae-ddp guard: {why} in "), last
+    assert "; rank 1 (PID " in last and ") is stopped (SIGSTOP), not running; " in last, last
+    assert took < 20 and not alive(str(script)), took

@@ -14,8 +14,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from vae_ddp.errors import UserError, config_action, input_error, one_line
-from vae_ddp.studies import COMMANDS, INTERNAL, run_study, study_function
+from vae_ddp.errors import Terminated
 
 __all__ = ["build_parser", "main", "main_captured"]
 
@@ -24,6 +23,8 @@ def build_parser(spec_cls: Optional[type] = None, flags: bool = True):
     """The ``vae-ddp`` parser; ``spec_cls``: RunSpec (default) or a subclass with more fields;
     ``flags=False``: without the subcommands' flags (``vae-ddp -h``: no study or torch imported)."""
     from jsonargparse import ArgumentParser
+
+    from vae_ddp.studies import COMMANDS
 
     parser = ArgumentParser(prog="vae-ddp", exit_on_error=False, description="Why DDP on N devices with per-device "
                             "batch B/N does not reproduce one device with batch B, measured on the bolts CIFAR-10 VAE",
@@ -38,7 +39,9 @@ def build_parser(spec_cls: Optional[type] = None, flags: bool = True):
 def _flags(p, name: str, defaults: dict, hide: tuple, spec_cls: Optional[type]):
     from jsonargparse.typing import NotEmptyStr
 
+    from vae_ddp.errors import config_action
     from vae_ddp.fixes import registry
+    from vae_ddp.studies import INTERNAL, study_function
     from vae_ddp.harness.configs import RunSpec
 
     function = study_function(name)
@@ -60,13 +63,9 @@ def _flags(p, name: str, defaults: dict, hide: tuple, spec_cls: Optional[type]):
     return p
 
 
-class Terminated(BaseException):
-    """SIGTERM reached ``vae-ddp``: raised in the main thread so that every guard ends its tree."""
-
-
 @contextlib.contextmanager
 def _sigterm_says_terminated():
-    """While ``vae-ddp`` runs in the main thread, SIGTERM raises [`Terminated`][vae_ddp.cli.Terminated]
+    """While ``vae-ddp`` runs in the main thread, SIGTERM raises [`Terminated`][vae_ddp.errors.Terminated]
     (Python's default would end the process without a word); the previous handler is restored."""
     import signal
     import threading
@@ -89,16 +88,21 @@ def main(argv: Optional[list[str]] = None) -> int:
     """``vae-ddp ARGV`` (default ``sys.argv[1:]``); returns the exit code: 1 a run failed, 3 the output
     folder's file system filled up after training started (one line naming it), 2 bad
     input (one line: a jsonargparse error, or [`input_error`][vae_ddp.errors.input_error]), 130 Ctrl-C,
-    143 SIGTERM (``vae-ddp: terminated`` on stderr; every rank and worker it started ended). The run
+    143 SIGTERM (``vae-ddp: terminated`` on stderr; every rank and worker it started ended). Ctrl-C
+    while it imports is 130 too (this module imports only the standard library at its top). The run
     has a ``TMPDIR`` of its own ([`private_tmpdir`][vae_ddp.utils.private_tmpdir])."""
-    from vae_ddp.utils import private_tmpdir
-
+    audit = (sys.argv[1:] if argv is None else list(argv))[:1] == ["audit"]
     try:
+        from vae_ddp.utils import private_tmpdir
+
         with _sigterm_says_terminated(), private_tmpdir():  # nothing left in TMPDIR, however it ends
             return _main(argv)
     except Terminated:
         print("vae-ddp: terminated", file=sys.stderr, flush=True)
         return 143
+    except KeyboardInterrupt:
+        print("vae-ddp audit: interrupted; no verdict" if audit else "vae-ddp: interrupted", file=sys.stderr)
+        return 130
 
 
 def _main(argv: Optional[list[str]] = None) -> int:
@@ -109,10 +113,14 @@ def _main(argv: Optional[list[str]] = None) -> int:
         return audit_main(argv[1:])
     if argv in (["-h"], ["--help"]):  # the subcommands only: seconds faster without torch and the studies
         return build_parser(flags=False).print_help() or 0
+    from vae_ddp.errors import UserError, input_error, one_line
+    from vae_ddp.guard import default_stall
     from vae_ddp.harness.configs import in_flags
     from vae_ddp.harness.launch import RunFailed
+    from vae_ddp.studies import run_study
 
     try:
+        default_stall()  # VAE_DDP_WATCHDOG_S: refused here, not in the runs
         cfg = build_parser().parse_args(argv)
         run_study(cfg.command, cfg[cfg.command].as_dict())
     except (argparse.ArgumentError, UserError, ValueError, OSError) as err:

@@ -14,7 +14,7 @@ import functools
 import re
 from typing import Optional
 
-__all__ = ["UserError", "RunFailed", "input_error", "one_line", "config_action"]
+__all__ = ["UserError", "RunFailed", "Terminated", "input_error", "one_line", "config_action"]
 
 #: the modules whose ValueError and OSError mean bad input (their docstrings say which)
 INPUT_MODULES = ("vae_ddp.data", "vae_ddp.utils")
@@ -22,6 +22,11 @@ INPUT_MODULES = ("vae_ddp.data", "vae_ddp.utils")
 
 class UserError(Exception):
     """Bad input detected before any training starts. ``str(err)`` is the whole message."""
+
+
+class Terminated(BaseException):
+    """SIGTERM reached ``vae-ddp``: raised in the main thread so that every guard ends its tree
+    (``vae_ddp.cli``)."""
 
 
 class RunFailed(RuntimeError):

@@ -11,7 +11,8 @@ small process (the standard library and ``psutil``: it starts in tens of millise
   its parent and asks Linux for SIGTERM then, ``prctl(PR_SET_PDEATHSIG)``);
 - is a **watchdog**: when no process beats for ``--stall`` s (``$VAE_DDP_WATCHDOG_S``, else 300)
   it sends SIGUSR1 (every rank dumps its threads' stacks, ``faulthandler``), prints the stacks,
-  ends the tree and fails with one line naming each rank and the frame it was stuck in.
+  ends the tree and fails with one line naming each rank and the frame it was stuck in; a rank
+  stopped (SIGSTOP) for ``--stall`` s is named as such and ended, even while other processes beat.
 
 A process beats with [`beat`][vae_ddp.guard.beat]; the ``Trainer``s of this project's launches
 beat through the [`Heartbeat`][vae_ddp.heartbeat.Heartbeat] callback. Exit codes: ``CMD``'s own
@@ -57,8 +58,28 @@ def under_guard() -> bool:
 
 
 def default_stall() -> float:
-    """Seconds without progress before the watchdog fires: ``$VAE_DDP_WATCHDOG_S`` or 300."""
-    return float(os.environ.get(_ENV_STALL) or DEFAULT_STALL_S)
+    """Seconds without progress before the watchdog fires: ``$VAE_DDP_WATCHDOG_S`` or 300.
+
+    Raises:
+        vae_ddp.errors.UserError: ``$VAE_DDP_WATCHDOG_S`` is set but not a number of seconds above 0
+            (``abc``, ``0``, ``-5``, ``nan``): bad input, which the commands refuse before any work.
+    """
+    import math
+
+    from vae_ddp.errors import UserError
+
+    text = os.environ.get(_ENV_STALL, "").strip()
+    if not text:
+        return DEFAULT_STALL_S
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not seconds > 0:  # nan too
+        raise UserError(f"{_ENV_STALL}={os.environ[_ENV_STALL]!r} is not a number of seconds above 0: set it to the "
+                        f"seconds without progress after which a run is ended (say 60), or unset it "
+                        f"({DEFAULT_STALL_S:g})")
+    return seconds
 
 
 def guarded(cmd: Sequence[str], timeout: Optional[float] = None, stall: Optional[float] = None,
@@ -355,6 +376,8 @@ class _Guard:
         self.parent = os.getppid() if parent is None else parent
         self.outer = os.environ.get(_ENV_DIR)  # a guard around this one (a study run by the docs build)
         self.forwarded = 0.0
+        self.stopped: dict[int, float] = {}  # pid -> since when (monotonic) a registered process is stopped
+        self.checked = 0.0
         self.dir = Path()  # made in main(), once the guard runs: removed by main() however it ends
 
     def _on_signal(self, signum, frame) -> None:
@@ -374,6 +397,29 @@ class _Guard:
         if newest is None:
             return time.time() - self.wall0 > self.startup
         return time.time() - max(newest, self.wall0) > self.stall
+
+    def _stopped_too_long(self, at_least: Optional[float] = None) -> Optional[str]:
+        """The registered processes (ranks) stopped (SIGSTOP: state T) for ``at_least`` seconds
+        (default ``stall``), named: ``"rank 1 (PID 123) is stopped (SIGSTOP), not running"``; None if
+        there is none. The other processes may go on beating meanwhile (the one-device runs beside
+        the ranks, ranks that wait for it), so the stall of the whole tree would come late or never.
+        Checked once a second (``at_least`` given: now)."""
+        import psutil
+
+        now = time.monotonic()
+        if at_least is None and now - self.checked < 1.0:
+            return None
+        self.checked = now
+        at_least = self.stall if at_least is None else at_least
+        stopped = {}
+        for info in self.dir.glob("proc-*.json"):
+            with contextlib.suppress(OSError, ValueError, KeyError, psutil.Error):
+                p = json.loads(info.read_text())
+                if psutil.Process(p["pid"]).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP):
+                    stopped[p["pid"]] = (p["rank"], self.stopped.get(p["pid"], now))
+        self.stopped = {pid: since for pid, (_, since) in stopped.items()}
+        late = sorted((rank, pid) for pid, (rank, since) in stopped.items() if now - since >= at_least)
+        return "; ".join(f"rank {rank} (PID {pid}) is stopped (SIGSTOP), not running" for rank, pid in late) or None
 
     def _beat_outer(self) -> None:
         """A beat of this guard in the folder of the guard around it, if any."""
@@ -424,6 +470,8 @@ class _Guard:
                 for p in tree - sent:
                     with contextlib.suppress(psutil.Error):
                         p.send_signal(sig)
+                        if sig == signal.SIGTERM:  # a stopped process acts on it only once continued
+                            p.send_signal(signal.SIGCONT)
                 sent |= tree
                 time.sleep(0.1)
 
@@ -490,12 +538,15 @@ class _Guard:
                 self._end_tree()
                 return 128 + (self.signal or signal.SIGTERM)
             timed_out = self.timeout is not None and time.monotonic() - self.t0 > self.timeout
-            if timed_out or self._stalled():
-                where = self._dump()
+            stopped = None if timed_out else self._stopped_too_long()
+            if timed_out or stopped or self._stalled():
+                named = stopped or self._stopped_too_long(at_least=0.0)  # a stopped rank is named first
+                where = self._dump() if not named else named + "; " + self._dump()
                 self._end_tree()
                 text = " ".join(" ".join(c.split()) for c in self.cmd)
                 cmd = f"`{text[:120]}{'...' if len(text) > 120 else ''}`"
                 why = f"{cmd} timed out after {self.timeout:g} s" if timed_out else \
+                    f"a process was stopped for {self.stall:g} s in {cmd}" if stopped else \
                     f"no process made progress for {self.stall:g} s in {cmd}"
                 sys.stderr.write(f"vae-ddp guard: {why}; {where} (every rank's stacks above; all its processes ended)\n")
                 return TIMED_OUT if timed_out else STALLED

@@ -22,12 +22,14 @@ import contextlib
 import errno
 import os
 import shutil
+import stat
+import tempfile
 from pathlib import Path
 from typing import Iterator, Optional
 
 from vae_ddp.errors import RunFailed, UserError
 
-__all__ = ["replacing", "write_atomic", "drop_tensors", "result_set", "clean_stale", "OutOfSpace", "NoSpaceForRun", "check_space",
+__all__ = ["replacing", "write_atomic", "drop_tensors", "own_folder", "result_set", "clean_stale", "OutOfSpace", "NoSpaceForRun", "check_space",
            "no_space", "megabytes"]
 
 _TMP = ".vae-ddp-tmp"
@@ -106,22 +108,40 @@ def check_space(folder: "str | Path", needed: int) -> None:
 def replacing(path: "str | Path", needed: Optional[int] = None) -> Iterator[Path]:
     """A temporary path in ``path``'s folder to write ``path`` to; renamed over ``path`` when the
     block ends without an exception, removed when it raises. ``needed``: the file's expected size
-    in bytes, for the message of a full file system.
+    in bytes, for the message of a full file system. The temporary file is created here, empty,
+    under a name with a random part (``O_CREAT | O_EXCL``: never a file or link someone else
+    made there), with the mode a new file gets (0666 less the umask).
 
     Raises:
         OutOfSpace: the file system is full (what was written is removed).
     """
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}{_TMP}")
+    tmp: Optional[Path] = None
     try:
+        tmp = _new_file(path.parent, f".{path.name}.{os.getpid()}.", _TMP)
         yield tmp
         os.replace(tmp, path)
     except BaseException as err:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
         if isinstance(err, Exception) and not isinstance(err, OutOfSpace) and no_space(err, path.parent):
             raise OutOfSpace(path.parent, needed) from err
         raise
+
+
+def _new_file(folder: Path, prefix: str, suffix: str) -> Path:
+    """A new empty file ``folder/prefix<random>suffix``, created by this call (``O_EXCL``, which
+    follows no link), mode 0666 less the umask."""
+    import secrets
+
+    while True:
+        tmp = folder / f"{prefix}{secrets.token_hex(4)}{suffix}"
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            return tmp
+        except FileExistsError:
+            continue
 
 
 def write_atomic(path: "str | Path", data: "str | bytes") -> Path:
@@ -206,18 +226,17 @@ def result_set(out_dir: "str | Path") -> Iterator[Path]:
         cwd = Path.cwd()
     except OSError:
         cwd = None
+    mode = stat.S_IMODE(out.stat().st_mode)
     try:
         if cwd is not None and (cwd == out or out in cwd.parents):
             raise IsADirectoryError(out)  # this process works inside --out: the folder stays the same
-        new = out.parent / f".{out.name}.{_NEW}-{os.getpid()}"
-        shutil.rmtree(new, ignore_errors=True)
-        new.mkdir()
+        # made anew under a random name (mkdtemp: never a folder or link someone else made), with --out's mode
+        new = Path(tempfile.mkdtemp(prefix=f".{out.name}.{_NEW}-{os.getpid()}-", dir=out.parent))
         whole = True
     except OSError:  # the parent is not writable, or the cwd is inside: a folder inside, its files renamed one by one
-        new = out / f".{_NEW}-{os.getpid()}"
-        shutil.rmtree(new, ignore_errors=True)
-        new.mkdir()
+        new = Path(tempfile.mkdtemp(prefix=f".{_NEW}-{os.getpid()}-", dir=out))
         whole = False
+    os.chmod(new, mode)
     try:
         yield new
         _publish(new, out, whole)
@@ -246,6 +265,25 @@ def _publish(new: Path, out: Path, whole: bool) -> None:
     shutil.rmtree(new, ignore_errors=True)
 
 
+def own_folder(folder: "str | Path") -> None:
+    """Refuse to write into ``folder`` (a folder of a run under ``--out``: its runs, a launch's
+    group) when it exists as a link, or as another user's folder: the run would write and delete
+    files through it (a link planted in a ``--out`` others can write). Nothing is checked where it
+    does not exist yet (the run makes it).
+
+    Raises:
+        UserError: it is a link, not a folder, or not this user's (bad input: exit 2, before the runs).
+    """
+    try:
+        info = os.lstat(folder)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        what = f"a link to {os.readlink(folder)}" if stat.S_ISLNK(info.st_mode) else "not a folder of yours"
+        raise UserError(f"{folder} is {what}: the run writes there and would write through it; remove it, or "
+                        "choose a folder of your own as --out")
+
+
 def save_figure(fig, path: "str | Path", dpi: int = 110) -> Path:
     """``fig.savefig`` (a matplotlib figure) through [`replacing`][vae_ddp.outputs.replacing], in
     the format of ``path``'s suffix; return ``path``.
@@ -262,6 +300,9 @@ def save_figure(fig, path: "str | Path", dpi: int = 110) -> Path:
 def drop_tensors(folder: Path) -> None:
     """Delete the tensors runs saved under ``folder`` (``*.pt``, half-written ``*.partial``) once a
     study has compared them; their logs and ``run.json`` stay. Per-step gradients and states are
-    hundreds of MB for the VAE and several GB for a ResNet-18 in float64."""
+    hundreds of MB for the VAE and several GB for a ResNet-18 in float64. A ``folder`` that is a
+    link is left alone (not this run's: a link planted in a ``--out`` others can write)."""
+    if Path(folder).is_symlink():
+        return
     for saved in (*Path(folder).rglob("*.pt"), *Path(folder).rglob("*.partial")):
         saved.unlink(missing_ok=True)

@@ -41,18 +41,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _observe(ranks: dict, done: threading.Event) -> None:
-    """Rank 0's watcher: when a rank exits non-zero, end every rank, rank 0 included."""
+def _observe(ranks: dict, done: threading.Event, ended: list) -> None:
+    """Rank 0's watcher: when a rank exits non-zero, end every rank, rank 0 included; the ranks
+    that exit 0 go to ``ended`` (``(rank, pid)``: one that left early is named if rank 0 then fails)."""
     while not done.is_set() and ranks:
-        if _reap(ranks, _POLL_S):
+        if _reap(ranks, _POLL_S, ended):
             _kill(ranks)
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _reap(ranks: dict, wait: float) -> bool:
+def _reap(ranks: dict, wait: float, ended: Optional[list] = None) -> bool:
     """Collect the ranks (``{psutil.Process: rank}``) that exit within ``wait`` seconds; name the
-    first that failed on stderr (the line [`launch`][vae_ddp.harness.launch.launch] puts last).
-    Returns whether one failed."""
+    first that failed on stderr (the line [`launch`][vae_ddp.harness.launch.launch] puts last);
+    those that exit 0 are appended to ``ended`` as ``(rank, pid)``. Returns whether one failed."""
     import psutil
 
     for p in sorted(psutil.wait_procs(list(ranks), wait)[0], key=ranks.get):
@@ -61,7 +62,22 @@ def _reap(ranks: dict, wait: float) -> bool:
             print(f"vae-ddp: rank {rank} (PID {p.pid}) {guard.how_it_ended(int(p.returncode), p.pid)}: ending every "
                   "rank", file=sys.stderr, flush=True)
             return True
+        if ended is not None:
+            ended.append((rank, p.pid))
     return False
+
+
+def _left_early(ended: list) -> None:
+    """Name the first rank of ``ended`` that exited 0 while rank 0 still trained (``sys.exit(0)``,
+    ``os._exit(0)`` in the user's code): rank 0's error is then only the connection it lost."""
+    for rank, pid in sorted(ended)[:1]:
+        print(f"vae-ddp: rank {rank} (PID {pid}) {guard.how_it_ended(0, pid)} while the other ranks still trained "
+              "(sys.exit or os._exit in the training code?): ending every rank", file=sys.stderr, flush=True)
+
+
+def _exit_code(stop: SystemExit) -> int:
+    """The exit code ``sys.exit(code)`` gives (None: 0, another object: 1)."""
+    return stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 1
 
 
 def _kill(ranks: dict) -> None:
@@ -130,15 +146,22 @@ def run_ranks(world_size: int, main: Callable[[], Any]) -> int:
 
     ranks = {psutil.Process(fork(main, env={"LOCAL_RANK": str(rank)})): rank for rank in range(1, world_size)}
     os.environ["LOCAL_RANK"] = "0"
-    done = threading.Event()
-    watcher = threading.Thread(target=_observe, args=(ranks, done), name="rank-observer", daemon=True)
+    done, ended = threading.Event(), []
+    watcher = threading.Thread(target=_observe, args=(ranks, done, ended), name="rank-observer", daemon=True)
     watcher.start()
     try:
         code = int(main() or 0)
-    except BaseException:
+    except BaseException as err:
         done.set()
         watcher.join()
-        _reap(ranks, 1.0)  # a rank that died made this one fail (a reset connection): name it
+        # a rank that died made this one fail (a reset connection): name it, or the one that left early
+        if not _reap(ranks, 1.0, ended):
+            if ended:
+                _left_early(ended)
+            elif isinstance(err, SystemExit):
+                print(f"vae-ddp: rank 0 (PID {os.getpid()}) {guard.how_it_ended(_exit_code(err), os.getpid())} "
+                      "while the other ranks still trained (sys.exit in the training code?): ending every rank",
+                      file=sys.stderr, flush=True)
         _kill(ranks)
         raise
     while ranks and watcher.is_alive():  # the other ranks finish (the watcher ends all on a failure)

@@ -21,7 +21,9 @@ class FolderInUse(UserError):
 @contextlib.contextmanager
 def out_folder_lock(out_dir: "str | Path", command: str) -> Iterator[Path]:
     """Hold ``out_dir`` for this run: an exclusive ``fcntl.flock`` on ``out_dir/.vae-ddp.lock``,
-    which names this process and ``command``. The kernel releases the lock when every process
+    which names this process and ``command``. The lock file is opened without following a link
+    (``O_NOFOLLOW``) and used only when it is a plain file of this user's: a link or another
+    user's file planted there is never written through. The kernel releases the lock when every process
     holding it has ended (the ranks and workers forked from this one inherit it), so a lock left by
     a run that was killed is taken over at once; the file is removed when this run ends, and so
     are the folders the lock created if the run wrote nothing into them (bad input found by the
@@ -29,10 +31,12 @@ def out_folder_lock(out_dir: "str | Path", command: str) -> Iterator[Path]:
 
     Raises:
         FolderInUse: a live run holds the folder: the message names its PID and command.
+        UserError: ``.vae-ddp.lock`` there is a link, not a plain file, or another user's.
     """
     import fcntl
     import json
     import os
+    import stat
 
     path = Path(out_dir) / LOCK_NAME
     created, p = [], path.parent
@@ -41,7 +45,18 @@ def out_folder_lock(out_dir: "str | Path", command: str) -> Iterator[Path]:
         p = p.parent
     path.parent.mkdir(parents=True, exist_ok=True)
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:  # never through a link planted in a folder another user can write (a --out under /tmp)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as err:
+            if not os.path.islink(path):
+                raise
+            raise UserError(f"--out {out_dir} holds {LOCK_NAME} as a link to {os.readlink(path)}: not written "
+                            f"through; remove the link, or choose a folder of your own as --out") from None
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_nlink != 1:
+            os.close(fd)
+            raise UserError(f"--out {out_dir} holds a {LOCK_NAME} that is not a plain file of yours (owner uid "
+                            f"{info.st_uid}): not written; remove it, or choose a folder of your own as --out")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -74,7 +89,7 @@ def out_folder_lock(out_dir: "str | Path", command: str) -> Iterator[Path]:
 
 #: The lock file of a run's output folder (``out_folder_lock``).
 LOCK_NAME = ".vae-ddp.lock"
-#: The prefix of a run's own temporary folder (``private_tmpdir``), followed by its PID.
+#: The prefix of a run's own temporary folder (``private_tmpdir``), followed by its PID and a random part.
 RUN_TMP = "vae-ddp-run-"
 
 
@@ -84,21 +99,22 @@ def private_tmpdir() -> Iterator[Optional[Path]]:
     block runs, removed with all that the run's processes left in it when the block ends, however
     it ends (an exception, ``KeyboardInterrupt``, SIGTERM raised as an exception): DataLoader
     workers' ``pymp-*`` folders and forkserver sockets, torch inductor's ``torchinductor_*``
-    cache, torch elastic's folders, the guards' heartbeat folders. A run ended by SIGKILL leaves
-    its folder; the next run removes every such folder whose process is gone. Where the
+    cache, torch elastic's folders, the guards' heartbeat folders. The folder is made anew
+    (``tempfile.mkdtemp``: ``RUN_TMP``, the PID and a random part, mode 0700), so that a folder or
+    link of that name made by another user is never used. A run ended by SIGKILL leaves
+    its folder; the next run removes every such folder of this user's whose process is gone. Where the
     temporary folder cannot be written, nothing changes (yields None).
     """
     import shutil
     import tempfile
 
     base = tempfile.gettempdir()
+    if _own_run_tmpdir(base):  # a run inside a run of this process: the outer one's folder
+        yield Path(base)
+        return
     _remove_dead_tmpdirs(Path(base))
     try:  # a short name: a DataLoader's forkserver socket path in it must stay under 108 characters
-        path = os.path.join(base, f"{RUN_TMP}{os.getpid()}")
-        os.mkdir(path, 0o700)
-    except FileExistsError:  # a run inside a run of this process: the outer one's folder
-        yield Path(path)
-        return
+        path = tempfile.mkdtemp(prefix=f"{RUN_TMP}{os.getpid()}-", dir=base)
     except OSError:
         yield None
         return
@@ -136,15 +152,35 @@ def _release_multiprocessing(path: str) -> None:
                 f()
 
 
+def _own_run_tmpdir(path: str) -> bool:
+    """Whether ``path`` is the run folder ``private_tmpdir`` made for this process: named after its
+    PID, a folder (not a link) of this user's, mode 0700."""
+    import stat
+
+    name = os.path.basename(os.path.normpath(path))
+    if not name.startswith(f"{RUN_TMP}{os.getpid()}-"):
+        return False
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) == 0o700
+
+
 def _remove_dead_tmpdirs(base: Path) -> None:
-    """Remove the run folders (``RUN_TMP``) under ``base`` whose process is gone (killed by SIGKILL)."""
+    """Remove the run folders (``RUN_TMP``) of this user's under ``base`` whose process is gone (killed by SIGKILL)."""
     import shutil
+    import stat
 
     from vae_ddp.ranks import alive
 
     for d in base.glob(f"{RUN_TMP}*"):
-        pid = d.name[len(RUN_TMP):]
-        if pid.isdigit() and not alive(int(pid)) and d.is_dir() and d.stat().st_uid == os.getuid():
+        pid = d.name[len(RUN_TMP):].split("-")[0]
+        try:
+            info = d.lstat()
+        except OSError:
+            continue
+        if pid.isdigit() and stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not alive(int(pid)):
             shutil.rmtree(d, ignore_errors=True)
 
 

@@ -9,6 +9,7 @@ gradient within 2x the one-device floor.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -407,6 +408,119 @@ def test_a_failed_run_is_exit_code_3_not_a_verdict(tmp_path, capsys, monkeypatch
     assert code == 3 and "boom" in err, err
 
 
+def test_a_failed_audit_keeps_the_earlier_report_and_says_whose_it_is(tmp_path, capsys, monkeypatch):
+    """An audit that fails (a run raising, killed, a rank gone) into a folder with an earlier report
+    leaves that report whole (it deleted audit.json and tables.md when it planned its runs) and says
+    that the report there is the earlier one."""
+    from vae_ddp.audit import study
+    from vae_ddp.cli import main
+    from vae_ddp.harness.launch import RunFailed
+
+    out = tmp_path / "a"
+    (out / "runs").mkdir(parents=True)
+    (out / "audit.json").write_text('{"within_floor": true}')
+    (out / "tables.md").write_text("the earlier report\n")
+
+    def failing(plan, runs_dir):
+        raise RunFailed("run 'ddp' exited with code 1; first error: RuntimeError: boom")
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(study, "_measure", failing)
+    code = main(["audit", "--model", f"{M}.Plain", "--data", f"{M}.Regression", "--steps", "1", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 3 and "boom" in err, err
+    assert (out / "audit.json").read_text() == '{"within_floor": true}'
+    assert (out / "tables.md").read_text() == "the earlier report\n"
+    assert f"{out / 'tables.md'} and audit.json are not this audit's: they are the earlier report" in err, err
+
+
+def test_the_runs_folder_is_not_written_through_a_planted_link(tmp_path, capsys, monkeypatch):
+    """``--out``'s runs folder planted as a link to a folder of the user's (a --out others can write):
+    the audit deleted and wrote files through it; refused now in one line (exit 2), the target untouched."""
+    from vae_ddp.audit import study
+    from vae_ddp.cli import main
+
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "single-steps.pt").write_text("precious")
+    out = tmp_path / "a"
+    out.mkdir()
+    (out / "runs").symlink_to(victim)
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(study, "_measure", lambda plan, runs_dir: (_ for _ in ()).throw(AssertionError("ran")))
+    code = main(["audit", "--model", f"{M}.Plain", "--data", f"{M}.Regression", "--steps", "1", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and f"{out / 'runs'} is a link to {victim}" in err, err
+    assert [p.name for p in victim.iterdir()] == ["single-steps.pt"]
+    assert (victim / "single-steps.pt").read_text() == "precious"
+
+
+def test_out_is_where_the_command_started_whatever_the_module_does(tmp_path, capsys, monkeypatch):
+    """A module whose __init__ calls os.chdir('/') made a relative --out resolve under /: exit 0 and
+    the report in /out/..., without a word. --out is resolved when the command starts, the runs
+    start in that folder, and the output says where the report was written."""
+    from vae_ddp.audit import study
+    from vae_ddp.cli import main
+
+    seen = {}
+
+    def measured(plan, runs_dir):
+        seen.update(cwd=os.getcwd(), runs_dir=runs_dir)
+        return None
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [str(ROOT), *sys.path])
+    monkeypatch.setattr(study, "_measure", measured)
+    monkeypatch.setattr(study, "_judge", lambda plan, runs, notes: {"within_floor": True})
+    monkeypatch.setattr(study, "render", lambda result: "the table")
+    stray = Path("/", f"t51-out-{os.getpid()}")
+    try:
+        code = main(["audit", "--model", str(ROOT / "tests/scripts/changes_folder.py:ChangesFolder"), "--data",
+                     f"{M}.Regression", "--steps", "1", "--out", stray.name])
+        out = capsys.readouterr().out
+        assert code == 0 and not stray.exists(), out
+    finally:
+        import shutil
+
+        shutil.rmtree(stray, ignore_errors=True)
+    assert (tmp_path / stray.name / "tables.md").read_text() == "the table\n"
+    assert seen == {"cwd": str(tmp_path), "runs_dir": tmp_path / stray.name / "runs"}, seen
+    assert (f"[audit] report of this audit written to {tmp_path / stray.name / 'tables.md'} and "
+            f"{tmp_path / stray.name / 'audit.json'}") in out, out
+
+
+def test_a_world_size_says_what_it_costs_and_one_that_does_not_fit_is_refused(tmp_path, capsys, monkeypatch):
+    """--devices 64 on 2 cores started 69 processes without a word: the output says what a world
+    size costs (processes, cores, memory) before anything starts, and refuses one whose processes
+    would not fit in memory (exit 2, one line, nothing built or started)."""
+    import vae_ddp.harness.resources as resources
+    from vae_ddp.audit import study
+    from vae_ddp.cli import main
+    from vae_ddp.harness.launch import RunFailed
+
+    def failing(plan, runs_dir):
+        raise RunFailed("run 'ddp' exited with code 1; first error: RuntimeError: stopped here")
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(study, "_measure", failing)
+    monkeypatch.setattr(resources, "_available_memory", lambda: 10 ** 9)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    args = ["audit", "--model", f"{M}.Plain", "--data", f"{M}.Regression", "--steps", "1", "--data.batch_size"]
+    code = main([*args, "64", "--devices", "64", "--out", str(tmp_path / "big")])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.err.count("\n") == 1 and not (tmp_path / "big").exists(), captured
+    assert ("--devices 64: 65 processes (64 DDP ranks and the one-device runs beside them) need about 9.8 GB of "
+            "memory (150.0 MB each), 1.0 GB is available: use at most --devices 5") in captured.err, captured.err
+    code = main([*args, "16", "--devices", "4", "--out", str(tmp_path / "small")])
+    out = capsys.readouterr().out
+    assert code == 3, out
+    assert ("[audit] cost: 5 processes (4 DDP ranks and the one-device runs beside them) on 2 CPU cores, about 2x as "
+            "long per step as with a core each; about 750.") in out.splitlines()[0], out
+
+
 def test_a_failing_one_device_run_is_exit_code_3_with_its_own_error(tmp_path):
     """The one-device runs train beside the DDP ranks in the same launch: when they fail, the
     DDP runs waiting for their weights stop, and the audit names the one-device error, not theirs."""
@@ -415,6 +529,7 @@ def test_a_failing_one_device_run_is_exit_code_3_with_its_own_error(tmp_path):
     assert not list((tmp_path / "audit").rglob("*.pt"))  # a failed audit leaves no tensors either
     first = next(ln for ln in output.splitlines() if ln.startswith("vae-ddp audit: error:"))
     assert "first error: RuntimeError: one device exploded on purpose" in first, first
+    assert first.startswith("vae-ddp audit: error: run 'single' "), first  # not all 22 runs' names
 
 
 def test_a_one_device_process_that_dies_ends_the_audit(tmp_path):

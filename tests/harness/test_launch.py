@@ -32,8 +32,23 @@ def test_a_killed_rank_is_named_in_the_last_line(tmp_path, monkeypatch, rank):
         launch(_spec(), tmp_path, quiet=True, timeout=240, entry=[sys.executable, str(SCRIPT)])
     lines = str(err.value).splitlines()
     assert lines[-1] == f"rank {rank} of run 'ddp' was killed by SIGKILL after step 2", lines
-    assert lines[0].startswith("run 'ddp' exited with code ") and len(lines) == 3, lines
+    assert lines[0].startswith("run 'ddp' failed") and len(lines) == 3, lines  # not the launch's code 137
     assert lines[1] == f"(full stderr of all ranks: {tmp_path / 'stderr.log'})", lines
+
+
+@pytest.mark.parametrize("how", ["sys.exit", "os._exit"])
+def test_a_rank_that_exits_0_mid_training_is_named(tmp_path, monkeypatch, how):
+    """Rank 1 leaves with exit code 0 at its third step (sys.exit(0) or os._exit(0) in the training
+    code): it said only 'first error: [rank0] ... Connection closed by peer', rank 1 never named."""
+    monkeypatch.setenv("KILLED_RANK", "-1")
+    monkeypatch.setenv("EXIT_RANK", "1")
+    monkeypatch.setenv("EXIT_HOW", how)
+    with pytest.raises(RunFailed) as err:
+        launch(_spec(), tmp_path, quiet=True, timeout=240, entry=[sys.executable, str(SCRIPT)])
+    lines = str(err.value).splitlines()
+    assert lines[-1] == ("rank 1 of run 'ddp' exited with code 0 after step 2 while the other ranks still trained "
+                         "(sys.exit or os._exit in the training code?)"), lines
+    assert lines[0].startswith("run 'ddp' failed"), lines
 
 
 def test_a_non_finite_loss_is_named_with_run_rank_and_step(tmp_path, monkeypatch):
@@ -73,3 +88,44 @@ def test_only_this_projects_runners_are_forked_never_the_audits(monkeypatch):
     assert not _forkable([sys.executable, "-m", "vae_ddp.audit.run", "job.json", "out"], spec)
     monkeypatch.setenv("VAE_DDP_LAUNCH", "exec")
     assert not any(_forkable(cmd, spec) for cmd in runners)
+
+
+def test_a_dataloader_workers_own_error_is_in_the_first_line(tmp_path):
+    """torch re-raises a worker's error as 'ValueError: Caught ValueError in DataLoader worker process
+    0.', the worker's own error at the end of its traceback below: the one line kept only the former."""
+    from vae_ddp.harness.launch import _failure
+
+    log = """[rank1]: Traceback (most recent call last):
+[rank1]:   File "/x/torch/_utils.py", line 803, in reraise
+[rank1]:     raise exception
+[rank1]: ValueError: Caught ValueError in DataLoader worker process 0.
+[rank1]: Original Traceback (most recent call last):
+[rank1]:   File "/x/torch/utils/data/_utils/worker.py", line 375, in _worker_loop
+[rank1]:     data = fetcher.fetch(index)
+[rank1]:   File "data.py", line 6, in __getitem__
+[rank1]: ValueError: bad sample 3: its label is missing
+[rank0]: RuntimeError: Connection closed by peer""".splitlines()
+    err = _failure("ddp", 1, log, tmp_path / "stderr.log", tmp_path)
+    assert str(err).splitlines()[0] == ("run 'ddp' exited with code 1; first error: [rank1]: ValueError: Caught "
+                                        "ValueError in DataLoader worker process 0: ValueError: bad sample 3: its "
+                                        "label is missing"), str(err)
+
+
+def test_a_failure_names_the_run_that_failed_not_the_jobs_every_run(tmp_path):
+    """An audit's launch trains 22 runs; a failure named them all ("run 'single, floor-1, ...,
+    effect-defaults'"): the run that says it failed, else the run the rank that ended was training."""
+    from vae_ddp.harness.launch import _failure
+
+    job = "single, floor-1, floor-2, ddp, ddp+fixed, ddp+fixed-forced"
+    log = ["vae-ddp: PID 11 starts run 'single'", "vae-ddp: PID 20 starts run 'ddp'",
+           "vae-ddp: PID 21 starts run 'ddp'",
+           "vae-ddp: PID 11 starts run 'floor-1'", "vae-ddp: PID 20 starts run 'ddp+fixed'",
+           "vae-ddp: PID 21 starts run 'ddp+fixed'", "vae-ddp: run 'ddp+fixed' failed in PID 20",
+           "[rank0]: RuntimeError: Connection closed by peer",
+           "vae-ddp: rank 1 (PID 21) was killed by SIGKILL after step 2: ending every rank"]
+    lines = str(_failure(job, 137, log, tmp_path / "stderr.log", tmp_path)).splitlines()
+    assert lines[0] == "run 'ddp+fixed' failed; first error: [rank0]: RuntimeError: Connection closed by peer", lines
+    assert lines[-1] == "rank 1 of run 'ddp+fixed' was killed by SIGKILL after step 2", lines
+    killed = [ln for ln in log if "failed in" not in ln and "Connection" not in ln]  # no process raised
+    lines = str(_failure(job, 137, killed, tmp_path / "stderr.log", tmp_path)).splitlines()
+    assert lines[0] == "run 'ddp+fixed' failed" and lines[-1].startswith("rank 1 of run 'ddp+fixed' was"), lines

@@ -16,13 +16,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 from typing import Any, Literal, Optional
 
 from jsonargparse import ArgumentParser
 from jsonargparse.typing import NotEmptyStr
 
 from vae_ddp.audit import preflight
-from vae_ddp.errors import UserError, config_action, one_line
+from vae_ddp.errors import Terminated, UserError, config_action, one_line
 
 __all__ = ["main", "build_parser", "AuditParser"]
 
@@ -104,11 +105,24 @@ def build_parser() -> AuditParser:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """``vae-ddp audit ARGV`` (default ``sys.argv[1:]``); returns the exit code (see the module's)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if os.getcwd() not in sys.path:  # class paths relative to the working directory, as `python -m` allows
-        sys.path.insert(0, os.getcwd())
+    """``vae-ddp audit ARGV`` (default ``sys.argv[1:]``); returns the exit code (see the module's;
+    130 for Ctrl-C, also while it imports torch and Lightning)."""
     try:
+        return _main(argv)
+    except KeyboardInterrupt:  # the runs' guards end their trees with this process
+        print("vae-ddp audit: interrupted; no verdict", file=sys.stderr)
+        return 130
+
+
+def _main(argv: Optional[list[str]]) -> int:
+    from vae_ddp.guard import default_stall
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cwd = os.getcwd()  # what relative paths mean: the user's code may change the working folder later
+    if cwd not in sys.path:  # class paths relative to the working directory, as `python -m` allows
+        sys.path.insert(0, cwd)
+    try:
+        default_stall()  # VAE_DDP_WATCHDOG_S: refused here, not in the runs
         cfg = build_parser().parse_args(argv)
     except (argparse.ArgumentError, UserError) as err:
         text = str(err) if isinstance(err, UserError) else preflight.as_given(one_line(str(err)))
@@ -116,34 +130,48 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     except SystemExit as stop:  # --help, --model.help CLASS, --print_config
         return stop.code if isinstance(stop.code, int) else 0
-    return _audit(cfg, argv)
+    return _audit(cfg, argv, cwd)
 
 
-def _audit(cfg: Any, argv: list[str]) -> int:
-    """The pre-flight checks of the parsed ``cfg``, then the audit; returns the exit code."""
-    from vae_ddp.audit.study import audit
+def _audit(cfg: Any, argv: list[str], cwd: str) -> int:
+    """The pre-flight checks of the parsed ``cfg``, then the audit; returns the exit code. ``cwd``:
+    the working folder the command started in (``--out`` is relative to it, the runs start in it)."""
+    from vae_ddp.audit.study import audit, earlier_report
     from vae_ddp.harness.launch import RunFailed
     from vae_ddp.utils import out_folder_lock
 
+    out = Path(cwd, os.path.expanduser(cfg.out))
     try:
         run, model_cls, data_cls = preflight.audit_run(cfg.as_dict())
-        static, notes = preflight.check(run, data_cls, model_cls)
-        out = preflight.writable(cfg.out)
+        cost: list[str] = []
+        static, notes = preflight.check(run, data_cls, model_cls, cost)
+        for line in cost:  # before anything starts: what the world size costs
+            print(f"[audit] cost: {line}", flush=True)
+        if os.getcwd() != cwd:  # the user's __init__ changed the working folder: the runs start where the command did
+            os.chdir(cwd)
+        out = preflight.writable(out)
         with out_folder_lock(out, "vae-ddp audit " + " ".join(argv)):
             result = audit(run, out, static=static, notes=notes)
     except UserError as err:
         print(f"vae-ddp audit: error: {err}", file=sys.stderr)
         return 2
     except RunFailed as err:  # a run failed or hung: not a verdict on the model
+        _say_kept(earlier_report(out))
         print(f"vae-ddp audit: error: {err}", file=sys.stderr)
         if "find_unused_parameters" in str(err):
             print("vae-ddp audit: a module whose losses leave parameters out (a GAN's two optimizers) needs "
                   "--trainer.strategy ddp_find_unused_parameters_true", file=sys.stderr)
         return 3
-    except KeyboardInterrupt:  # the runs' guards end their trees with this process
-        print("vae-ddp audit: interrupted; no verdict", file=sys.stderr)
-        return 130
+    except (KeyboardInterrupt, Terminated):  # the runs' guards end their trees with this process
+        _say_kept(earlier_report(out))
+        raise
     return 0 if result["within_floor"] else 1
+
+
+def _say_kept(line: Optional[str]) -> None:
+    """The line of [`earlier_report`][vae_ddp.audit.study.earlier_report] on stderr, if any."""
+    if line:
+        print(f"vae-ddp audit: {line}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -238,8 +238,11 @@ def writable(out: str) -> Path:
 _NO_TRAINER = "is not attached to a `Trainer`"
 
 
-def check(run, data_cls: type, model_cls: type) -> tuple[list[dict], list[str]]:
-    """Bad input before any training: one [`UserError`][vae_ddp.errors.UserError] line each.
+def check(run, data_cls: type, model_cls: type, cost: Optional[list] = None) -> tuple[list[dict], list[str]]:
+    """Bad input before any training: one [`UserError`][vae_ddp.errors.UserError] line each, a
+    world size whose processes would not fit in memory included
+    ([`audit_cost`][vae_ddp.harness.resources.audit_cost], checked before the module is built and
+    again with its parameters). ``cost``: a list the line of what the runs will cost is appended to.
 
     Returns the findings of the one-process checks ([`static_findings`][vae_ddp.audit.static.static_findings])
     and notes: a ``training_step`` that needs a Trainer (``self.all_gather``, ...) skips the
@@ -248,8 +251,12 @@ def check(run, data_cls: type, model_cls: type) -> tuple[list[dict], list[str]]:
     import torch
     from pytorch_lightning import LightningModule
 
+    from vae_ddp.harness.resources import audit_cost
+
     if run.devices < 2:
         raise UserError(f"--devices must be at least 2 (the DDP world size to compare with one device), got {run.devices}")
+    if run.accelerator == "cpu":
+        audit_cost(run.devices)  # the processes alone: refused before anything is built
     if run.steps < 1:
         raise UserError(f"--steps must be at least 1, got {run.steps}")
     if run.effect_batches != 0 and run.effect_batches < 4:
@@ -294,19 +301,27 @@ def check(run, data_cls: type, model_cls: type) -> tuple[list[dict], list[str]]:
                         f"{run.global_batch_size}: give more data or a smaller --data.init_args.batch_size")
     with torch.random.fork_rng():  # the same weights and draws on every audit of this seed, as the runs'
         torch.manual_seed(run.seed)
-        return _check_model(run, model_cls, dm, batches, batch)
+        return _check_model(run, model_cls, dm, batches, batch, cost)
 
 
-def _check_model(run, model_cls: type, dm, batches: list, batch) -> tuple[list[dict], list[str]]:
-    """Build the module, try its training_step on one batch without a Trainer, run the one-process checks."""
+def _check_model(run, model_cls: type, dm, batches: list, batch,
+                 cost: Optional[list] = None) -> tuple[list[dict], list[str]]:
+    """Build the module, say what its runs cost (refused when they do not fit), try its
+    training_step on one batch without a Trainer, run the one-process checks."""
     import torch
 
     from vae_ddp.fixes.factor import cast_batch as _cast
+    from vae_ddp.harness.resources import audit_cost
     try:
         model = model_cls(**run.model.get("init_args", {}))
     except Exception as err:  # noqa: BLE001 - the user's class: its first line
         raise UserError(f"{model_cls.__name__}(...) fails ({type(err).__name__}: {_first(err)}): check --model's "
                         "init args") from None
+    if run.accelerator == "cpu":
+        size = 8 if run.dtype == "float64" else 4
+        line = audit_cost(run.devices, sum(p.numel() for p in model.parameters()) * size)
+        if cost is not None:
+            cost.append(line)
     if model.automatic_optimization:  # manual optimization needs the trainer's optimizers: no dry run
         dtype = torch.float64 if run.dtype == "float64" else torch.float32
         try:

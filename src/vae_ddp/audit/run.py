@@ -35,7 +35,7 @@ from vae_ddp.audit.spec import AuditRun, failed_marker, import_class
 from vae_ddp import heartbeat
 from vae_ddp.fixes import registry
 from vae_ddp.guard import beat
-from vae_ddp.harness.launch import BESIDE_PID, run_job
+from vae_ddp.harness.launch import BESIDE_PID, run_job, say_run
 from vae_ddp.harness.permutation import WithinBatchPermutation
 from vae_ddp.outputs import replacing, write_atomic
 from vae_ddp.probes import StepProbe
@@ -183,12 +183,20 @@ def main(argv: list[str]) -> int:
     return run_job(argv, lambda d: AuditRun(**d), _train_or_mark)
 
 
+#: The run this process trains now (its label), for the line that names a run that failed.
+_CURRENT: list[str] = []
+
+
 def _train_or_mark(runs: list[AuditRun], out: Path) -> int:
-    """``_train(runs, out)``; if it fails, the teacher-forced runs waiting for the weights these
-    runs record are told so (their marker file)."""
+    """``_train(runs, out)``; if it fails, the line ``vae-ddp: run 'LABEL' failed in PID P`` names
+    the run on stderr ([`launch`][vae_ddp.harness.launch.launch] names it, not the job's every
+    label), and the teacher-forced runs waiting for the weights these runs record are told so
+    (their marker file)."""
     try:
         return _train(runs, out)
     except BaseException:
+        if _CURRENT:
+            say_run(_CURRENT[-1], failed=True)
         for run in runs:
             if run.steps_file and not run.teacher_forced:
                 failed_marker(Path(run.steps_file)).touch()
@@ -201,6 +209,9 @@ def _train(runs: list[AuditRun], out: Path) -> int:
     out.mkdir(parents=True, exist_ok=True)
     info = {}
     for run in runs:
+        # which run each process trains, in the log: a rank that dies is named with its run (launch)
+        _CURRENT[:] = [run.label]
+        say_run(run.label)
         probe = None
         if run.steps_file:
             probe = StepProbe(wait_for_steps(Path(run.steps_file)) if run.teacher_forced else None,
@@ -220,9 +231,8 @@ def _train(runs: list[AuditRun], out: Path) -> int:
                 with replacing(out / f"{run.label}.steps.pt") as tmp:
                     torch.save(record, tmp)
                 if not run.teacher_forced:  # the reference: its weights, for the forced runs (written whole)
-                    tmp = Path(run.steps_file).with_suffix(".partial")
-                    torch.save({**record, "states": probe.states}, tmp)
-                    os.replace(tmp, run.steps_file)
+                    with replacing(Path(run.steps_file)) as tmp:
+                        torch.save({**record, "states": probe.states}, tmp)
         # Lightning's Trainer and module refer to each other: without a collection here each run's
         # module, optimizer state and recorded steps (several copies of the parameters) outlive it
         del model, dm, trainer, probe

@@ -56,9 +56,9 @@ from vae_ddp.probes import per_step_differences
 from vae_ddp.studies.equivalence import FLOOR_FACTOR
 from vae_ddp.harness.launch import Job, RunFailed, launch
 from vae_ddp.harness.table import format_table
-from vae_ddp.outputs import drop_tensors, result_set
+from vae_ddp.outputs import drop_tensors, own_folder, result_set
 
-__all__ = ["audit", "render", "FLOOR_RATIO", "FLOOR_DRAWS", "ROUNDING_EPS"]
+__all__ = ["audit", "render", "write_report", "earlier_report", "FLOOR_RATIO", "FLOOR_DRAWS", "ROUNDING_EPS"]
 
 #: DDP with every fix passes when its largest per-step gradient difference (from the same
 #: weights) is at most this multiple of the one-device floor: the rule of ``vae-ddp equivalence``.
@@ -113,7 +113,9 @@ def _largest(a: dict, b: dict, n: int = 3) -> list[dict]:
 def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, progress: bool = True,
           notes: Optional[list[str]] = None) -> dict:
     """Run the audit of ``base`` (``devices`` = the DDP world size N) and write
-    ``out_dir/audit.json`` and ``out_dir/tables.md``. The runs' logs and findings stay under
+    ``out_dir/audit.json`` and ``out_dir/tables.md`` ([`write_report`][vae_ddp.audit.study.write_report]:
+    an earlier report there stays until this one is whole; ``out_dir`` is best absolute, the
+    user's code may change the working folder). The runs' logs and findings stay under
     ``out_dir/runs``; the tensors they saved (each run's final weights and per-step gradients,
     several GB for a ResNet-18 in float64) are deleted once compared, whether the audit ends or fails.
 
@@ -170,11 +172,44 @@ def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress
                   f"{', every step from the one-device weights' if spec.teacher_forced else ''}", flush=True)
     result = _judge(plan, _measure(plan, out_dir / "runs"), notes or [])
     text = render(result)
+    write_report(out_dir, result, text)
+    print(text)
+    if progress:
+        print(f"[audit] report of this audit written to {out_dir / 'tables.md'} and {out_dir / 'audit.json'}",
+              flush=True)
+    return result
+
+
+#: The report's files: replaced together ([`write_report`][vae_ddp.audit.study.write_report]).
+REPORT = ("audit.json", "tables.md")
+
+
+def write_report(out_dir: Path, result: dict, text: str) -> None:
+    """``out_dir/audit.json`` (``result``) and ``out_dir/tables.md`` (``text``) in place of the
+    earlier report's, as one set ([`result_set`][vae_ddp.outputs.result_set]): a kill at any
+    moment leaves the earlier report whole or this one.
+
+    Raises:
+        vae_ddp.outputs.OutOfSpace: the file system is full (the earlier report stays).
+    """
     with result_set(out_dir) as new:
         (new / "audit.json").write_text(json.dumps(result, indent=1))
         (new / "tables.md").write_text(text + "\n")
-    print(text)
-    return result
+
+
+def earlier_report(out_dir: Path) -> Optional[str]:
+    """The line that says an audit that did not finish left the earlier report in ``out_dir``
+    (``audit.json`` and ``tables.md``, with the time they were written, UTC), or None when there is none."""
+    import datetime
+
+    files = [Path(out_dir) / name for name in REPORT]
+    try:
+        written = max(f.stat().st_mtime for f in files)
+    except OSError:  # none, or not both: no earlier report
+        return None
+    when = datetime.datetime.fromtimestamp(written, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return (f"{files[1]} and {files[0].name} are not this audit's: they are the earlier report, of the audit that "
+            f"wrote them at {when}, kept as they were")
 
 
 @dataclass
@@ -205,10 +240,13 @@ def _plan(base: AuditRun, out_dir: Path, static: list[dict]) -> _Plan:
     base = base.replace(dealt_to=n, attention_dropout=not attention, keyed_draws=bool(torch_draws))
     fixes = list(registry.audit_fixable())
     runs_dir = out_dir / "runs"
+    for folder in (runs_dir, runs_dir / "one-device", runs_dir / "ddp"):
+        own_folder(folder)  # before anything is deleted or written there
     steps_file = (runs_dir / "single-steps.pt").resolve()
     runs_dir.mkdir(parents=True, exist_ok=True)
-    # a previous audit in the same folder: its verdict must not outlive a run that fails now
-    for stale in (steps_file, failed_marker(steps_file), out_dir / "audit.json", out_dir / "tables.md"):
+    # a previous audit's reference weights must not serve this one's runs; its report (audit.json,
+    # tables.md) stays until this audit's is whole (write_report), and a failure says it is the earlier one
+    for stale in (steps_file, failed_marker(steps_file)):
         stale.unlink(missing_ok=True)
 
     forced = dict(fixes=fixes, steps_file=str(steps_file), teacher_forced=True)

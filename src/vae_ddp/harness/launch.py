@@ -23,7 +23,7 @@ from vae_ddp.outputs import write_atomic
 from vae_ddp.ranks import fork, run_ranks
 
 __all__ = ["launch", "launch_by_world_size", "group_folder", "Job", "RunFailed",
-           "JOB_FILE", "run_job", "BESIDE_PID"]
+           "JOB_FILE", "run_job", "say_run", "BESIDE_PID"]
 
 #: The file in a launch's ``OUT_DIR`` that holds its job's ``to_json()`` (a file: a command line
 #: is what ``ps`` shows every user); the child's first argument is its path.
@@ -31,7 +31,10 @@ JOB_FILE = "job.json"
 
 _ERROR_LINE = re.compile(r"^(\[rank\d+\]: )?[A-Za-z_][\w.]*(Error|Exception)(:|$)")
 #: what a rank's watcher, the job's child or the guard says of a rank that ended (vae_ddp.ranks)
-_RANK_LINE = re.compile(r"^vae-ddp: rank (?P<rank>\d+) \(PID \d+\) (?P<how>.*?)(: ending every rank)?$")
+_RANK_LINE = re.compile(r"^vae-ddp: rank (?P<rank>\d+) \(PID (?P<pid>\d+)\) (?P<how>.*?)(: ending every rank)?$")
+#: what a process of a launch says when it starts a run, and when a run fails in it (say_run)
+_STARTS = re.compile(r"^vae-ddp: PID (?P<pid>\d+) starts run '(?P<label>[^']*)'$")
+_FAILED = re.compile(r"^vae-ddp: run '(?P<label>[^']*)' failed in PID (?P<pid>\d+)$")
 #: what a full file system looks like in a run's stderr
 _NO_SPACE = ("No space left on device", "no space left on the file system", "unexpected pos", "file write failed")
 
@@ -102,14 +105,18 @@ def launch(spec: Job, out_dir: Path, timeout: Optional[float] = None, quiet: boo
         vae_ddp.outputs.OutOfSpace: (a ``RunFailed``) the file system of ``out_dir`` filled up.
         vae_ddp.outputs.NoSpaceForRun: (a ``UserError``, before anything starts) less free space
             in ``out_dir`` than [`space_needed`][vae_ddp.harness.resources.space_needed].
+        vae_ddp.errors.UserError: (before anything starts) ``out_dir`` or a group's folder in it is a
+            link or another user's folder ([`own_folder`][vae_ddp.outputs.own_folder]).
         vae_ddp.harness.resources.NotEnoughMemory: (a ``UserError``, before anything starts) the ranks' estimated memory
             ([`check_memory`][vae_ddp.harness.resources.check_memory]) is more than is available.
     """
-    from vae_ddp.outputs import check_space
+    from vae_ddp.outputs import check_space, own_folder
 
     if not isinstance(spec, Job):
         raise TypeError(f"launch() runs a Job, got {type(spec).__name__} (one spec: launch_by_world_size([spec], ...))")
     out_dir = Path(out_dir)
+    for folder in (out_dir, *(out_dir / tag for tag in spec.groups)):
+        own_folder(folder)
     check_memory(spec)
     check_space(out_dir, space_needed(spec))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -123,7 +130,8 @@ def launch(spec: Job, out_dir: Path, timeout: Optional[float] = None, quiet: boo
         # like torchrun: do not let N ranks x all cores threads fight over the cores
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // spec.world_size))
     cmd = (entry or [sys.executable, "-m", "vae_ddp.harness.runner"]) + [str(job), str(out_dir)]
-    with open(log, "w") as err:
+    log.unlink(missing_ok=True)  # a new file of this run's (O_EXCL): never a link or file someone else put there
+    with os.fdopen(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "w") as err:
         try:  # under a guard: its own process group, a watchdog, nothing left behind (vae_ddp.guard)
             code = guard.run(cmd, timeout=timeout, stall=stall, fork=_forkable(cmd, spec), env=env, stderr=err,
                              stdout=subprocess.DEVNULL if quiet else None).returncode
@@ -132,13 +140,23 @@ def launch(spec: Job, out_dir: Path, timeout: Optional[float] = None, quiet: boo
     if code != 0 or not (out_dir / "run.json").exists():
         lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
         if code in (guard.STALLED, guard.TIMED_OUT) and lines and lines[-1].startswith("vae-ddp guard:"):
-            head = f"run '{spec.label}': {lines[-1][len('vae-ddp guard: '):]}"
+            stopped = re.search(r"\(PID (\d+)\) is stopped", lines[-1])
+            which = _which_run(spec.label, lines, stopped and stopped[1])
+            head = f"run '{which}': {lines[-1][len('vae-ddp guard: '):]}"
             raise RunFailed(f"{head}\n(every rank's stacks: {log})")
         raise _failure(spec.label, code, lines, log, out_dir)
     return json.loads((out_dir / "run.json").read_text())
 
 
 # --------------------------------------------------------------------------- the child's side
+def say_run(label: str, failed: bool = False) -> None:
+    """On stderr, in a launch's process: ``vae-ddp: PID P starts run 'LABEL'``, or with ``failed``
+    ``vae-ddp: run 'LABEL' failed in PID P``: the lines by which [`launch`][vae_ddp.harness.launch.launch]
+    names the run that failed (not the job's every label)."""
+    text = f"run '{label}' failed in PID {os.getpid()}" if failed else f"PID {os.getpid()} starts run '{label}'"
+    print(f"vae-ddp: {text}", file=sys.stderr, flush=True)
+
+
 #: Set in the ranks of a ``together`` job: the pid of the first group forked beside them.
 BESIDE_PID = "VAE_DDP_BESIDE_PID"
 
@@ -211,21 +229,49 @@ def _ended(pid: int, tag: str) -> int:
 
 
 def _failure(label: str, code: Optional[int], lines: list[str], log: Path, out_dir: Path) -> RunFailed:
-    """The error of a failed run: its first error line (the rank that failed first), the log's
-    path, and last the rank that ended first and how; [`OutOfSpace`][vae_ddp.outputs.OutOfSpace]
+    """The error of a failed run: its first error line (the rank that failed first; for an error a
+    DataLoader worker raised, with the worker's own error line), the log's path, and last the rank
+    that ended first and how; [`OutOfSpace`][vae_ddp.outputs.OutOfSpace]
     when the file system filled up."""
     from vae_ddp.outputs import OutOfSpace, _free
 
     if any(s in ln for ln in lines for s in _NO_SPACE) or _free(out_dir) < 2 ** 20:
         return OutOfSpace(out_dir)
-    first = next((ln for ln in lines if _ERROR_LINE.match(ln)), None)
+    at = next((i for i, ln in enumerate(lines) if _ERROR_LINE.match(ln)), None)
+    first = None if at is None else lines[at]
+    if first is not None and "in DataLoader worker process" in first:
+        # torch re-raises a worker's error as "Caught X in DataLoader worker process N." with the
+        # worker's own traceback below it: its last line is what went wrong (the dataset's words)
+        own = next((ln for ln in lines[at + 1:] if _ERROR_LINE.match(ln)), None)
+        if own is not None:
+            first = f"{first.rstrip('.')}: {re.sub(r'^[[]rank[0-9]+[]]: ', '', own)}"
     rank = next((m for m in map(_RANK_LINE.match, lines) if m), None)
-    what = "timed out" if code is None else f"exited with code {code}"
+    label = _which_run(label, lines, rank["pid"] if rank else None)
+    # the launch's own exit code (137: rank 0 ended by its watcher) is not the rank's: the last line says that
+    what = "timed out" if code is None else "failed" if rank else f"exited with code {code}"
     text = f"run '{label}' {what}" + (f"; first error: {first}" if first else "")
     text += f"\n(full stderr of all ranks: {log})"
     if rank:
         text += f"\nrank {rank['rank']} of run '{label}' {rank['how']}"
+    elif code == 0:  # the launch ended without a word and without its results
+        text += (f"\nrank 0 of run '{label}' exited with code 0 before the runs ended (sys.exit or os._exit in the "
+                 "training code?)")
     return RunFailed(text)
+
+
+def _which_run(label: str, lines: list[str], pid: Optional[str] = None) -> str:
+    """The run a failure belongs to, from the launch's log: the first run that says it failed; else
+    the run process ``pid`` (the rank that ended) was training; else, after a stall, the runs its
+    processes were training; else ``label``, the job's."""
+    failed = next((m["label"] for m in map(_FAILED.match, lines) if m), None)
+    if failed is not None:
+        return failed
+    started = {m["pid"]: m["label"] for m in map(_STARTS.match, lines) if m}  # each process's last run
+    if pid is not None and pid in started:
+        return started[pid]
+    if pid is None and started:
+        return ", ".join(dict.fromkeys(started.values()))
+    return label
 
 
 #: ``VAE_DDP_LAUNCH=exec``: every launch starts a new interpreter (``_forkable`` never holds).

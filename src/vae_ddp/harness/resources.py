@@ -11,7 +11,7 @@ from typing import Optional
 from vae_ddp.errors import UserError
 from vae_ddp.harness.configs import RunSpec
 
-__all__ = ["check_memory", "space_needed", "NotEnoughMemory", "RANK_BYTES", "LOG_BYTES"]
+__all__ = ["check_memory", "audit_cost", "space_needed", "NotEnoughMemory", "RANK_BYTES", "LOG_BYTES"]
 
 
 class NotEnoughMemory(UserError):
@@ -72,6 +72,33 @@ def check_memory(spec) -> None:
         raise NotEnoughMemory(f"{widest.world_size} processes need about {megabytes(needed)} of memory "
                               f"({megabytes(per_rank)} each), {megabytes(available)} is available: use at most "
                               f"{fits} processes (fewer --devices)")
+
+
+def audit_cost(devices: int, param_bytes: int = 0) -> str:
+    """What ``vae-ddp audit --devices N`` will cost, in one line for its output: its processes (N DDP
+    ranks and the one-device runs' process beside them), the CPU cores they share and the memory
+    they need (``RANK_BYTES`` and six times ``param_bytes``, the model's parameters in bytes, each).
+
+    Raises:
+        NotEnoughMemory: (before any process starts) the estimate is more than ``MemAvailable``
+            (the message gives both and how many processes fit); nothing is checked on a machine
+            without ``/proc/meminfo``.
+    """
+    import os
+
+    from vae_ddp.outputs import megabytes
+
+    processes, per_process = devices + 1, RANK_BYTES + 6 * param_bytes
+    needed, available, cores = processes * per_process, _available_memory(), os.cpu_count() or 1
+    if available is not None and needed > available:
+        fits = max(1, available // per_process)
+        raise NotEnoughMemory(f"--devices {devices}: {processes} processes ({devices} DDP ranks and the one-device "
+                              f"runs beside them) need about {megabytes(needed)} of memory ({megabytes(per_process)} "
+                              f"each), {megabytes(available)} is available: use at most --devices {max(1, fits - 1)}")
+    share = f", about {devices / cores:.3g}x as long per step as with a core each" if devices > cores else ""
+    return (f"{processes} processes ({devices} DDP ranks and the one-device runs beside them) on {cores} CPU "
+            f"core{'s' * (cores != 1)}{share}; about {megabytes(needed)} of memory ({megabytes(per_process)} each)"
+            + (f", {megabytes(available)} available" if available is not None else ""))
 
 
 #: Bytes of logs, ``run.json`` files and figures a launch writes beside its tensors (at most).

@@ -28,7 +28,7 @@ from vae_ddp import heartbeat
 from vae_ddp.outputs import replacing, write_atomic
 from vae_ddp.ranks import cluster_plugins
 from vae_ddp.harness.configs import RunSpec
-from vae_ddp.harness.launch import run_job
+from vae_ddp.harness.launch import run_job, say_run
 from vae_ddp.dp import DataParallelVAE
 from vae_ddp.recording import GlobalBatchRecorder
 from vae_ddp.utils import close_process_group, quiet
@@ -143,7 +143,12 @@ def _train(specs: list[RunSpec], out_dir: Path) -> int:
     for k, spec in enumerate(specs):
         where = out_dir / str(k)
         where.mkdir(parents=True, exist_ok=True)
-        runs = [train_one(spec, seed, where) for seed in spec.seeds]
+        say_run(spec.label)  # in the log: a rank that ends is named with its run (launch)
+        try:
+            runs = [train_one(spec, seed, where) for seed in spec.seeds]
+        except BaseException:
+            say_run(spec.label, failed=True)
+            raise
         runs = [r and dict(r, params=r["params"] and f"{k}/{r['params']}", steps=r.get("steps") and f"{k}/{r['steps']}")
                 for r in runs]
         results.append({"spec": json.loads(spec.to_json()), "runs": runs})
