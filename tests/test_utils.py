@@ -113,3 +113,28 @@ def test_a_result_set_folder_is_made_anew_beside_out(tmp_path):
         (new / "results.json").write_text("{}")
     assert (out / "results.json").read_text() == "{}" and list(elsewhere.iterdir()) == []
     assert Path(tmp_path / f".out.vae-ddp-new-{os.getpid()}").is_symlink()  # theirs, left alone
+
+
+def test_a_live_runs_tmpdir_is_kept_whatever_its_pid(tmp_path, monkeypatch):
+    """A run's folder is removed by the next run only when its run is gone: its owner's lock is free.
+    A live run whose PID this process cannot see (another PID namespace sharing ``/tmp``: a container,
+    a sandbox) keeps its folder; once its lock is released, the folder goes."""
+    import fcntl
+
+    from vae_ddp.utils import RUN_TMP, RUN_TMP_OWNER, private_tmpdir
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    theirs = tmp_path / f"{RUN_TMP}999999999-abc"  # no such PID here
+    theirs.mkdir(mode=0o700)
+    fd = os.open(theirs / RUN_TMP_OWNER, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # its run is alive, as a process of another namespace
+    try:
+        with private_tmpdir() as mine:
+            assert mine is not None and (mine / RUN_TMP_OWNER).is_file()
+        assert theirs.is_dir(), "a live run's folder was removed"
+    finally:
+        os.close(fd)
+    with private_tmpdir():
+        pass
+    assert not theirs.exists()

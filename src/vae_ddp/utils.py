@@ -91,6 +91,8 @@ def out_folder_lock(out_dir: "str | Path", command: str) -> Iterator[Path]:
 LOCK_NAME = ".vae-ddp.lock"
 #: The prefix of a run's own temporary folder (``private_tmpdir``), followed by its PID and a random part.
 RUN_TMP = "vae-ddp-run-"
+#: The file in a run's temporary folder that its run holds an exclusive ``flock`` on while it lives.
+RUN_TMP_OWNER = ".owner"
 
 
 @contextlib.contextmanager
@@ -102,8 +104,10 @@ def private_tmpdir() -> Iterator[Optional[Path]]:
     cache, torch elastic's folders, the guards' heartbeat folders. The folder is made anew
     (``tempfile.mkdtemp``: ``RUN_TMP``, the PID and a random part, mode 0700), so that a folder or
     link of that name made by another user is never used. A run ended by SIGKILL leaves
-    its folder; the next run removes every such folder of this user's whose process is gone. Where the
-    temporary folder cannot be written, nothing changes (yields None).
+    its folder; the next run removes every such folder of this user's whose run is gone: the run holds
+    an exclusive ``flock`` on the folder's ``RUN_TMP_OWNER`` file while it lives (a PID is no proof: a
+    run in another PID namespace, such as another container sharing ``/tmp``, has a PID this one
+    cannot see). Where the temporary folder cannot be written, nothing changes (yields None).
     """
     import shutil
     import tempfile
@@ -118,11 +122,16 @@ def private_tmpdir() -> Iterator[Optional[Path]]:
     except OSError:
         yield None
         return
+    import fcntl
+
+    owner = os.open(os.path.join(path, RUN_TMP_OWNER), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    fcntl.flock(owner, fcntl.LOCK_EX)  # held while this run lives; released by the kernel however it ends
     saved_env, saved = os.environ.get("TMPDIR"), tempfile.tempdir
     os.environ["TMPDIR"], tempfile.tempdir = path, path
     try:
         yield Path(path)
     finally:
+        os.close(owner)
         if saved_env is None:
             os.environ.pop("TMPDIR", None)
         else:
@@ -167,20 +176,44 @@ def _own_run_tmpdir(path: str) -> bool:
     return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) == 0o700
 
 
-def _remove_dead_tmpdirs(base: Path) -> None:
-    """Remove the run folders (``RUN_TMP``) of this user's under ``base`` whose process is gone (killed by SIGKILL)."""
-    import shutil
-    import stat
+def _run_gone(d: Path) -> bool:
+    """Whether the run of the folder ``d`` is gone: nobody holds the lock on its ``RUN_TMP_OWNER`` file;
+    a folder without one (made before the lock) by its PID."""
+    import errno
+    import fcntl
 
     from vae_ddp.ranks import alive
 
-    for d in base.glob(f"{RUN_TMP}*"):
+    try:
+        fd = os.open(d / RUN_TMP_OWNER, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
         pid = d.name[len(RUN_TMP):].split("-")[0]
+        return pid.isdigit() and not alive(int(pid))
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError as err:
+        if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise
+        return False
+    finally:
+        os.close(fd)
+
+
+def _remove_dead_tmpdirs(base: Path) -> None:
+    """Remove the run folders (``RUN_TMP``) of this user's under ``base`` whose run is gone (killed by
+    SIGKILL): ``_run_gone``."""
+    import shutil
+    import stat
+
+    for d in base.glob(f"{RUN_TMP}*"):
         try:
             info = d.lstat()
         except OSError:
             continue
-        if pid.isdigit() and stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not alive(int(pid)):
+        if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and _run_gone(d):
             shutil.rmtree(d, ignore_errors=True)
 
 
