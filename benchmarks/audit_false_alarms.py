@@ -5,11 +5,16 @@
 
 Each audit (2 gloo ranks, 3 steps, the default global batch) of a module of
 ``examples/audit_models.py`` whose every exposure the audit fixes by itself — no factor,
-gradient clipping, BatchNorm, dropout, two optimizers — must end with exit code 0: any other
-code is a false alarm of the audit's verdict rules (one step's gradient, update, buffers and the
-ranks' parameters from the same weights, each within 2x its one-device floor; the parameters
-after the 3 steps within 1000x the 3-step floor). The table gives, per audit, the exit code and the
-largest per-step ratio to the floor (the floors are in the JSON); the summary counts the false alarms.
+gradient clipping, BatchNorm, dropout, two optimizers — must find DDP with the fixes within its
+floor (``within_floor`` of ``audit.json``): anything else is a false alarm of the audit's verdict
+rules (one step's gradient, update, buffers and the ranks' parameters from the same weights, each
+within 2x its one-device floor; the parameters after the 3 steps within 1000x the 3-step floor).
+The exit code is not the measure: it is 1 for BatchNorm and dropout by the exit rule (DDP as the
+user runs it trains another model, which the fixes close; ``vae_ddp.audit.exit_rule``); an audit
+that does not end with 0 or 1 stops the benchmark. The table gives, per audit, whether it was
+within the floor and the largest per-step ratio to the floor (the floors are in the JSON); the
+summary counts the false alarms. (The committed results were written when the exit code was 0
+exactly where ``within_floor`` held; their ``within_floor`` is that exit code.)
 Many minutes on 2 CPU cores (about 30 s an audit): run it on an idle machine and commit its output.
 """
 
@@ -41,7 +46,9 @@ def audit_one(model: str, seed: int, dtype: str, out: Path) -> dict:
     proc = guard.run(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=900)
     r = json.loads((out / "audit.json").read_text()) if (out / "audit.json").exists() else {}
     step = r.get("whole_step") or {}
-    return {"model": model, "seed": seed, "dtype": dtype, "exit_code": proc.returncode,
+    if proc.returncode not in (0, 1):
+        raise RuntimeError(f"vae-ddp audit of {model} (seed {seed}, {dtype}) exited with {proc.returncode}")
+    return {"model": model, "seed": seed, "dtype": dtype, "within_floor": r.get("within_floor"),
             "ratio_to_floor": r.get("ratio_to_floor"), "floor": r.get("floor"),
             "update_ratio": step.get("update_ratio"), "buffer_ratio": step.get("buffer_ratio"),
             "ranks_ratio": step.get("ranks_ratio"), "trajectory_ratio": r.get("trajectory_ratio"),
@@ -65,7 +72,7 @@ def main(argv=None) -> dict:
                     audits.append(audit_one(model, seed, dtype, Path(tmp) / f"{model}-{seed}-{dtype}"))
                     print(json.dumps(audits[-1]), flush=True)
     result = {"seeds": args.seeds, "dtypes": args.dtypes, "models": args.models, "audits": audits,
-              "false_alarms": sum(a["exit_code"] != 0 for a in audits)}
+              "false_alarms": sum(not a["within_floor"] for a in audits)}
     text = render(result)
     print(text)
     if args.out:
@@ -78,20 +85,22 @@ def main(argv=None) -> dict:
 
 def render(result: dict) -> str:
     """The table and the count of ``audit_false_alarms.json`` (what ``--out`` writes into ``tables.md``):
-    a row per module, a column per dtype, each cell the exit codes of the seeds and the largest ratio."""
+    a row per module, a column per dtype, each cell whether DDP with the fixes was within 2x its floor,
+    seed by seed (``ok``; a false alarm: ``ALARM``), and the largest ratio."""
     audits = result["audits"]
     seeds = ", ".join(map(str, result["seeds"]))
 
     def cell(model: str, dtype: str) -> str:
         row = [a for s in result["seeds"] for a in audits if (a["model"], a["dtype"], a["seed"]) == (model, dtype, s)]
         ratios = [a["ratio_to_floor"] for a in row if a["ratio_to_floor"] is not None]
-        return ", ".join(str(a["exit_code"]) for a in row) + (f" ({max(ratios):.2f})" if ratios else "")
+        return ", ".join("ok" if a["within_floor"] else "ALARM" for a in row) + (f" ({max(ratios):.2f})" if ratios else "")
 
     lines = ["| module | " + " | ".join(result["dtypes"]) + " |", "|---|" + "---|" * len(result["dtypes"])]
     for model in result["models"]:
         lines.append(f"| {model} | " + " | ".join(cell(model, d) for d in result["dtypes"]) + " |")
     ratios = [a["ratio_to_floor"] for a in audits if a["ratio_to_floor"] is not None]
-    lines += ["", f"- exit codes of seeds {seeds} (in parentheses: DDP's largest per-step gradient difference over "
+    lines += ["", f"- seeds {seeds}: ok where DDP with the fixes computes one device's whole step within 2x its floor "
+                  f"(in parentheses: DDP's largest per-step gradient difference over "
                   f"the floor, the largest of the seeds); "
                   f"false alarms: {result['false_alarms']} of {len(audits)} audits"
                   + (f"; the largest ratio {max(ratios):.2f}" if ratios else "")]

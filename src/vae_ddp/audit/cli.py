@@ -29,10 +29,13 @@ __all__ = ["main", "build_parser", "AuditParser"]
 
 DESCRIPTION = ("Train your LightningModule on one device and with DDP from the same weights and global batch, and "
                "find which factor makes them differ.")
-EPILOG = ("exit codes: 0 DDP with the fixes, started at every step from one device's weights, computes one device's "
-          "whole step (gradient, learning rate, update, buffers, every rank's parameters) within 2x the one-device "
-          "floor; 1 it does not (unexplained, a factor that needs a change in your code, or random draws that do not "
-          "follow their sample); 2 bad input; 3 a training run failed")
+EPILOG = ("exit codes: 0 DDP, as you run it, trains one device's model: it computes one device's step, "
+          "or differs only in which samples or independent draws it takes (Lightning's shuffling DistributedSampler) "
+          "or in what it logs; 1 it does not: a factor whose mechanism changes what DDP trains (the same draws on every rank, "
+          "per-rank BatchNorm statistics, a loss reduced per rank, a stream every rank reads whole, buffers or "
+          "parameters that part), even where the audit's fix closes it (the fix is the advice), or with every fix "
+          "DDP's step is not within 2x the one-device floor, or it could not be judged; 2 bad input; "
+          "3 a training run failed")
 HELPS = {"model": "your LightningModule: package.module.Class or path/to/file.py:Class; its __init__ arguments as "
                   "--model.init_args.NAME VALUE or --model.NAME VALUE (listed by --model.help CLASS)",
          "data": "your LightningDataModule, given the same way; its batch_size (--data.init_args.batch_size) is the "
@@ -165,7 +168,7 @@ def _audit(cfg: Any, argv: list[str], cwd: str) -> int:
     except (KeyboardInterrupt, Terminated):  # the runs' guards end their trees with this process
         _say_kept(earlier_report(out))
         raise
-    return 0 if result["within_floor"] else 1
+    return result["exit_code"]
 
 
 def _say_kept(line: Optional[str]) -> None:

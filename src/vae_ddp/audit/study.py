@@ -51,6 +51,7 @@ import torch
 from vae_ddp.audit import effects, whole_step
 from vae_ddp.audit.spec import AuditRun, failed_marker
 from vae_ddp.fixes import noise, registry
+from vae_ddp.audit import exit_rule
 from vae_ddp.fixes.factor import AUDIT_OWN, audit_factor, page_url
 from vae_ddp.probes import per_step_differences
 from vae_ddp.studies.equivalence import FLOOR_FACTOR
@@ -429,6 +430,12 @@ def _judge(plan: _Plan, runs: _Runs, notes: list[str]) -> dict:
         within = False
     unexplained = v["deterministic"] and not within and not manual
     rows = _rows(found, manual, contributions, alone, v)
+    # the findings behind the rows: the default DDP run's that an automatic fix removes, and those left for the
+    # user's code (not the ones the runs cleared: seen, but making no difference here)
+    seen_findings = [f for f in first["ddp"][1]["findings"] if not f.get("manual")] + list(manual.values())
+    for row in rows:  # what each exposed factor does to the model DDP trains (vae_ddp.audit.exit_rule)
+        row["mechanism"] = (exit_rule.mechanism(row["factor"], seen_findings, not row["automatic_fix"])
+                            if row["exposed"] else None)
     measured = effects.measure(runs.record, base, plan.fixes, {  # the same step within 2x the rounding floor
         "gradient": FLOOR_RATIO * v["yardstick"], "buffers": FLOOR_RATIO * (step or {}).get("buffer_floor", v["yardstick"])})
     effects.attach(rows, measured, {f.key: f.ablated_with for f in registry.factors() if f.ablated_with})
@@ -454,6 +461,8 @@ def _judge(plan: _Plan, runs: _Runs, notes: list[str]) -> dict:
               "model_name": shown_name(base.model, base.model_file), "data_name": shown_name(base.data, base.data_file)}
     seen = [note for rs in (one, first) for _, i, _ in rs.values() for note in i.get("notes", [])]
     result["notes"] = list(dict.fromkeys(list(notes) + cleared + seen))
+    exit_ = exit_rule.decide(result)
+    result["exit_code"], result["exit_why"] = exit_["code"], exit_["why"]
     return result
 
 
@@ -826,6 +835,12 @@ def _render_verdict(result: dict, u: _Units) -> str:
                 "(see the fix above; rerun the audit after it to see whether it accounts for the whole difference)")
     bite = [_name(f["factor"]) for f in result["findings"] if f["bites"]]
     judged = "the update, " if (result.get("whole_step") or {}).get("update_judged", True) else ""
+    another = [_name(k) for k in result.get("exit_why", []) if k in _factors()]
+    if another:  # the fixes close it, but DDP as the user runs it trains another model
+        return (f"- not passed as you run it: {', '.join(another)} "
+                f"change{'s' if len(another) == 1 else ''} the model DDP trains (the fix above is the change); "
+                f"with the fixes, DDP computes one device's whole step at every step: the gradient, the learning "
+                f"rate, {judged}the buffers and every rank's parameters, each within {FLOOR_RATIO:g}x its floor")
     two = ("in two parts: with the draws named above made alike in both runs, " if result.get("unkeyed_draws")
            else "")
     return (f"- passed{',' if two else ':'} {two}with the fixes, DDP computes one device's whole step at every step: the gradient, "

@@ -302,7 +302,7 @@ def _watch_loaders(seen: Seen) -> list:
                 f"{s.global_batch_size}) on {s.num_replicas} ranks: each rank takes {bs} samples per step, a "
                 f"global batch of {bs * s.num_replicas}, not {s.global_batch_size}",
                 f"DataLoader(dataset, batch_size=sampler.per_device_batch_size, sampler=sampler), here "
-                f"batch_size={per_device}"))
+                f"batch_size={per_device}", details={"mechanism": "another model"}))
     for s in samplers(seen.trainer.train_dataloader):
         if not isinstance(s, DistributedSampler) or isinstance(s, GlobalBatchDistributedSampler) or not s.shuffle:
             continue  # unshuffled: dataset order interleaved, the union of step k's batches is one device's batch k
@@ -353,7 +353,8 @@ def _watch_shapes(seen: Seen) -> list:
                        "whole, not sharded by rank)",
             "shard the stream by rank: skip to every world_size-th item from the global rank in the dataset's "
             "__iter__ (torch.distributed.get_rank(), with torch.utils.data.get_worker_info() for workers), or "
-            "datasets.distributed.split_dataset_by_node for a Hugging Face dataset")]
+            "datasets.distributed.split_dataset_by_node for a Hugging Face dataset",
+            details={"mechanism": "another model"})]
     if len({tuple(s) for s in shapes}) < 2:
         return []
     st["found"] = True
@@ -365,7 +366,8 @@ def _watch_shapes(seen: Seen) -> list:
         "to one length, so a rank's batch is not its chunk of the one-device batch and draws made for the global "
         "batch (dropout masks) follow other shapes",
         "pad every batch to one length L, at least the longest row: tokenizer(..., padding='max_length', "
-        "max_length=L), a Hugging Face collator's pad_to_multiple_of=L, or a collate_fn that pads to L", manual=True)]
+        "max_length=L), a Hugging Face collator's pad_to_multiple_of=L, or a collate_fn that pads to L", manual=True,
+        details={"mechanism": "another model"})]
 
 
 FACTOR = Factor(

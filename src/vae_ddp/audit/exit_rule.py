@@ -1,0 +1,58 @@
+"""The audit's exit code: does DDP, *as the user runs it*, train one device's model?
+
+One rule for every factor (unit-tested in ``tests/audit/test_exit_rule.py``; stated in the README,
+``vae-ddp audit -h`` and the audit page):
+
+- **1** for a difference shown by its mechanism, whatever the statistical power: the same draws on
+  every rank (``noise``), per-rank statistics (``batchnorm``), a loss reduced otherwise than over the
+  global batch or coupling samples across ranks (``reduction`` in the user's code), a stream that
+  gives every rank the same batches or a batch that is not the global batch's chunk (``sampler``
+  findings marked ``mechanism: "another model"``), a gradient that is k/N of one device's, a learning
+  rate or update, buffers or parameters that part (the audit's own rows) -- even where one of the
+  audit's fixes closes it: the fix is then the advice;
+- **1** where the audit could not judge (the floor is not rounding) or DDP with every fix is not
+  within 2x its floor (a difference no fix closes);
+- **0** where DDP computes one device's step, or differs only in which samples or independent draws
+  it takes from one device's distribution (Lightning's shuffling ``DistributedSampler``, its padding
+  of the last batch), in what it plots (``logging``), or in what follows from another row
+  (``optimizer``: Adam's step sizes under shared noise, named by ``noise``).
+
+The effect sizes (a bias, a noise ratio) are what each cause costs, shown beside it; they do not
+decide the code.
+"""
+
+from __future__ import annotations
+
+__all__ = ["ANOTHER_MODEL", "SAME_DISTRIBUTION", "mechanism", "decide"]
+
+#: The mechanism of each exposed factor, when its finding does not say otherwise.
+ANOTHER_MODEL = "another model"
+SAME_DISTRIBUTION = "same distribution"
+DEFAULT = {"noise": ANOTHER_MODEL, "batchnorm": ANOTHER_MODEL, "sampler": SAME_DISTRIBUTION,
+           "logging": "plot", "optimizer": "follows", "gradient_scale": ANOTHER_MODEL, "update": ANOTHER_MODEL,
+           "buffers": ANOTHER_MODEL, "parameters": ANOTHER_MODEL}
+
+
+def mechanism(factor: str, findings: list[dict], in_user_code: bool) -> str:
+    """What an exposed factor does to the model DDP trains: a finding's own ``mechanism`` first (a
+    sampler that gives every rank the same batches), else the factor's (``DEFAULT``); the reduction by
+    where its fix lies: in the user's code (a summed, weighted or coupled loss: another model), else
+    Lightning's ``DistributedSampler`` padding the last batch (which samples: the same distribution)."""
+    marked = [f["mechanism"] for f in findings if f.get("factor") == factor and f.get("mechanism")]
+    if marked:
+        return ANOTHER_MODEL if ANOTHER_MODEL in marked else marked[0]
+    if factor == "reduction":
+        return ANOTHER_MODEL if in_user_code else SAME_DISTRIBUTION
+    return DEFAULT.get(factor, ANOTHER_MODEL)
+
+
+def decide(result: dict) -> dict:
+    """``{"code": 0 | 1, "why": [str]}`` for an audit result (``study.audit``'s dict: ``deterministic``,
+    ``within_floor``, ``findings`` rows with ``factor``, ``exposed``, ``mechanism``): ``why`` lists the
+    keys of the factors whose mechanism changes the model DDP trains, then what else makes it 1."""
+    if not result.get("deterministic", False):
+        return {"code": 1, "why": ["not judged: one device's own floor is not rounding"]}
+    why = [f["factor"] for f in result.get("findings", []) if f.get("exposed") and f.get("mechanism") == ANOTHER_MODEL]
+    if not result.get("within_floor", False):
+        why.append("with every fix, DDP's step is not within 2x its floor")
+    return {"code": 1 if why else 0, "why": why}
