@@ -188,7 +188,7 @@ def test_a_step_that_writes_its_state_is_not_read_as_a_random_one(truth):
         torch.manual_seed(0)
         model = getattr(audit_models, name)().double()
         before = {k: v.clone() for k, v in model.state_dict().items()}
-        gap, got, wrote, same_seed = measure_reduction(model, batch, 2)
+        _, got, wrote, same_seed = measure_reduction(model, batch, 2)
         assert (got, wrote) == (kind, written), (name, got, wrote)
         assert (same_seed > 1e-3) == bool(written), (name, same_seed)
         assert all(torch.equal(before[k], v) for k, v in model.state_dict().items()), name  # left as it was

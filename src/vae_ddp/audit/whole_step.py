@@ -78,7 +78,8 @@ def compare(ddp: dict, single: dict, floors: list[dict], eps: float, unit: float
     Args:
         ddp: [`StepProbe.record()`][vae_ddp.probes.StepProbe.record] of DDP's rank 0 (every fix
             on, every step from one device's weights): ``updates``, ``buffer_updates``, ``norms``,
-            ``lrs``, ``ranks_apart`` (and ``ranks_apart_names``), ``param_names``, ``buffer_names``.
+            ``lrs``, ``ranks_apart`` (and ``ranks_apart_names``), ``param_names``, ``buffer_names``,
+            and where recorded ``grads``, ``int_buffers`` (``int_buffer_names``), ``buffers_apart``.
         single: the one-device reference's record (the same keys; no ``ranks_apart``).
         floors: the records of one device with the samples of each batch permuted.
         eps: the machine epsilon of the parameters' dtype.
@@ -88,12 +89,20 @@ def compare(ddp: dict, single: dict, floors: list[dict], eps: float, unit: float
 
     Returns:
         ``{"update_steps", "buffer_steps", "ranks_apart_steps"}`` (per training batch, the ratio
-        defined above), ``"update_floor"``, ``"buffer_floor"`` (relative), ``"lr_steps"``
-        (per optimizer step, the largest relative difference of a parameter group's rate),
-        ``"update_ratio"``, ``"buffer_ratio"``, ``"ranks_ratio"`` (the largest), ``"buffer_count"``
-        (the floating-point buffers' elements), and
+        defined above; a buffer's against the floor valid for it), ``"update_floor"``,
+        ``"buffer_floor"`` (relative: the largest permuted floor of the buffers that are judged by
+        theirs), ``"rounding_floor"`` (relative: the larger of the gradient's and the update's
+        permuted floors, what the buffers of ``"order_buffers"`` are judged by), ``"order_buffers"``
+        (``{name: permuted floor}`` of the buffers whose permuted floor is not rounding, see
+        :func:`valid_floor`), ``"lr_steps"`` (per optimizer step, the largest relative difference
+        of a parameter group's rate), ``"update_ratio"``, ``"buffer_ratio"``, ``"ranks_ratio"`` (the
+        largest), ``"buffer_count"`` (the floating-point buffers' elements), and
         ``"differences"``: per part that differs, the first batch where it does, ``{"part",
-        "step", "ratio", "detail", "names"}``, in the order of ``PARTS`` within a step.
+        "step", "ratio", "detail", "names"}``, in the order of ``PARTS`` within a step; the
+        ``buffers`` part's ``detail``: ``{"integers": [[name, ddp, single], ...]`` (integer buffers
+        that differ, exactly), ``"ranks": [[name, max_abs_diff, max_abs_value], ...]`` (buffers
+        whose ranks differ by more than 2 roundings), ``"order"`` (the ``order_buffers``' names),
+        ``"gradient_ratio"`` (the gradient's difference over its floor at that batch, or None)}``.
 
     Raises:
         ValueError: records of different lengths (the runs did not take the same steps).
@@ -301,8 +310,8 @@ def trajectory(single: dict, permuted: dict, fixed: dict, buffer_names: list[str
                         ("buffers", [k for k in single if k in buffers and k not in order])):
         if not names:
             continue
-        diff = lambda a: max(float((a[k].double() - single[k].double()).abs().max()) for k in names)  # noqa: E731
-        floor, divergence = diff(permuted), diff(fixed)
+        floor, divergence = (max(float((a[k].double() - single[k].double()).abs().max()) for k in names)
+                             for a in (permuted, fixed))
         rounding = unit * max((float(single[k].double().abs().max()) for k in names if single[k].numel()), default=0.0)
         yardstick = max(floor, rounding)
         ratio = divergence / yardstick if yardstick > 0 else (0.0 if divergence == 0 else float("inf"))
