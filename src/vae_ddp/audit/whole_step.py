@@ -112,7 +112,8 @@ def compare(ddp: dict, single: dict, floors: list[dict], eps: float, unit: float
         raise ValueError(f"{len(ddp['updates'])} training batches compared with one device's {n}")
     update_floor = max(_floor(floors, single, "updates"), unit)
     # what rounding does to this step's order-free parts: the gradient, and the update through the optimizer
-    rounding = max(_floor(floors, single, "grads") if "grads" in single else 0.0, update_floor)
+    grad_floor = _floor(floors, single, "grads") if "grads" in single else 0.0
+    rounding = max(grad_floor, update_floor)
     # each buffer against a floor valid for it: its own permuted draws where they are rounding, else the
     # step's rounding (a state written in the order of the rows, compared without the permutation)
     buffer_floors = _named_floors(floors, single, "buffer_updates", single["buffer_names"])
@@ -132,7 +133,8 @@ def compare(ddp: dict, single: dict, floors: list[dict], eps: float, unit: float
     apart = [[[name, d, v] for name, d, v in step
               if (name not in float_names and d > 0) or d > FLOOR_FACTOR * max(eps, unit) * max(v, 1e-300)]
              for step in (ddp.get("buffers_apart") or [[] for _ in range(n)])]
-    grads = ([_ratio(a, b, rounding, 0.0) for a, b in zip(ddp["grads"], single["grads"])]
+    # the gradient against its floor as the audit's verdict takes it (never below one machine epsilon)
+    grads = ([_ratio(a, b, max(grad_floor, unit, eps), 0.0) for a, b in zip(ddp["grads"], single["grads"])]
              if "grads" in ddp and "grads" in single and len(ddp["grads"]) == len(single["grads"]) else [])
     ranks = [_ratio_of_distance(d, update_floor * s, eps * norm[0])
              for d, s, norm in zip(ddp.get("ranks_apart") or [0.0] * n, scale, single["norms"])]
