@@ -418,7 +418,7 @@ class KeyQueue(Base):
             if self.gather:  # every rank's keys, in rank order: the global batch's rows (MoCo's concat_all_gather)
                 keys = self.all_gather(keys).reshape(-1, keys.shape[-1])
             rows = (self.ptr + torch.arange(len(keys), device=keys.device)) % len(self.queue)
-            self.queue[rows] = keys
+            self.queue[rows] = keys.to(self.queue.dtype)
             self.ptr.copy_((self.ptr + len(keys)) % len(self.queue))
         return loss
 
