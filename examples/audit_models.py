@@ -394,6 +394,60 @@ class MovingAverage(Base):
         return out
 
 
+class KeyQueue(Base):
+    """A queue of keys kept in buffers, as MoCo's: each step's loss reads the queue (every sample's
+    negatives, a per-sample mean), then writes the batch's keys into it at the pointer, in the order
+    of the batch's rows (`queue`, `(size, 16)`; `ptr`, an integer buffer). Under DDP each rank
+    enqueues its own b keys where one device enqueues all B: MoCo gathers every rank's keys first."""
+
+    gather = False
+
+    def __init__(self, size: int = 48) -> None:
+        super().__init__()
+        self.register_buffer("queue", F.normalize(torch.randn(size, 16), dim=1))
+        self.register_buffer("ptr", torch.zeros((), dtype=torch.long))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        h = self.net[1](self.net[0](x))  # (b, 16)
+        q = F.normalize(h, dim=1)
+        negatives = torch.logsumexp(q @ self.queue.clone().T / 0.5, dim=1)  # (b,)
+        loss = F.mse_loss(self.net[2](h).squeeze(-1), y) + 0.1 * negatives.mean()
+        with torch.no_grad():
+            keys = q.detach()
+            if self.gather:  # every rank's keys, in rank order: the global batch's rows (MoCo's concat_all_gather)
+                keys = self.all_gather(keys).reshape(-1, keys.shape[-1])
+            rows = (self.ptr + torch.arange(len(keys), device=keys.device)) % len(self.queue)
+            self.queue[rows] = keys.to(self.queue.dtype)
+            self.ptr.copy_((self.ptr + len(keys)) % len(self.queue))
+        return loss
+
+
+class GatheredKeyQueue(KeyQueue):
+    """`KeyQueue` with every rank's keys gathered before they are enqueued (MoCo's own way): under
+    DDP every rank writes one device's keys, in one device's order."""
+
+    gather = True
+
+
+class TargetNormaliser(Base):
+    """A running normaliser of the targets (mean and variance, momentum 0.5) in buffers, updated
+    from the batch's targets before the loss reads it: under DDP each rank normalises by its own
+    share of the batch, so the gradient and the buffers are not one device's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("target_mean", torch.zeros(()))
+        self.register_buffer("target_var", torch.ones(()))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        with torch.no_grad():
+            self.target_mean.mul_(0.5).add_(0.5 * y.mean())
+            self.target_var.mul_(0.5).add_(0.5 * y.var())
+        return F.mse_loss(self(x), (y - self.target_mean) / self.target_var.sqrt())
+
+
 class RenormalisedEmbedding(LightningModule):
     """`nn.Embedding(max_norm=1.0)`: `forward` renormalises, in place, the rows it looks up (on
     each rank, the rows of that rank's share of the batch)."""

@@ -131,6 +131,12 @@ class StepProbe(Callback):
             ranks' parameters at its end (float64; 0.0 when every rank holds the same bits);
             ``ranks_apart_names``: the parameters that differ most across ranks then
             (``[[name, max_abs_diff, owner class], ...]``, at most 3, empty when none differ).
+        buffers_apart: world size > 1: per training batch, every buffer (floating-point and
+            integer) that differs across the ranks at its end (before DDP's next broadcast of rank
+            0's buffers), as ``[[name, max_abs_diff, max_abs_value], ...]`` (float64; empty when every
+            rank holds the same values).
+        int_buffers: per training batch, the integer and boolean buffers at its end (a queue's
+            pointer, a counter) as one int64 vector, in ``int_buffer_names`` order: compared exactly.
         param_names, buffer_names: the names and element counts (``[[name, numel], ...]``) of
             the entries of ``updates`` and ``buffer_updates``, in their order.
 
@@ -161,6 +167,9 @@ class StepProbe(Callback):
         self.ranks_apart_names: list[list] = []
         self.param_names: list[list] = []
         self.buffer_names: list[list] = []
+        self.buffers_apart: list[list] = []
+        self.int_buffers: list[Tensor] = []
+        self.int_buffer_names: list[list] = []
         self._batch = 0
         self._start: Optional[Tensor] = None
         self._start_buffers: Optional[Tensor] = None
@@ -208,9 +217,13 @@ class StepProbe(Callback):
         # after the optimizer step and the LR schedulers' "step" updates (_TrainingEpochLoop.advance, Lightning 2.x)
         params = list(pl_module.named_parameters())
         buffers = [(n, b) for n, b in pl_module.named_buffers() if b.is_floating_point()]
+        ints = [(n, b) for n, b in pl_module.named_buffers() if not b.is_floating_point()]
         if not self.param_names:
             self.param_names = [[n, p.numel()] for n, p in params]
             self.buffer_names = [[n, b.numel()] for n, b in buffers]
+            self.int_buffer_names = [[n, b.numel()] for n, b in ints]
+        self.int_buffers.append(torch.cat([b.detach().reshape(-1).long().cpu() for _, b in ints]) if ints
+                                else torch.zeros(0, dtype=torch.long))
         now, after = _flat(p for _, p in params), _flat(b for _, b in buffers)
         self.updates.append(count_sketch(now - self._start, self.sketch))
         self.buffer_updates.append(count_sketch(after - self._start_buffers, self.sketch))
@@ -219,11 +232,13 @@ class StepProbe(Callback):
             distance, names = _ranks_apart(now, self.param_names, trainer, pl_module)
             self.ranks_apart.append(distance)
             self.ranks_apart_names.append(names)
+            self.buffers_apart.append(_buffers_apart(pl_module, trainer))
 
     def record(self) -> dict:
         """What the audit compares, as one picklable dict (``torch.save``)."""
         return {k: getattr(self, k) for k in ("grads", "buffers", "grad_batches", "epochs", "lrs", "updates", "buffer_updates",
-                                              "norms", "ranks_apart", "ranks_apart_names", "param_names", "buffer_names")}
+                                              "norms", "ranks_apart", "ranks_apart_names", "param_names", "buffer_names",
+                                              "buffers_apart", "int_buffers", "int_buffer_names")}
 
 
 _SKETCHES: dict[tuple[int, int], tuple[Tensor, Tensor]] = {}
@@ -271,6 +286,28 @@ def _ranks_apart(flat: Tensor, names: list[list], trainer: Trainer,
     total = total.cpu()
     order = [int(i) for i in torch.argsort(total[1:], descending=True)[:3] if total[1 + int(i)] > 0]
     return float(total[0]), [[names[i][0], float(total[1 + i]), _owner(module, names[i][0])] for i in order]
+
+
+def _buffers_apart(module: torch.nn.Module, trainer: Trainer) -> list[list]:
+    """Every buffer whose values differ across the ranks: ``[[name, max_abs_diff, max_abs_value], ...]``
+    (rank 0's buffers broadcast, the per-buffer largest absolute differences and values all-reduced
+    with MAX over the run's process group; integer buffers as float64, exact below 2**53)."""
+    import torch.distributed as dist
+
+    named = list(module.named_buffers())
+    if not named:
+        return []
+    device = trainer.strategy.root_device
+    sizes = [b.numel() for _, b in named]
+    flat = torch.cat([b.detach().reshape(-1).double() for _, b in named]).to(device)
+    ref = flat.clone()
+    dist.broadcast(ref, 0)
+    diff, size = (flat - ref).abs(), flat.abs()
+    parts = [torch.stack([d.max(), v.max()]) if d.numel() else flat.new_zeros(2)
+             for d, v in zip(diff.split(sizes), size.split(sizes))]
+    total = torch.stack(parts)  # (buffers, 2)
+    dist.all_reduce(total, op=dist.ReduceOp.MAX)
+    return [[name, float(d), float(v)] for (name, _), (d, v) in zip(named, total.cpu().tolist()) if d > 0]
 
 
 def _owner(module: torch.nn.Module, name: str) -> str:

@@ -110,13 +110,18 @@ def _pairs(single: dict, ddp: dict, repeat: int, quantity: str, blocks: bool) ->
     return dict(out, blocks=[str(r[3]) for r in rows]) if blocks else out
 
 
-def measure(record: Callable[[str], dict], base: AuditRun, fixes: list[str], floor: dict) -> dict:
+def measure(record: Callable[[str], dict], base: AuditRun, fixes: list[str], floor: dict,
+            residual: tuple = ()) -> dict:
     """``{factor or "defaults": effect}``: [`decompose`][vae_ddp.harness.effect.decompose] of each
     effect run against ``effect-single`` (``record(label)``: a run's StepProbe record), on the gradient
     and, where the model has floating-point buffers, on what each batch wrote into them (DDP keeps
     rank 0's); the effect is the more serious of the two (``KINDS``' order), with ``"quantity"``
     naming it and ``"quantities"`` holding both. ``floor``: per quantity, the relative difference
-    within which a row is the same step. Rows that cannot be compared (too few, of other lengths) give None."""
+    within which a row is the same step. ``residual``: the quantities in which DDP with every fix on
+    already differs from one device (the whole step's comparison, e.g. buffers a rank writes from its
+    own share of the batch): a factor's run carries that difference too, so they are measured for
+    Lightning's defaults only, never as a factor's effect. Rows that cannot be compared (too few, of
+    other lengths) give None."""
     if not base.effect_batches:
         return {}
     repeat = _forced(base, "")["repeat"]
@@ -126,6 +131,8 @@ def measure(record: Callable[[str], dict], base: AuditRun, fixes: list[str], flo
         run = record(label)
         parts = {}
         for quantity in QUANTITIES:
+            if quantity in residual and key != "defaults":
+                continue
             try:
                 parts[quantity] = stats.decompose(**_pairs(reference, run, repeat, quantity, sampler.FACTOR.key not in fixed),
                                                   floor=floor[quantity])

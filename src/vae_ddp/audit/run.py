@@ -85,7 +85,11 @@ def build(run: AuditRun,
     callbacks += heartbeat.callbacks()  # the guard's watchdog sees the run's progress
     plugins = parts.plugins + cluster_plugins()  # cluster_plugins: a forked rank (the environment vae_ddp.ranks set)
     user = dict(run.trainer)
-    max_epochs = user.pop("max_epochs", None)  # the user's, else Lightning's default (-1 with max_steps set)
+    # the user's, else what a Trainer with neither max_epochs nor max_steps gives the module (the
+    # audit's max_steps would make Lightning's default -1, and a schedule counted from it negative)
+    max_epochs = user.pop("max_epochs", None)
+    if max_epochs is None:
+        max_epochs = DEFAULT_MAX_EPOCHS
     precision = user.pop("precision", None) or ("64-true" if run.dtype == "float64" else "32-true")
     strategy = audit_strategy(run, user.pop("strategy", None) or "ddp", parts.loaders)
     trainer = Trainer(
@@ -95,6 +99,36 @@ def build(run: AuditRun,
         precision=precision, callbacks=callbacks,
         **({"plugins": plugins} if plugins else {}), **parts.trainer)
     return model, dm, trainer
+
+
+#: ``self.trainer.max_epochs`` of a ``Trainer`` given neither ``max_epochs`` nor ``max_steps``
+#: (Lightning 2.x, ``_parse_loop_limits`` in ``pytorch_lightning/loops/utilities.py``): what the
+#: audit's runs give the user's module unless ``--trainer.max_epochs`` says otherwise.
+DEFAULT_MAX_EPOCHS = 1000
+
+
+def audit_settings(run: AuditRun) -> str:
+    """The settings of the audit's that the user's code can read in a run (``self.trainer.*``, the
+    datamodule's ``batch_size``), as one clause for the error line of a run that fails."""
+    given = (run.trainer or {}).get("max_epochs")
+    epochs = (f"max_epochs={given} (--trainer.max_epochs)" if given is not None else
+              f"max_epochs={DEFAULT_MAX_EPOCHS} (Lightning's default for a Trainer without max_steps; "
+              "--trainer.max_epochs sets it)")
+    return (f"the audit's settings in this run: max_steps={run.steps} (--steps), {epochs}, devices={run.devices}, "
+            f"batch_size={run.global_batch_size // run.devices} per device (--data.init_args.batch_size / devices), "
+            "limit_val_batches=0, num_sanity_val_steps=0, logger=False")
+
+
+def with_settings(err: BaseException, run: AuditRun) -> BaseException:
+    """``err`` with :func:`audit_settings` appended to its message (its first argument, when a
+    string), so that the one error line of a failed run names what the audit set; the audit's own
+    errors (a ``RuntimeError`` naming its run) and errors without a message are left as they are."""
+    if (not isinstance(err, Exception) or not err.args or not isinstance(err.args[0], str)
+            or err.args[0].startswith("run '")):
+        return err
+    first, newline, rest = err.args[0].partition("\n")
+    err.args = (f"{first} ({audit_settings(run)}){newline}{rest}", *err.args[1:])
+    return err
 
 
 def audit_strategy(run: AuditRun, name: str, loaders: list) -> Strategy:
@@ -218,7 +252,10 @@ def _train(runs: list[AuditRun], out: Path) -> int:
                               record_states=not run.teacher_forced, lag=run.lag, label=run.label,
                               repeat=run.repeat, sketch=run.sketch)
         model, dm, trainer = build(run, probe)
-        trainer.fit(model, datamodule=dm)
+        try:
+            trainer.fit(model, datamodule=dm)
+        except Exception as err:  # the user's code failed under the audit's settings: the error names them
+            raise with_settings(err, run)
         if trainer.is_global_zero:
             audit = next(c for c in trainer.callbacks if isinstance(c, DDPAudit))
             with replacing(out / f"{run.label}.pt") as tmp:

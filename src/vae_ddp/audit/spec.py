@@ -32,8 +32,9 @@ TRAINER_ARGS: dict[str, str] = {
     "precision": "64-true, 32-true, bf16-mixed (CPU and GPU) or 16-mixed (GPU); default from --dtype. Under *-mixed "
                  "the parameters are float32 and the least difference counted is one rounding unit of the autocast "
                  "dtype (torch.finfo(torch.bfloat16).eps)",
-    "max_epochs": "what self.trainer.max_epochs reads in your module (a schedule's length); the runs stop after "
-                  "--steps optimizer steps, or at the end of this many epochs if sooner",
+    "max_epochs": "what self.trainer.max_epochs reads in your module (a schedule's length; default 1000, what a "
+                  "Trainer without max_epochs and max_steps gives it); the runs stop after --steps optimizer steps, "
+                  "or at the end of this many epochs if sooner",
     "accumulate_grad_batches": "gradients accumulated over k batches before each optimizer step",
     "gradient_clip_val": "gradients clipped at this value (gradient_clip_algorithm: norm or value)",
     "gradient_clip_algorithm": "norm (default) or value",

@@ -414,14 +414,16 @@ def _judge(plan: _Plan, runs: _Runs, notes: list[str]) -> dict:
     # the same comparison with no fix, and with each fix alone: what that fix leaves of it
     none_fixed = runs.largest("ddp-forced") if v["deterministic"] else None
     alone = {f: runs.largest(f"ddp+{f}") for f in ablated}
-    trajectory_floor = _diff(one["permuted"][0], single)
-    div_default, div_fixed = _diff(default, single), _diff(fixed, single)
+    div_default = _diff(default, single)
     step = _whole_step(runs, n, v["eps"], v["grad_within"], v["unit"]) if v["deterministic"] else None
     for key, f in (step or {}).get("findings", {}).items():
         manual[key] = found[key] = f
-    # never a floor of 0: one rounding unit (of bfloat16 under bf16-mixed) of the largest value
-    trajectory_unit = v["unit"] * _largest_value(single)
-    trajectory_ratio = div_fixed / max(trajectory_floor, trajectory_unit)
+    # parameters apart from buffers, each against its own floor (never 0: one rounding unit, of bfloat16
+    # under bf16-mixed, of the largest value); buffers a permutation moves are judged step by step
+    free = whole_step.trajectory(single, one["permuted"][0], fixed, [b for b, _ in runs.record("single")["buffer_names"]],
+                                 v["unit"], tuple((step or {}).get("order_buffers") or ()))
+    trajectory_floor, div_fixed, trajectory_unit, trajectory_ratio = (free[k] for k in ("floor", "divergence", "unit",
+                                                                                         "ratio"))
     within = v["grad_within"] and not (step or {}).get("differences") and trajectory_ratio <= TRAJECTORY_RATIO
     draws = (_unkeyed_draws(plan.attention, plan.torch_draws, first["ddp"][1]["findings"])
              if plan.attention or plan.torch_draws else None)
@@ -437,7 +439,8 @@ def _judge(plan: _Plan, runs: _Runs, notes: list[str]) -> dict:
         row["mechanism"] = (exit_rule.mechanism(row["factor"], seen_findings, not row["automatic_fix"])
                             if row["exposed"] else None)
     measured = effects.measure(runs.record, base, plan.fixes, {  # the same step within 2x the rounding floor
-        "gradient": FLOOR_RATIO * v["yardstick"], "buffers": FLOOR_RATIO * (step or {}).get("buffer_floor", v["yardstick"])})
+        "gradient": FLOOR_RATIO * v["yardstick"], "buffers": FLOOR_RATIO * (step or {}).get("buffer_floor", v["yardstick"])},
+        residual=("buffers",) if "buffers" in (step or {}).get("findings", {}) else ())
     effects.attach(rows, measured, {f.key: f.ablated_with for f in registry.factors() if f.ablated_with})
     findings = sorted(rows, key=_rank)
     result = {"devices": n, "steps": base.steps, "dtype": base.dtype, "method": "teacher-forced",
@@ -447,7 +450,7 @@ def _judge(plan: _Plan, runs: _Runs, notes: list[str]) -> dict:
               "deterministic": v["deterministic"], "within_floor": within, "unexplained": unexplained,
               "trajectory_floor": trajectory_floor, "divergence_default": div_default, "divergence_fixed": div_fixed,
               "trajectory_ratio": trajectory_ratio, "trajectory_within": trajectory_ratio <= TRAJECTORY_RATIO,
-              "trajectory_unit": trajectory_unit,
+              "trajectory_unit": trajectory_unit, "trajectory_kind": free["kind"], "trajectory_left_out": free["left_out"],
               "gradient_within": v["grad_within"], "rounding_unit": v["unit"],
               "unkeyed_draws": None if draws is None else {k: val for k, val in draws.items() if k != "finding"},
               "whole_step": None if step is None else {k: val for k, val in step.items() if k != "findings"},
@@ -544,11 +547,6 @@ def _unkeyed_draws(attention: list[str], torch_draws: list[str], default_finding
                + "; or ".join(fix)}}
 
 
-def _largest_value(state: dict) -> float:
-    """The largest absolute value of a saved state (its parameters and buffers)."""
-    return max((float(t.double().abs().max()) for t in state.values() if t.numel()), default=0.0)
-
-
 def _whole_step(runs: "_Runs", n: int, eps: float, grad_within: bool, unit: float) -> dict:
     """[`whole_step.compare`][vae_ddp.audit.whole_step.compare] of DDP with every fix, every step
     from one device's weights, with one device's record and the floor draws', plus
@@ -571,7 +569,7 @@ def _whole_step(runs: "_Runs", n: int, eps: float, grad_within: bool, unit: floa
     # autocast, cannot show it.
     step["update_judged"] = unit <= eps
     apart = {d["step"] for d in step["differences"] if d["part"] == "ranks"}
-    step["differences"] = [d for d in step["differences"] if d["part"] in {"learning rate", "ranks"} or (
+    step["differences"] = [d for d in step["differences"] if d["part"] in {"learning rate", "ranks", "buffers"} or (
         grad_within and not (d["part"] == "update" and (d["step"] in apart or not step["update_judged"])))]
     findings = {}
     for d in step["differences"]:
@@ -617,11 +615,7 @@ def _explain(d: dict, n: int) -> dict:
                        "world size or the rank), a step that runs on some ranks only, or a forward that writes to "
                        "parameters"}
     if d["part"] == "buffers":
-        return {"evidence": f"the forward writes per-rank values into buffers: {d['ratio']:.3g}x the floor {after}; "
-                            f"largest in {names}. DDP broadcasts rank 0's buffers before each forward, so the model "
-                            "keeps what rank 0's share of the batch wrote",
-                "fix": "compute the buffers' update over the global batch: all-reduce the sums and counts "
-                       "(torch.distributed.all_reduce) before writing them, as torch.nn.SyncBatchNorm does"}
+        return whole_step.explain_buffers(d, after)
     renorm = any("max_norm" in (x.get("module") or "") for x in d["names"])
     return {"evidence": f"the ranks' parameters are apart {after}: {d['ratio']:.3g}x the floor; largest "
                         f"in {names}"
@@ -777,7 +771,10 @@ def _render_measures(result: dict, u: _Units) -> list[str]:
                         f", not judged under {u.precision}: Adam divides each element by its own size, and a "
                         "gradient within a fraction of the rounding unit flips the sign of its smallest elements")
                      + "); "
-                     + (f"buffers {step['buffer_ratio']:.2g}x ({step['buffer_floor']:.3g}); " if step.get("buffer_count")
+                     + (f"buffers {step['buffer_ratio']:.2g}x ({step['buffer_floor']:.3g}"
+                        + "".join(f"; {b}: {f:.3g} when permuted, not rounding: against the step's rounding, "
+                                  f"{step['rounding_floor']:.3g}" for b, f in (step.get("order_buffers") or {}).items())
+                        + "); " if step.get("buffer_count")
                         else "no floating-point buffers; ")
                      + "every rank's parameters against "
                      f"rank 0's {step['ranks_ratio']:.2g}x (one rounding of every stored value is the least "
@@ -853,7 +850,9 @@ def _render_verdict(result: dict, u: _Units) -> str:
 def _render_trajectory(result: dict, u: _Units) -> str:
     """The free-running K steps: DDP with every fix judged against the K-step floor, Lightning's defaults as context."""
     judged = result.get("trajectory_ratio")
-    return (f"- after {u.steps_text}, each run on its own, the largest parameter or buffer difference to one device: "
+    return (f"- after {u.steps_text}, each run on its own, the largest "
+            f"{ {'parameters': 'parameter', 'buffers': 'buffer'}.get(result.get('trajectory_kind'), 'parameter or buffer')} "
+            "difference to one device (parameters and buffers each against their own floor): "
             f"DDP with every fix {result['divergence_fixed']:.3g}"
             + ("" if judged is None else
                f" ({judged:.3g}x the {u.steps}-step floor: one device with the samples permuted, "
@@ -861,4 +860,6 @@ def _render_trajectory(result: dict, u: _Units) -> str:
                + (f", or one rounding unit of the largest value, {result['trajectory_unit']:.3g}, if larger"
                   if result.get("trajectory_unit") is not None else "")
                + f"; more than {TRAJECTORY_RATIO:g}x would be another trajectory, not rounding carried over)")
+            + "".join(f"; {b} left out (a permutation rewrites it: judged step by step)"
+                      for b in result.get("trajectory_left_out") or [])
             + f"; with Lightning's defaults {result['divergence_default']:.3g} (what the factors above change)")

@@ -139,7 +139,11 @@ def _watch_padding(seen: Seen) -> list:
                     "their states across ranks (torchmetrics)")]
 
 
-def _grad(model: Any, batch: Any, seed: int = 0) -> torch.Tensor:
+def _grad(model: Any, batch: Any, seed: int = 0, state: Optional["_State"] = None) -> torch.Tensor:
+    """The gradient of ``batch`` (torch seeded with ``seed``), from ``state`` when given (else from
+    the state the module is in), as one vector over ``model.parameters()``."""
+    if state is not None:
+        state.restore()
     model.zero_grad(set_to_none=True)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
@@ -148,6 +152,25 @@ def _grad(model: Any, batch: Any, seed: int = 0) -> torch.Tensor:
     loss.backward()
     return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
                       for p in model.parameters()])
+
+
+class _State:
+    """The module's parameters and buffers (persistent or not) as they are now, to start each call
+    of the step from: a step that writes its own state (a queue of keys, a running normaliser, a
+    momentum encoder) would otherwise start every call from what the call before left."""
+
+    def __init__(self, model: Any) -> None:
+        self.named = [(n, t) for n, t in [*model.named_parameters(), *model.named_buffers()]]
+        self.saved = [t.detach().clone() for _, t in self.named]
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            for (_, t), v in zip(self.named, self.saved):
+                t.copy_(v)
+
+    def written(self) -> list[str]:
+        """The parameters and buffers whose values differ from the saved ones."""
+        return [n for (n, t), v in zip(self.named, self.saved) if not torch.equal(t.detach(), v)]
 
 
 def reduction_gap(model: Any, batch: Any, n: int) -> Optional[float]:
@@ -171,34 +194,54 @@ def reduction(model: Any, batch: Any, n: int) -> Optional[tuple[float, str]]:
       in ``training_step``, drawn in eval mode too): ``gap`` is that change, and how the loss
       reduces the batch cannot be told from draws that differ between the batch and its chunks.
 
+    Every call of the step starts from the module's state as it was given (its parameters and
+    buffers restored, and restored at the end): a step that writes its own state (a queue, a
+    running normaliser, a momentum encoder) is not a random one. Randomness is measured from the
+    same state with two seeds, state by a second call with the same seed from what the first
+    left (:func:`measure_reduction`); a normaliser updated from the batch before the loss reads it is then a
+    loss that couples the samples (``"coupled"``), as it is.
+
     None for manual optimization (``training_step`` steps the optimizers itself)."""
+    found = measure_reduction(model, batch, n)
+    return None if found is None else found[:2]
+
+
+def measure_reduction(model: Any, batch: Any, n: int) -> Optional[tuple[float, str, list[str], float]]:
+    """:func:`reduction`'s ``(gap, kind)`` and what it measured of the step's own state: the names of
+    the parameters and buffers one call of ``training_step`` writes, and how far a second call with
+    the same seed, from what the first left, moves the gradient (relative to its largest element)."""
     if not model.automatic_optimization:
         return None
     model = model.double()
     was_training = model.training
     model.eval()
+    state = _State(model)
     try:
         batch = cast_batch(batch, torch.float64)
-        full = _grad(model, batch)
-        reseeded = _grad(model, batch, seed=1)
-        chunks = torch.stack([_grad(model, c) for c in chunk_batch(batch, n)])  # (n, P)
+        full = _grad(model, batch, state=state)
+        again = _grad(model, batch)  # the same seed, from what the first call left
+        written = state.written()
+        reseeded = _grad(model, batch, seed=1, state=state)
+        chunks = torch.stack([_grad(model, c, state=state) for c in chunk_batch(batch, n)])  # (n, P)
     finally:
+        state.restore()
         model.train(was_training)
         model.zero_grad(set_to_none=True)
     scale = float(full.abs().max())
+    same_seed = float((full - again).abs().max()) / scale if scale > 0 else 0.0
     drawn = float((full - reseeded).abs().max()) / scale if scale > 0 else 0.0
     if drawn > REDUCTION_TOLERANCE:
-        return drawn, "random"
+        return drawn, "random", written, same_seed
     gap = float((full - chunks.mean(0)).abs().max()) / scale if scale > 0 else 0.0
     if gap <= REDUCTION_TOLERANCE:
-        return gap, "mean"
+        return gap, "mean", written, same_seed
     a = torch.linalg.lstsq(chunks.T, full.unsqueeze(1)).solution.squeeze(1)  # (n,)
     residual = float((chunks.T @ a - full).norm() / full.norm())
     if residual > 1e-6:
-        return gap, "coupled"
+        return gap, "coupled", written, same_seed
     if bool(((a - 1.0).abs() < 1e-6).all()):
-        return gap, "sum"
-    return gap, "weighted"
+        return gap, "sum", written, same_seed
+    return gap, "weighted", written, same_seed
 
 
 #: what each kind of reduction gets: (evidence, fix); the evidence is preceded by the measured gap
@@ -232,11 +275,13 @@ def _before(model: Any, datamodule: Any, batches: list, n: int) -> list[Finding]
     """The one-process check of `vae-ddp audit`: the largest gap over ``batches`` and the kind
     the batches agree on first (coupled, then weighted, then sum): a mean over tokens equals the
     global mean on a batch whose chunks happen to hold as many tokens each, so one batch can hide it."""
-    found = [r for r in (reduction(model, b, n) for b in batches) if r is not None and r[0] > REDUCTION_TOLERANCE]
+    measured = [r for r in (measure_reduction(model, b, n) for b in batches) if r is not None]
+    written = sorted({name for r in measured for name in r[2]})
+    found = [r[:2] for r in measured if r[0] > REDUCTION_TOLERANCE]
     drawn = [g for g, kind in found if kind == "random"]
     if drawn:  # the check cannot tell the reduction from the draws
         raise CannotTell("the one-process check of the loss reduction was skipped: the gradient of the same "
-                         f"batch changes with torch's seed ({max(drawn):.3g} relative, in eval mode), so it cannot "
+                         f"batch, from the same weights and buffers, changes with torch's seed ({max(drawn):.3g} relative, in eval mode), so it cannot "
                          "tell how the loss reduces the batch; the DDP runs compare it")
     if not found:
         return []
@@ -244,8 +289,10 @@ def _before(model: Any, datamodule: Any, batches: list, n: int) -> list[Finding]
     kind = next(k for k in ("coupled", "weighted", "sum") if any(kk == k for _, kk in found))
     evidence, fix = _REDUCTIONS[kind]
     # measured without a process group: `vae-ddp audit` asks again under the real one ("recheck")
+    state = (f" (training_step writes {', '.join(written)}: a second call with the same seed moves the gradient by "
+             f"{max(r[3] for r in measured):.3g}, so every call started from the same state)" if written else "")
     return [Finding(FACTOR.key, f"{evidence}; the gradient of the global batch differs from the mean of its {n} "
-                                f"per-rank chunks' gradients by {gap:.3g} (relative)",
+                                f"per-rank chunks' gradients by {gap:.3g} (relative){state}",
                     fix, manual=True, details={"kind": kind, "recheck": True})]
 
 
