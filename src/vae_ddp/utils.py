@@ -47,7 +47,7 @@ def out_folder_lock(out_dir: "str | Path", command: str) -> Iterator[Path]:
     while True:
         try:  # never through a link planted in a folder another user can write (a --out under /tmp)
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-        except OSError as err:
+        except OSError:
             if not os.path.islink(path):
                 raise
             raise UserError(f"--out {out_dir} holds {LOCK_NAME} as a link to {os.readlink(path)}: not written "
