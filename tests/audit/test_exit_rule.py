@@ -1,5 +1,6 @@
 """The audit's exit rule (vae_ddp.audit.exit_rule): does DDP, as the user runs it, train one device's
-model? On made-up results: every factor's mechanism, with and without the audit's fixes."""
+model? On made-up results: every factor's mechanism as its fix module declares it, with and without the
+audit's fixes; and the findings that say their own."""
 
 from __future__ import annotations
 
@@ -8,11 +9,10 @@ import pytest
 pytestmark = pytest.mark.timeout(60)
 
 
-def _row(factor: str, exposed: bool = True, automatic_fix: bool = True, findings: list | None = None) -> dict:
+def _row(factor: str, exposed: bool = True, findings: list | None = None) -> dict:
     from vae_ddp.audit.exit_rule import mechanism
 
-    return {"factor": factor, "exposed": exposed, "automatic_fix": automatic_fix,
-            "mechanism": mechanism(factor, findings or [], not automatic_fix) if exposed else None}
+    return {"factor": factor, "exposed": exposed, "mechanism": mechanism(factor, findings or []) if exposed else None}
 
 
 def _result(*rows: dict, deterministic: bool = True, within_floor: bool = True) -> dict:
@@ -33,7 +33,8 @@ def test_other_samples_the_plot_and_what_follows_are_0():
     the last batch (the reduction with the audit's fix), the plot, Adam's step sizes under shared noise."""
     from vae_ddp.audit.exit_rule import decide
 
-    rows = [_row("sampler"), _row("reduction", automatic_fix=True), _row("logging"), _row("optimizer")]
+    padding = [{"factor": "reduction", "mechanism": "same distribution"}]  # the reduction module's padding finding
+    rows = [_row("sampler"), _row("reduction", findings=padding), _row("logging"), _row("optimizer")]
     assert decide(_result(*rows)) == {"code": 0, "why": []}
 
 
@@ -44,7 +45,7 @@ def test_a_finding_names_its_own_mechanism():
 
     unsharded = [{"factor": "sampler", "mechanism": "another model"}, {"factor": "sampler"}]
     assert decide(_result(_row("sampler", findings=unsharded)))["code"] == 1
-    assert decide(_result(_row("reduction", automatic_fix=False)))["code"] == 1
+    assert decide(_result(_row("reduction")))["code"] == 1  # a summed, weighted or coupled loss
 
 
 def test_not_judged_and_not_within_the_floor_are_1():

@@ -191,6 +191,8 @@ NAMED_OUTSIDE = {
     "src/vae_ddp/studies/long_horizon.py": "`noise`: the VAE's noise mode of a run (a JSON field)",
     "src/vae_ddp/studies/report_scale.py": "the report-scale study's variants each switch one factor of the VAE",
     "src/vae_ddp/studies/verdict.py": "the site's verdict words the VAE's factors by their measured rows",
+    "src/vae_ddp/studies/answer.py": "the site's answer cites the Lightning or PyTorch documentation of each of the "
+                                     "VAE's measured factors",
 }
 
 

@@ -1,7 +1,8 @@
 """The audit's exit code: does DDP, *as the user runs it*, train one device's model?
 
 One rule for every factor (unit-tested in ``tests/audit/test_exit_rule.py``; stated in the README,
-``vae-ddp audit -h`` and the audit page):
+``vae-ddp audit -h`` and the audit page); what each factor's mechanism is, its fix module declares
+([`Audit.mechanism`][vae_ddp.fixes.factor.Audit]):
 
 - **1** for a difference shown by its mechanism, whatever the statistical power: the same draws on
   every rank (``noise``), per-rank statistics (``batchnorm``), a loss reduced otherwise than over the
@@ -23,27 +24,22 @@ decide the code.
 
 from __future__ import annotations
 
-__all__ = ["ANOTHER_MODEL", "SAME_DISTRIBUTION", "mechanism", "decide"]
+__all__ = ["ANOTHER_MODEL", "mechanism", "decide"]
 
-#: The mechanism of each exposed factor, when its finding does not say otherwise.
 ANOTHER_MODEL = "another model"
-SAME_DISTRIBUTION = "same distribution"
-DEFAULT = {"noise": ANOTHER_MODEL, "batchnorm": ANOTHER_MODEL, "sampler": SAME_DISTRIBUTION,
-           "logging": "plot", "optimizer": "follows", "gradient_scale": ANOTHER_MODEL, "update": ANOTHER_MODEL,
-           "buffers": ANOTHER_MODEL, "parameters": ANOTHER_MODEL}
 
 
-def mechanism(factor: str, findings: list[dict], in_user_code: bool) -> str:
+def mechanism(factor: str, findings: list[dict]) -> str:
     """What an exposed factor does to the model DDP trains: a finding's own ``mechanism`` first (a
-    sampler that gives every rank the same batches), else the factor's (``DEFAULT``); the reduction by
-    where its fix lies: in the user's code (a summed, weighted or coupled loss: another model), else
-    Lightning's ``DistributedSampler`` padding the last batch (which samples: the same distribution)."""
+    sampler whose stream gives every rank the same batches; the reduction's padding by Lightning's
+    ``DistributedSampler``, which only repeats samples), ``ANOTHER_MODEL`` where any finding says so,
+    else the factor's declared one ([`Audit.mechanism`][vae_ddp.fixes.factor.Audit], in its fix module)."""
+    from vae_ddp.fixes.factor import audit_factor
+
     marked = [f["mechanism"] for f in findings if f.get("factor") == factor and f.get("mechanism")]
     if marked:
         return ANOTHER_MODEL if ANOTHER_MODEL in marked else marked[0]
-    if factor == "reduction":
-        return ANOTHER_MODEL if in_user_code else SAME_DISTRIBUTION
-    return DEFAULT.get(factor, ANOTHER_MODEL)
+    return audit_factor(factor).audit.mechanism
 
 
 def decide(result: dict) -> dict:

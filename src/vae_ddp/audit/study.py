@@ -436,8 +436,7 @@ def _judge(plan: _Plan, runs: _Runs, notes: list[str]) -> dict:
     # user's code (not the ones the runs cleared: seen, but making no difference here)
     seen_findings = [f for f in first["ddp"][1]["findings"] if not f.get("manual")] + list(manual.values())
     for row in rows:  # what each exposed factor does to the model DDP trains (vae_ddp.audit.exit_rule)
-        row["mechanism"] = (exit_rule.mechanism(row["factor"], seen_findings, not row["automatic_fix"])
-                            if row["exposed"] else None)
+        row["mechanism"] = exit_rule.mechanism(row["factor"], seen_findings) if row["exposed"] else None
     measured = effects.measure(runs.record, base, plan.fixes, {  # the same step within 2x the rounding floor
         "gradient": FLOOR_RATIO * v["yardstick"], "buffers": FLOOR_RATIO * (step or {}).get("buffer_floor", v["yardstick"])},
         residual=("buffers",) if "buffers" in (step or {}).get("findings", {}) else ())

@@ -126,6 +126,12 @@ class Audit:
         ablated_with: key of the factor whose fix the audit's ablation undoes to measure this one
             (its fix removes this factor too), when this one has no fix of its own in the audit.
         clean: what the audit's table says when nothing of this factor is seen.
+        mechanism: what the factor, once seen, does to the model DDP trains, for the audit's exit
+            code ([`exit_rule`][vae_ddp.audit.exit_rule]): ``"another model"`` (the default: exit 1
+            even where the audit's fix closes it), ``"same distribution"`` (other samples or
+            independent draws of one device's distribution), ``"plot"`` (what is logged) or
+            ``"follows"`` (a consequence of another factor, which that factor's row decides); a
+            ``Finding`` may say otherwise for itself (``details={"mechanism": ...}``).
     """
 
     parts: Optional[Callable[[Any], FixParts]] = None
@@ -133,6 +139,7 @@ class Audit:
     before: Optional[Callable[[Any, Any, list, int], list]] = None
     ablated_with: Optional[str] = None
     clean: str = "not detected"
+    mechanism: str = "another model"
 
 
 @dataclass(frozen=True)

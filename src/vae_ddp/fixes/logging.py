@@ -134,6 +134,6 @@ FACTOR = Factor(
     check=_check,
     switch=Switch("sync_dist_logging", default=False, fixed=True, choices=(True,), parts=_parts,
                   off_label="logging back to rank 0"),
-    audit=Audit(watch={"train_batch_end": _watch_unsynced, "validation_batch_end": _watch_count,
+    audit=Audit(mechanism="plot", watch={"train_batch_end": _watch_unsynced, "validation_batch_end": _watch_count,
                        "validation_epoch_end": _watch_epoch_mean},
                 clean="every logged metric synchronised (or none logged)"))

@@ -27,4 +27,4 @@ def _check(trainer, module, datamodule) -> Optional[str]:
 FACTOR = Factor(
     position=6, key="optimizer", name="Optimizer (Adam)", page="factors/optimizer.md",
     changes="none of its own: fixing the noise removes it", check=_check, fixed_by="noise",
-    audit=Audit(clean="follows the noise check"))
+    audit=Audit(mechanism="follows", clean="follows the noise check"))

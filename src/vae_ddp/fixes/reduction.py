@@ -136,7 +136,8 @@ def _watch_padding(seen: Seen) -> list:
     return [Finding("reduction", "DistributedSampler pads to a multiple of the world size, repeated samples count "
                     f"twice in the mean ({'; '.join(padded)})",
                     "drop_last=True for training; for evaluation an unrepeated sampler with metrics that sum "
-                    "their states across ranks (torchmetrics)")]
+                    "their states across ranks (torchmetrics)",
+                    details={"mechanism": "same distribution"})]  # which samples, of one device's distribution
 
 
 def _grad(model: Any, batch: Any, seed: int = 0, state: Optional["_State"] = None) -> torch.Tensor:
