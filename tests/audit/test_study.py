@@ -192,6 +192,12 @@ def test_per_rank_padding_is_named_not_the_reduction(tmp_path):
     assert "needs your code" in log and "(see docs/factors/sampler.md)" in log  # no published site here
     # measured too: what is left with every automatic fix on, ranked by it among what bites
     assert f["sampler"]["left_after_fixes"] == max(result["grad_steps"]) and result["findings"][0]["factor"] == "sampler"
+    # every finding carries its effect: what only the user's code fixes, by DDP with every automatic fix on;
+    # the optimizer (Adam under the shared dropout masks) by the noise's run, whose fix removes it
+    exposed = {k: g for k, g in f.items() if g["exposed"]}
+    assert {"sampler", "noise", "optimizer"} <= set(exposed), sorted(exposed)
+    assert all(g["effect"] is not None for k, g in exposed.items() if k != "logging"), exposed
+    assert f["optimizer"]["effect"] == f["noise"]["effect"] and "Adam" in f["optimizer"]["evidence"]
     # without dropout the shapes make no difference: seen, said in a note, and the audit passes
     code, result, log = audit(tmp_path / "p0", f"{M}.PaddedTokensDropout", "--model.init_args.p", "0",
                               data=f"{M}.PaddedTokens")
