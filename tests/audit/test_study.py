@@ -110,6 +110,21 @@ def test_a_run_that_needs_unused_parameters_says_how(capsys, monkeypatch, tmp_pa
     assert "needs --trainer.strategy ddp_find_unused_parameters_true" in capsys.readouterr().err
 
 
+def test_a_parameter_unused_on_a_rank_is_named_before_ddp_hangs(tmp_path):
+    """A mixture of experts that skips an expert with no samples (examples.audit_models.SkippedExpert):
+    some rank's share of a global batch routes nothing to expert 1, whose parameters then get no
+    gradient there, and plain Lightning DDP without find_unused_parameters hangs on it
+    (tests/scripts/skipped_expert_truth.py, no vae_ddp: 3 steps with ddp_find_unused_parameters_true,
+    no step in 10 minutes without). The audit names the parameters and Lightning's flag before any DDP run (exit 2),
+    and with the flag it trains and judges the model."""
+    code, result, log = audit(tmp_path, f"{M}.SkippedExpert")
+    assert code == 2 and not result, log[-3000:]
+    assert "(experts.1.weight, experts.1.bias)" in log and "--trainer.strategy ddp_find_unused_parameters_true" in log
+    assert "experts.0" not in log  # used on every rank's share
+    code, result, log = audit(tmp_path, f"{M}.SkippedExpert", "--trainer.strategy", "ddp_find_unused_parameters_true")
+    assert code == 0 and result["within_floor"], log[-3000:]
+
+
 def test_random_draws_in_the_step_are_not_judged(tmp_path):
     """NumPy's generator in training_step (nothing torch draws, which the audit could key to the
     samples): permuting the samples changes one device's step by far more than rounding, so the audit
