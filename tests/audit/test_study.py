@@ -792,3 +792,25 @@ def test_the_one_process_check_is_repeatable(monkeypatch):
         seen.append(check(run, models.Regression, models.LocalNegatives))
         assert torch.rand(()) == expected
     assert seen[0] == seen[1] and seen[0][0], seen
+
+
+def test_the_unused_parameter_check_leaves_the_module_as_it_found_it(monkeypatch):
+    """The check steps the module on each rank's chunk: a step that writes its own state (a queue of
+    keys, a moving average) is put back, so the one-process checks after it see the module as built."""
+    import itertools
+    from types import SimpleNamespace
+
+    from vae_ddp.audit import preflight
+    from vae_ddp.fixes.factor import cast_batch
+
+    monkeypatch.syspath_prepend(str(ROOT))
+    import examples.audit_models as models
+
+    for cls in (models.KeyQueue, models.MovingAverage):
+        m = cls().double()
+        dm = models.Regression(batch_size=16)
+        dm.setup("fit")
+        batches = [cast_batch(b, torch.float64) for b in itertools.islice(dm.train_dataloader(), 2)]
+        before = [t.clone() for t in [*m.parameters(), *m.buffers()]]
+        preflight._unused_on_a_rank(cls, m, batches, SimpleNamespace(trainer={}, devices=2, global_batch_size=16))
+        assert all(torch.equal(a, b) for a, b in zip(before, [*m.parameters(), *m.buffers()])), cls.__name__

@@ -349,11 +349,13 @@ def _unused_on_a_rank(model_cls: type, model, batches: list, run) -> None:
     import torch
 
     from vae_ddp.fixes.factor import chunk_batch
+    from vae_ddp.fixes.reduction import _State
 
     if (run.trainer or {}).get("strategy") == "ddp_find_unused_parameters_true":
         return
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     unused: dict[str, None] = {}
+    state = _State(model)  # a step that writes its own state (a queue, a moving average) is put back after
     try:
         with torch.random.fork_rng(), _no_trainer_warnings():
             for batch in batches:
@@ -368,6 +370,7 @@ def _unused_on_a_rank(model_cls: type, model, batches: list, run) -> None:
     except Exception:  # noqa: BLE001 - a chunk the step cannot take alone: the DDP runs judge it
         return
     finally:
+        state.restore()
         model.zero_grad(set_to_none=True)
     if unused:
         names = list(unused)
