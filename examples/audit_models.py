@@ -240,6 +240,27 @@ class Gan(Base):
         return torch.optim.Adam(self.net.parameters(), lr=1e-2), torch.optim.Adam(self.critic.parameters(), lr=1e-2)
 
 
+class SkippedExpert(Base):
+    """A mixture of two experts that skips an expert with no samples routed to it (as MoE layers do):
+    expert 1 takes the samples whose first feature is above 1 (about one in six), which some per-rank
+    shares of a global batch do not hold, so that expert's parameters get no gradient on that rank
+    and DDP without ``find_unused_parameters`` waits for them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        del self.net  # the experts are the whole model
+        self.experts = nn.ModuleList([nn.Linear(8, 1), nn.Linear(8, 1)])
+
+    def forward(self, x):
+        route = (x[:, 0] > 1.0).long()  # expert 1 for the rare samples
+        out = torch.zeros(len(x), dtype=x.dtype, device=x.device)
+        for e, expert in enumerate(self.experts):
+            idx = route == e
+            if idx.any():  # an expert with no samples is skipped
+                out = out.index_put((idx.nonzero().squeeze(1),), expert(x[idx]).squeeze(-1))
+        return out
+
+
 class MaskedTokens(LightningModule):
     """Next-token-like loss: cross entropy averaged over the valid tokens of each rank's batch."""
 

@@ -20,11 +20,14 @@ def _findings(tmp_path, mode):
 
 def test_exposed_module(tmp_path):
     found = _findings(tmp_path, "exposed")
-    assert set(found) == {"noise", "optimizer", "batchnorm", "sampler", "reduction", "logging"}
+    # SGD has no per-parameter step sizes: the shared noise changes no optimizer state (no "optimizer" row)
+    assert set(found) == {"noise", "batchnorm", "sampler", "reduction", "logging"}
     assert "1 BatchNorm layer" in found["batchnorm"][0]["evidence"]
     assert "train: 1 repeated of 101" in found["reduction"][0]["evidence"]
     unsynced, epoch_mean = found["logging"]  # after the first batch; at the end of the validation epoch
     assert "train_loss" in unsynced["evidence"]
+    # a constant logged without sync_dist is the same value on every rank: nothing to synchronise
+    assert "kl_weight" not in unsynced["evidence"] and "1 metric(s)" in unsynced["evidence"]
     # 51 + 50 samples: Lightning's integer average of the counts is 50, the epoch mean 101/100 of the true one
     assert "51, 50 samples" in epoch_mean["evidence"] and "1.01x the true mean" in epoch_mean["evidence"]
     assert "val_loss" in epoch_mean["evidence"] and "MeanMetric" in epoch_mean["fix"]
@@ -59,3 +62,30 @@ def test_loader_batch_against_the_sampler():
         if flagged:
             assert found[0].factor == "sampler" and "a global batch of 32, not 16" in found[0].evidence
             assert "batch_size=8" in found[0].fix
+
+
+def test_optimizer_row_only_for_per_parameter_step_sizes():
+    """The optimizer factor names the user's optimizer class, and only one with per-parameter step
+    sizes (Adam's kin, RMSprop, Adagrad; a third-party one by its state once it has stepped); SGD,
+    with momentum too, steps along the all-reduced gradient itself."""
+    import torch
+
+    from vae_ddp.fixes.optimizer import adaptive
+
+    p = [torch.nn.Parameter(torch.ones(2))]
+    assert adaptive([torch.optim.SGD(p, lr=0.1), torch.optim.SGD(p, lr=0.1, momentum=0.9)]) == []
+    assert adaptive([torch.optim.AdamW(p), torch.optim.RMSprop(p), torch.optim.SGD(p, lr=0.1)]) == ["AdamW", "RMSprop"]
+
+    class Custom(torch.optim.Optimizer):  # keeps Adam's statistic under Adam's name
+        def __init__(self, params):
+            super().__init__(params, {"lr": 0.1})
+
+        def step(self, closure=None):
+            for q in self.param_groups[0]["params"]:
+                self.state[q]["exp_avg_sq"] = q.grad ** 2
+
+    custom = Custom(p)
+    assert adaptive([custom]) == []  # not stepped yet: nothing to tell it from SGD
+    p[0].grad = torch.ones(2)
+    custom.step()
+    assert adaptive([custom]) == ["Custom"]

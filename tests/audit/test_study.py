@@ -110,6 +110,21 @@ def test_a_run_that_needs_unused_parameters_says_how(capsys, monkeypatch, tmp_pa
     assert "needs --trainer.strategy ddp_find_unused_parameters_true" in capsys.readouterr().err
 
 
+def test_a_parameter_unused_on_a_rank_is_named_before_ddp_hangs(tmp_path):
+    """A mixture of experts that skips an expert with no samples (examples.audit_models.SkippedExpert):
+    some rank's share of a global batch routes nothing to expert 1, whose parameters then get no
+    gradient there, and plain Lightning DDP without find_unused_parameters hangs on it
+    (tests/scripts/skipped_expert_truth.py, no vae_ddp: 3 steps with ddp_find_unused_parameters_true,
+    no step in 10 minutes without). The audit names the parameters and Lightning's flag before any DDP run (exit 2),
+    and with the flag it trains and judges the model."""
+    code, result, log = audit(tmp_path, f"{M}.SkippedExpert")
+    assert code == 2 and not result, log[-3000:]
+    assert "(experts.1.weight, experts.1.bias)" in log and "--trainer.strategy ddp_find_unused_parameters_true" in log
+    assert "experts.0" not in log  # used on every rank's share
+    code, result, log = audit(tmp_path, f"{M}.SkippedExpert", "--trainer.strategy", "ddp_find_unused_parameters_true")
+    assert code == 0 and result["within_floor"], log[-3000:]
+
+
 def test_random_draws_in_the_step_are_not_judged(tmp_path):
     """NumPy's generator in training_step (nothing torch draws, which the audit could key to the
     samples): permuting the samples changes one device's step by far more than rounding, so the audit
@@ -192,6 +207,12 @@ def test_per_rank_padding_is_named_not_the_reduction(tmp_path):
     assert "needs your code" in log and "(see docs/factors/sampler.md)" in log  # no published site here
     # measured too: what is left with every automatic fix on, ranked by it among what bites
     assert f["sampler"]["left_after_fixes"] == max(result["grad_steps"]) and result["findings"][0]["factor"] == "sampler"
+    # every finding carries its effect: what only the user's code fixes, by DDP with every automatic fix on;
+    # the optimizer (Adam under the shared dropout masks) by the noise's run, whose fix removes it
+    exposed = {k: g for k, g in f.items() if g["exposed"]}
+    assert {"sampler", "noise", "optimizer"} <= set(exposed), sorted(exposed)
+    assert all(g["effect"] is not None for k, g in exposed.items() if k != "logging"), exposed
+    assert f["optimizer"]["effect"] == f["noise"]["effect"] and "Adam" in f["optimizer"]["evidence"]
     # without dropout the shapes make no difference: seen, said in a note, and the audit passes
     code, result, log = audit(tmp_path / "p0", f"{M}.PaddedTokensDropout", "--model.init_args.p", "0",
                               data=f"{M}.PaddedTokens")
@@ -771,3 +792,25 @@ def test_the_one_process_check_is_repeatable(monkeypatch):
         seen.append(check(run, models.Regression, models.LocalNegatives))
         assert torch.rand(()) == expected
     assert seen[0] == seen[1] and seen[0][0], seen
+
+
+def test_the_unused_parameter_check_leaves_the_module_as_it_found_it(monkeypatch):
+    """The check steps the module on each rank's chunk: a step that writes its own state (a queue of
+    keys, a moving average) is put back, so the one-process checks after it see the module as built."""
+    import itertools
+    from types import SimpleNamespace
+
+    from vae_ddp.audit import preflight
+    from vae_ddp.fixes.factor import cast_batch
+
+    monkeypatch.syspath_prepend(str(ROOT))
+    import examples.audit_models as models
+
+    for cls in (models.KeyQueue, models.MovingAverage):
+        m = cls().double()
+        dm = models.Regression(batch_size=16)
+        dm.setup("fit")
+        batches = [cast_batch(b, torch.float64) for b in itertools.islice(dm.train_dataloader(), 2)]
+        before = [t.clone() for t in [*m.parameters(), *m.buffers()]]
+        preflight._unused_on_a_rank(cls, m, batches, SimpleNamespace(trainer={}, devices=2, global_batch_size=16))
+        assert all(torch.equal(a, b) for a, b in zip(before, [*m.parameters(), *m.buffers()])), cls.__name__

@@ -1,7 +1,9 @@
 """Run a small foreign LightningModule under 2-rank DDP (gloo) with DDPAudit; rank 0 writes the findings.
 
 Usage: python tests/scripts/audit_callback.py OUT_JSON {exposed,clean}
-  exposed: BatchNorm, dropout drawn with the shared seed, unsynced logging, 101 samples (padding);
+  exposed: BatchNorm, dropout drawn with the shared seed, unsynced logging (of the loss, which differs
+           across ranks, and of a constant weight, which does not), SGD (no per-parameter step sizes),
+           101 samples (padding);
            validation over 101 samples without padding, logged with sync_dist=True (integer count)
   clean:   no BatchNorm, per-rank seed, sync_dist logging, 96 samples, contiguous global-batch sampler
 """
@@ -33,6 +35,7 @@ class Net(pl.LightningModule):
         x, y = batch
         loss = nn.functional.mse_loss(self.net(x).squeeze(-1), y)
         self.log("train_loss", loss, sync_dist=self.sync, batch_size=len(x))
+        self.log("kl_weight", 0.5, sync_dist=self.sync, batch_size=len(x))  # the same on every rank
         return loss
 
     def validation_step(self, batch, batch_idx):

@@ -36,8 +36,9 @@ class DDPAudit(Callback):
       (its state moved between ``on_train_batch_start`` and ``on_train_batch_end``): dropout
       masks and reparameterization noise repeat across ranks; skipped when a known noise
       fix (``GlobalBatchRandomness``, ``GlobalBatchNoise``, ``PerRankSeed``) is among the callbacks.
-    - ``optimizer``: reported with ``noise``: shared noise raises the variance of the
-      averaged gradient, which changes Adam's second moments and step sizes.
+    - ``optimizer``: reported with ``noise`` when an optimizer has per-parameter step sizes (Adam,
+      RMSprop, Adagrad, ...; not SGD): shared noise raises the variance of the averaged gradient,
+      which changes its second moments and step sizes.
     - ``batchnorm``: BatchNorm layers that normalise with per-rank statistics (not
       ``torch.nn.SyncBatchNorm`` nor ``vae_ddp``'s ``GlobalBatchNorm``).
     - ``sampler``: a ``torch.utils.data.DistributedSampler`` (Lightning inserts one under

@@ -11,7 +11,9 @@ weights, the batches and draws following on as training takes them:
 
 - ``effect-single``: one device, every fix on (the reference's step);
 - ``effect-<factor>``: DDP with every fix but that factor's (what the factor changes);
-- ``effect-defaults``: DDP with Lightning's defaults (what DDP as the user runs it changes).
+- ``effect-defaults``: DDP with Lightning's defaults (what DDP as the user runs it changes);
+- ``effect-fixed``: DDP with every fix on (what is left for the user's code: the effect of a factor
+  that only the user's code fixes, as ``left_after_fixes`` is its contribution).
 
 Row ``i`` pairs one device's ``i``-th optimizer step with DDP's: the same weights, the same global
 batch and draws where DDP takes them (every fix on), its own where it does not. Two quantities are
@@ -58,6 +60,7 @@ QUANTITIES = ("gradient", "buffers")
 
 REFERENCE = "effect-single"
 DEFAULTS = "effect-defaults"
+FIXED = "effect-fixed"
 
 
 def _forced(base: AuditRun, steps_file: str) -> dict:
@@ -78,7 +81,8 @@ def plan(base: AuditRun, fixes: list[str], steps_file: str) -> tuple[list[AuditR
     one = [base.replace(label=REFERENCE, devices=1, fixes=list(fixes), **forced)]
     ddp = [*(base.replace(label=f"effect-{f}", devices=base.devices, fixes=[g for g in fixes if g != f], **forced)
              for f in fixes),
-           base.replace(label=DEFAULTS, devices=base.devices, fixes=[], **forced)]
+           base.replace(label=DEFAULTS, devices=base.devices, fixes=[], **forced),
+           base.replace(label=FIXED, devices=base.devices, fixes=list(fixes), **forced)]
     return one, ddp
 
 
@@ -112,7 +116,7 @@ def _pairs(single: dict, ddp: dict, repeat: int, quantity: str, blocks: bool) ->
 
 def measure(record: Callable[[str], dict], base: AuditRun, fixes: list[str], floor: dict,
             residual: tuple = ()) -> dict:
-    """``{factor or "defaults": effect}``: [`decompose`][vae_ddp.harness.effect.decompose] of each
+    """``{factor, "defaults" or "fixed": effect}``: [`decompose`][vae_ddp.harness.effect.decompose] of each
     effect run against ``effect-single`` (``record(label)``: a run's StepProbe record), on the gradient
     and, where the model has floating-point buffers, on what each batch wrote into them (DDP keeps
     rank 0's); the effect is the more serious of the two (``KINDS``' order), with ``"quantity"``
@@ -120,18 +124,20 @@ def measure(record: Callable[[str], dict], base: AuditRun, fixes: list[str], flo
     within which a row is the same step. ``residual``: the quantities in which DDP with every fix on
     already differs from one device (the whole step's comparison, e.g. buffers a rank writes from its
     own share of the batch): a factor's run carries that difference too, so they are measured for
-    Lightning's defaults only, never as a factor's effect. Rows that cannot be compared (too few, of
+    Lightning's defaults and for every fix on (``"fixed"``, where that difference is what is measured)
+    only, never as a factor's effect. Rows that cannot be compared (too few, of
     other lengths) give None."""
     if not base.effect_batches:
         return {}
     repeat = _forced(base, "")["repeat"]
     reference = record(REFERENCE)
     out: dict[str, Optional[dict]] = {}
-    for key, label, fixed in [(f, f"effect-{f}", [g for g in fixes if g != f]) for f in fixes] + [("defaults", DEFAULTS, [])]:
+    for key, label, fixed in ([(f, f"effect-{f}", [g for g in fixes if g != f]) for f in fixes]
+                              + [("defaults", DEFAULTS, []), ("fixed", FIXED, list(fixes))]):
         run = record(label)
         parts = {}
         for quantity in QUANTITIES:
-            if quantity in residual and key != "defaults":
+            if quantity in residual and key not in ("defaults", "fixed"):
                 continue
             try:
                 parts[quantity] = stats.decompose(**_pairs(reference, run, repeat, quantity, sampler.FACTOR.key not in fixed),
@@ -149,12 +155,17 @@ def measure(record: Callable[[str], dict], base: AuditRun, fixes: list[str], flo
 def attach(rows: list[dict], effects: dict, ablated_with: dict) -> None:
     """Give each row of the audit's table its ``effect`` (``{"kind", "bias", "bias_ci",
     "variance_ratio", "variance_ratio_ci"}``, or None): an exposed factor the audit fixes, by its own
-    effect run or that of the factor whose fix removes it too (``ablated_with``)."""
+    effect run or that of the factor whose fix removes it too (``ablated_with``: the reduction's padding
+    by the sampler's, the optimizer by the noise's); an exposed factor only the user's code fixes, by
+    DDP with every fix on (``"fixed"``: what is left for the user's code, shared by every such row). None
+    where no run measures it (logging: the audit applies no logging fix, and logging changes no step)."""
     keys = ("kind", "bias", "bias_ci", "variance_ratio", "variance_ratio_ci", "quantity", "rows")
     for row in rows:
         e = None
         if row["exposed"] and row["automatic_fix"]:
             e = effects.get(row["factor"]) or effects.get(ablated_with.get(row["factor"]) or "")
+        elif row["exposed"]:
+            e = effects.get("fixed")
         row["effect"] = None if e is None else {k: e[k] for k in keys}
 
 

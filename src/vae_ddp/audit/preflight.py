@@ -332,9 +332,53 @@ def _check_model(run, model_cls: type, dm, batches: list, batch,
             return _with_a_trainer(run, model_cls, model, dm, batches, batch, dtype)
         except Exception as err:  # noqa: BLE001 - the user's code: report its first line
             raise UserError(_dry_run_error(model_cls, run, err)) from None
+        _unused_on_a_rank(model_cls, model, [_cast(b, dtype) for b in batches], run)
         findings, notes = _static(model, dm, batches, run)
         return findings + _attention(layers), notes
     return _static(model, dm, batches, run)
+
+
+def _unused_on_a_rank(model_cls: type, model, batches: list, run) -> None:
+    """Refuse (one line naming the parameters and Lightning's flag) a module whose ``training_step``
+    leaves parameters without a gradient on some rank's share of a global batch (an expert with no
+    samples routed to it, a branch taken by some samples only): DDP without ``find_unused_parameters``
+    waits for those gradients on the other ranks and the run hangs or fails. One process: each of
+    ``batches`` split into the ranks' contiguous chunks, one backward each. Skipped under
+    ``--trainer.strategy ddp_find_unused_parameters_true``, and where a chunk cannot be stepped on its
+    own (the DDP runs judge it then)."""
+    import torch
+
+    from vae_ddp.fixes.factor import chunk_batch
+    from vae_ddp.fixes.reduction import _State
+
+    if (run.trainer or {}).get("strategy") == "ddp_find_unused_parameters_true":
+        return
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    unused: dict[str, None] = {}
+    state = _State(model)  # a step that writes its own state (a queue, a moving average) is put back after
+    try:
+        with torch.random.fork_rng(), _no_trainer_warnings():
+            for batch in batches:
+                for chunk in chunk_batch(batch, run.devices):
+                    model.zero_grad(set_to_none=True)
+                    out = model.training_step(chunk, 0)
+                    loss = out["loss"] if isinstance(out, dict) else out
+                    if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
+                        return
+                    loss.backward()
+                    unused.update((n, None) for n, p in named if p.grad is None)
+    except Exception:  # noqa: BLE001 - a chunk the step cannot take alone: the DDP runs judge it
+        return
+    finally:
+        state.restore()
+        model.zero_grad(set_to_none=True)
+    if unused:
+        names = list(unused)
+        raise UserError(f"{model_cls.__name__}.training_step leaves {len(names)} parameter(s) without a gradient on "
+                        f"some rank's share of a global batch of {run.global_batch_size} on {run.devices} ranks "
+                        f"({', '.join(names[:4])}{', ...' if len(names) > 4 else ''}): DDP without "
+                        "find_unused_parameters waits for every parameter's gradient at every step, so the runs would "
+                        "hang or fail; rerun with --trainer.strategy ddp_find_unused_parameters_true")
 
 
 def _dry_run(model, batch) -> tuple[list[str], list[str]]:

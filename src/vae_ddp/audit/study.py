@@ -130,7 +130,7 @@ def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, pr
         ``effect`` (of a finding; at the top, of Lightning's defaults as a whole): what the factor changes
         over ``effect_rows`` global batches, a dict with the keys ``kind``, ``bias``, ``bias_ci``,
         ``variance_ratio``, ``variance_ratio_ci``, ``quantity`` and ``rows`` (see
-        ``vae_ddp.audit.effects``), None where not measured (a factor not exposed, or one only the user's code fixes; ``--effect_batches 0``). The verdict: ``grad_steps`` (per
+        ``vae_ddp.audit.effects``), None where not measured (a factor not exposed, logging; ``--effect_batches 0``); a factor only the user's code fixes: DDP with every automatic fix on, what is left for that code. The verdict: ``grad_steps`` (per
         optimizer step, ``||g_ddp - g_single|| / ||g_single||`` from the same weights),
         ``floor`` (the largest of ``floor_draws``, the same for one device with the samples
         permuted) and ``ratio_to_floor`` (the largest DDP step over ``max(floor, eps)``);
@@ -440,7 +440,8 @@ def _judge(plan: _Plan, runs: _Runs, notes: list[str]) -> dict:
     measured = effects.measure(runs.record, base, plan.fixes, {  # the same step within 2x the rounding floor
         "gradient": FLOOR_RATIO * v["yardstick"], "buffers": FLOOR_RATIO * (step or {}).get("buffer_floor", v["yardstick"])},
         residual=("buffers",) if "buffers" in (step or {}).get("findings", {}) else ())
-    effects.attach(rows, measured, {f.key: f.ablated_with for f in registry.factors() if f.ablated_with})
+    effects.attach(rows, measured, {f.key: f.ablated_with or f.fixed_by for f in registry.factors()
+                                    if f.ablated_with or f.fixed_by})
     findings = sorted(rows, key=_rank)
     result = {"devices": n, "steps": base.steps, "dtype": base.dtype, "method": "teacher-forced",
               "floor": v["floor"], "floor_draws": v["floor_draws"], "grad_steps": v["grad_steps"],

@@ -32,13 +32,15 @@ may call a collective per batch (no ``sync_dist=True`` on step values, no ``all_
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
+import torch
 from pytorch_lightning.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import Dataset
 
 from vae_ddp.fixes import _env
-from vae_ddp.fixes.factor import Audit, Factor, Finding, FixParts, Seen, Switch, batch_tensors, gather_ints, world
+from vae_ddp.fixes.factor import (Audit, Factor, Finding, FixParts, Seen, Switch, batch_tensors, gather_ints,
+                                   gather_objects, world)
 
 __all__ = ["unrepeated_sampler", "padded_duplicates", "FACTOR"]
 
@@ -86,12 +88,24 @@ def _parts(spec, seed: int) -> FixParts:
     return FixParts(module={"sync_dist_logging": True})
 
 
+def _logged(metric: Any) -> list:
+    """What a tensor metric of Lightning's ``_ResultMetric`` holds after a batch (its accumulated
+    value, sample count and last step's value, Lightning 2.x), as floats: what rank 0 logs."""
+    parts = [getattr(metric, name, None) for name in ("value", "cumulated_batch_size", "_forward_cache")]
+    return [torch.as_tensor(p).detach().double().cpu().reshape(-1).tolist() for p in parts if isinstance(p, torch.Tensor)]
+
+
 def _watch_unsynced(seen: Seen) -> list:
-    """``train_batch_end`` (first batch): metrics logged as tensors without ``sync_dist``."""
+    """``train_batch_end`` (first batch): metrics logged as tensors without ``sync_dist`` whose values
+    differ across the ranks (a constant, a weight or a schedule's value, logged alike on every rank is
+    rank 0's value and the global one alike)."""
     results = seen.trainer._results  # the active loop's _ResultCollection (Lightning 2.x)
     if results is None:
         return []
-    unsynced = sorted({m.meta.name for m in results.values() if getattr(m, "is_tensor", False) and not m.meta.sync.should})
+    candidates = {m.meta.name: _logged(m) for m in results.values()
+                  if getattr(m, "is_tensor", False) and not m.meta.sync.should}
+    ranks = gather_objects(candidates)  # every rank calls it, whatever it logged
+    unsynced = sorted(name for name in candidates if len(ranks) < 2 or any(r.get(name) != candidates[name] for r in ranks))
     if not unsynced:
         return []
     return [Finding("logging", f"{len(unsynced)} metric(s) logged without sync_dist ({', '.join(unsynced[:4])}): "

@@ -157,14 +157,20 @@ def _watch_draws(seen: Seen) -> list:
             "draw them for the global batch and keep this rank's rows: "
             "x = vae_ddp.fixes.global_batch_draw(torch.randn, shape) (under GlobalBatchRandomness), "
             "or swap the layer for one that does", manual=True)]
-    return [Finding(
+    from vae_ddp.fixes.optimizer import adaptive  # that module imports this one
+
+    found = [Finding(
         "noise", f"the training step draws random numbers and all {n} ranks draw the same "
         "ones (same torch seed): its dropout masks or noise repeat across ranks",
         "draw the randomness of the global batch and keep this rank's rows (a torch.Generator seeded "
         "alike on every rank), or seed each rank differently (torch.manual_seed(seed + rank) in "
-        "setup); vae_ddp.fixes.GlobalBatchRandomness (dropout and noise) / PerRankSeed"), Finding(
-        "optimizer", "shared noise across ranks raises the variance of the averaged gradient, which "
-        "changes Adam's second moments and step sizes", "the noise fix above")]
+        "setup); vae_ddp.fixes.GlobalBatchRandomness (dropout and noise) / PerRankSeed")]
+    names = adaptive(seen.trainer.optimizers)  # SGD has no per-parameter step sizes: nothing follows
+    if names:
+        found.append(Finding(
+            "optimizer", "shared noise across ranks raises the variance of the averaged gradient, which "
+            f"changes {', '.join(names)}'s per-parameter step sizes (its running second moments)", "the noise fix above"))
+    return found
 
 
 def dataset_is_random(dm: Any) -> bool:
