@@ -295,8 +295,10 @@ def trajectory(single: dict, permuted: dict, fixed: dict, buffer_names: list[str
     rounding in one step, see :func:`compare`) are left out, judged step by step instead.
 
     Args:
-        single, permuted, fixed: saved final states ``{name: Tensor}`` (floating-point parameters and
-            buffers) of one device, one device with the samples permuted, DDP with every fix.
+        single: the saved final state ``{name: Tensor}`` (floating-point parameters and buffers) of
+            one device.
+        permuted: the same, of one device with the samples permuted.
+        fixed: the same, of DDP with every fix.
         buffer_names: which names of the states are buffers.
         unit: the rounding unit of the dtype the step computes in.
         order: buffers left out.
