@@ -34,7 +34,7 @@ EXPECTED: dict[str, tuple[str, frozenset]] = {
     "SimCLR": ("1 your code", frozenset({"noise"})),
     "SimCLR, views seeded per sample": ("1 the fixes close it", frozenset({"batchnorm"})),
     "SimCLR, seeded, keys by a transpose": ("1 unexplained", frozenset()),  # unexplained: torch's gloo all_gather backward
-    "DCGAN": ("1 your code", frozenset({"noise"})),
+    "DCGAN": ("1 your code", frozenset({"noise", "buffers"})),  # BatchNorm's running statistics follow the ranks' own z
     "DCGAN, z for the global batch": ("1 the fixes close it", frozenset({"noise", "batchnorm"})),
     "GPT-2": ("1 your code", frozenset({"noise", "reduction", "sampler"})),
     "GPT-2, global token mean, no attention dropout": ("1 the fixes close it", frozenset({"noise", "sampler"})),
