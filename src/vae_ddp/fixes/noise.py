@@ -18,7 +18,7 @@ batch gets the same ``eps`` rows as rank 0's. Two fixes:
 from __future__ import annotations
 
 import random
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 import numpy as np
 import torch
@@ -100,6 +100,28 @@ class GlobalBatchNoise(GlobalBatchRandomness):
 
 # --- the factor: its exposure check, what its fix adds, and what DDPAudit watches ----------------
 
+#: torch's optimizers that scale each parameter's step by a running statistic of its gradient.
+ADAPTIVE = tuple(getattr(torch.optim, name) for name in ("Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adagrad",
+                                                         "Adadelta", "RMSprop", "SparseAdam")
+                 if hasattr(torch.optim, name))
+
+#: the per-parameter state of those statistics in torch's optimizers (a third-party optimizer that
+#: keeps one under these names is counted too, once it has stepped)
+ADAPTIVE_STATE = ("exp_avg_sq", "square_avg", "exp_inf", "acc_delta", "sum")
+
+
+def adaptive(optimizers: Iterable[Any]) -> list[str]:
+    """The class names of the ``optimizers`` with per-parameter step sizes: one of ``ADAPTIVE``, or
+    one whose state holds a statistic of ``ADAPTIVE_STATE``; an empty list for SGD."""
+    out = []
+    for opt in optimizers:
+        opt = getattr(opt, "optimizer", opt)  # a LightningOptimizer wraps the user's
+        state = getattr(opt, "state", {}) or {}
+        if isinstance(opt, ADAPTIVE) or any(k in s for s in state.values() if isinstance(s, dict) for k in ADAPTIVE_STATE):
+            out.append(type(opt).__name__)
+    return list(dict.fromkeys(out))
+
+
 def _check(trainer, module, datamodule) -> Optional[str]:
     n = world(trainer)
     if n > 1 and not any(isinstance(cb, (PerRankSeed, GlobalBatchRandomness)) for cb in trainer.callbacks):
@@ -157,7 +179,6 @@ def _watch_draws(seen: Seen) -> list:
             "draw them for the global batch and keep this rank's rows: "
             "x = vae_ddp.fixes.global_batch_draw(torch.randn, shape) (under GlobalBatchRandomness), "
             "or swap the layer for one that does", manual=True)]
-    from vae_ddp.fixes.optimizer import adaptive  # that module imports this one
 
     found = [Finding(
         "noise", f"the training step draws random numbers and all {n} ranks draw the same "

@@ -12,36 +12,14 @@ with the noise finding.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional
-
-import torch
+from typing import Optional
 
 from vae_ddp.fixes import noise
 from vae_ddp.fixes.factor import Audit, Factor
+# declared beside the noise check, which names them (a module of each would import the other)
+from vae_ddp.fixes.noise import ADAPTIVE, ADAPTIVE_STATE, adaptive
 
 __all__ = ["ADAPTIVE", "ADAPTIVE_STATE", "adaptive", "FACTOR"]
-
-#: torch's optimizers that scale each parameter's step by a running statistic of its gradient.
-ADAPTIVE = tuple(getattr(torch.optim, name) for name in ("Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adagrad",
-                                                         "Adadelta", "RMSprop", "SparseAdam")
-                 if hasattr(torch.optim, name))
-
-#: the per-parameter state of those statistics in torch's optimizers (a third-party optimizer that
-#: keeps one under these names is counted too, once it has stepped)
-ADAPTIVE_STATE = ("exp_avg_sq", "square_avg", "exp_inf", "acc_delta", "sum")
-
-
-def adaptive(optimizers: Iterable[Any]) -> list[str]:
-    """The class names of the ``optimizers`` with per-parameter step sizes: one of ``ADAPTIVE``, or
-    one whose state holds a statistic of ``ADAPTIVE_STATE``; an empty list for SGD."""
-    out = []
-    for opt in optimizers:
-        opt = getattr(opt, "optimizer", opt)  # a LightningOptimizer wraps the user's
-        state = getattr(opt, "state", {}) or {}
-        if isinstance(opt, ADAPTIVE) or any(k in s for s in state.values() if isinstance(s, dict) for k in ADAPTIVE_STATE):
-            out.append(type(opt).__name__)
-    return list(dict.fromkeys(out))
-
 
 def _check(trainer, module, datamodule) -> Optional[str]:
     optimizers = list(getattr(trainer, "optimizers", None) or [])
