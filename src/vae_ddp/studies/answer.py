@@ -166,11 +166,17 @@ def _per_rank(rs: dict) -> int:
     return s["global_batch_size"] // s["world_size"]
 
 
+def _data(settings: dict) -> str:
+    """The data a study trained on, from its settings (``imagefolder``: the CIFAR-10 images of the subset)."""
+    return {"imagefolder": "CIFAR-10 images", "cifar10": "CIFAR-10", "digits": "digits"}.get(settings.get("data"),
+                                                                                           settings.get("data"))
+
+
 def _where(rs: dict) -> str:
     """``one step of the ResNet-18 VAE on CIFAR-10 images, 24 global batches of 256 = 2 x 128``."""
     s = rs["settings"]
     model = "ResNet-18 VAE" if s.get("model") == "resnet18" else f"{s.get('model')} VAE"
-    data = {"imagefolder": "CIFAR-10 images", "cifar10": "CIFAR-10", "digits": "digits"}.get(s.get("data"), s.get("data"))
+    data = _data(s)
     return (f"one step of the {model} on {data}, {s['effect_batches']} global batches of {s['global_batch_size']} = "
             f"{s['world_size']} x {_per_rank(rs)}, from the same weights")
 
@@ -216,7 +222,7 @@ def kl_words(seeds: dict, lh: dict | None) -> dict[str, dict]:
     s = seeds["settings"]
     out["seeds"] = {"word": worst([v[q] for q in ("train_kl", "val_kl") if q in v]), "diff": c["diff"],
                     "margin": c["margin"], "scope": _scope(seeds["num_seeds"], s.get("steps")),
-                    "model": s.get("model"), "batch": s["global_batch_size"]}
+                    "model": s.get("model"), "data": _data(s), "batch": s["global_batch_size"]}
     if lh and lh.get("comparison"):
         cmp = lh["comparison"]
         st = lh["settings"]
@@ -233,7 +239,7 @@ _KL_WORD = {"equivalent": "matches one device's", "different": "differs from one
 
 def _kl_seeds(k: dict) -> str:
     return (f"DDP's final KL {_KL_WORD[k['word']]} over whole trainings ({k['word']}: {k['diff']:+.2g} against "
-            f"±{_n(k['margin'])}; the {k['model']} VAE on CIFAR-10 images, global batch {k['batch']}, {k['scope']})")
+            f"±{_n(k['margin'])}; the {k['model']} VAE on {k.get('data') or 'its data'}, global batch {k['batch']}, {k['scope']})")
 
 
 def _kl_lh(k: dict) -> str:
