@@ -101,7 +101,10 @@ def per_sample_relative_variance(spec: RunSpec, state_dict: dict, seed: int) -> 
     x = next(iter(dm.train_dataloader()))[0].to(model.dtype)
     model.train()
     kl, rec = per_sample_terms(model, x)
-    rv = lambda t: float(t.var(unbiased=False) / t.mean() ** 2)
+
+    def rv(t):
+        return float(t.var(unbiased=False) / t.mean() ** 2)
+
     return {"samples": len(x), "kl": rv(kl), "recon_loss": rv(rec), "kl_mean": float(kl.mean()),
             "recon_mean": float(rec.mean())}
 
