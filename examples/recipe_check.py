@@ -119,7 +119,8 @@ def check(steps: int, seed: int, permutations: int, out: Path, world_sizes: tupl
     float32, every step started from one device's weights: the table. The tensors the runs saved
     are deleted once compared (``recipe.json`` keeps the numbers)."""
     from vae_ddp.probes import per_step_differences
-    from vae_ddp.studies.equivalence import FLOOR_FACTOR, verdict
+    from vae_ddp.harness.permutation import FLOOR_FACTOR
+    from vae_ddp.studies.equivalence import verdict
     from vae_ddp.outputs import drop_tensors
 
     result = {"method": "teacher-forced", "floor_factor": FLOOR_FACTOR, "steps": steps, "permutations": permutations,

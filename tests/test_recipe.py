@@ -13,7 +13,8 @@ import sys
 
 import pytest
 
-from vae_ddp.studies.equivalence import FLOOR_FACTOR, verdict
+from vae_ddp.harness.permutation import FLOOR_FACTOR
+from vae_ddp.studies.equivalence import verdict
 from helpers import ROOT, load_script
 
 

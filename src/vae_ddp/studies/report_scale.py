@@ -52,6 +52,7 @@ import torch
 
 from vae_ddp.data import DATASETS
 from vae_ddp.harness.configs import RunSpec
+from vae_ddp.harness.permutation import FLOOR_FACTOR
 from vae_ddp.model import MODELS
 from vae_ddp.outputs import replacing, result_set, write_atomic
 
@@ -423,8 +424,8 @@ QUANTITIES = ("gradient", "kl", "reconstruction")
 #: How the tables name the quantities.
 LABELS = {"gradient": "gradient", "kl": "KL", "reconstruction": "reconstruction"}
 #: A row is the same step as one device's within this many times the floor (the largest relative
-#: difference of ``ddp, every fix``), as in the audit.
-FLOOR_RATIO = 2.0
+#: difference of ``ddp, every fix``): the audit's and the equivalence study's rule.
+FLOOR_RATIO = FLOOR_FACTOR
 
 
 def _quantities(saved: dict, info: dict) -> dict[str, list]:
