@@ -143,6 +143,26 @@ class RunSpec:
         """Batch size given to each process's DataLoader."""
         return self.global_batch_size // self.world_size
 
+    def param_bytes(self) -> int:
+        """Bytes of the parameters of this run's model, counted on a model built on torch's ``meta``
+        device (no memory, milliseconds): what [`check_memory`][vae_ddp.harness.resources.check_memory]
+        counts per rank."""
+        from vae_ddp.model import VAE
+
+        with torch.device("meta"):
+            model = VAE(input_height=32, enc_type=self.model, latent_dim=self.latent_dim or 32)
+        return sum(p.numel() for p in model.parameters()) * (8 if self.dtype == "float64" else 4)
+
+    def saved_bytes(self) -> int:
+        """Bytes of the tensors this run writes at most ([`space_needed`][vae_ddp.harness.resources.space_needed]
+        adds its logs): per seed, with ``save_params`` its parameters with Adam's second moments
+        (2 x parameters), with ``steps_file`` its per-step gradients and weights (3 x parameters
+        x steps); 0 when it saves neither."""
+        if not (self.save_params or self.steps_file):
+            return 0
+        per_seed = (2 if self.save_params else 0) + (3 * self.steps if self.steps_file else 0)
+        return len(self.seeds) * self.param_bytes() * per_seed
+
     def exact(self) -> "RunSpec":
         """A copy with every fix on: each switch of the factor registry
         ([`vae_ddp.fixes.registry`][vae_ddp.fixes.registry]) at its ``fixed`` value (global-batch noise,
