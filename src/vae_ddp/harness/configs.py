@@ -199,7 +199,8 @@ class RunSpec:
             raise UserError(f"--val_every must be 0 (never) or positive, got {self.val_every}")
         if self.max_samples is not None and self.max_samples < 2 * self.global_batch_size:
             raise UserError(f"--max_samples {self.max_samples} is too small for global batch size "
-                            f"{self.global_batch_size}: use at least {2 * self.global_batch_size} (20% go to validation)")
+                            f"{self.global_batch_size}: use at least {2 * self.global_batch_size} "
+                            "(20% go to validation)")
         if self.global_batch_size < 1:
             raise UserError(f"--global_batch_size must be at least 1, got {self.global_batch_size}")
         if self.config in ("ddp", "dp") and self.global_batch_size % self.devices:
@@ -216,8 +217,8 @@ class RunSpec:
                 raise UserError(in_flags(str(err))) from None
         if self.data == "imagefolder":
             if not self.data_dir:
-                raise UserError("--data imagefolder needs --data_dir DIR, an ImageFolder tree such as the CIFAR-10 subset "
-                                "built by .github/scripts/cifar10-subset.sh")
+                raise UserError("--data imagefolder needs --data_dir DIR, an ImageFolder tree such as the "
+                                "CIFAR-10 subset built by .github/scripts/cifar10-subset.sh")
             try:
                 find_image_root(self.data_dir)
             except (ValueError, OSError) as err:

@@ -135,7 +135,8 @@ def compare(base: RunSpec, configs: list[Literal[CONFIGS]], out_dir: Path, exact
     notes = []  # shown above the table on the page too
     for spec in specs:
         if spec.config == "dp":
-            how = "real torch.nn.DataParallel" if spec.dp_mode == "real" else "single-process emulation of Lightning 1.x DP"
+            how = ("real torch.nn.DataParallel" if spec.dp_mode == "real"
+                   else "single-process emulation of Lightning 1.x DP")
             notes.append(f"dp: {how} over {spec.devices} replicas")
             print(notes[-1], flush=True)
     records, series, rows, params = [], [], [], None
