@@ -172,7 +172,8 @@ def main(argv=None):
     p.add_argument("--world-sizes", type=int, nargs="+", default=[2, 3, 4], help="DDP world sizes to check")
     p.add_argument("--changes", action="store_true", help="print the table of changes")
     p.add_argument("--permutations", type=int, default=4, help="permuted one-device runs for the floor")
-    p.add_argument("--ddp", type=int, default=None, metavar="N", help="(internal) the DDP runs of --check, on N processes")
+    p.add_argument("--ddp", type=int, default=None, metavar="N",
+                   help="(internal) the DDP runs of --check, on N processes")
     p.add_argument("--save", type=Path, default=None, help="(internal) the folder of --check's runs")
     p.add_argument("--out", type=Path, default=Path("out/recipe"))
     args = p.parse_args(argv)
