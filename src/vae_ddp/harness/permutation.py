@@ -2,8 +2,8 @@
 
 [`WithinBatchPermutation`][vae_ddp.harness.permutation.WithinBatchPermutation] is the one callback
 the floor runs add: the studies' (``RunSpec.permute_seed``), the recipe's check and the audit's;
-[`FLOOR_FACTOR`][vae_ddp.harness.permutation.FLOOR_FACTOR] is how far above that floor a
-difference may be and still count as rounding.
+``FLOOR_FACTOR`` is how many times the floor's largest draw a DDP step may differ from one
+device's and still match it.
 """
 
 from __future__ import annotations
