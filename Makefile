@@ -6,7 +6,7 @@ OUT ?= runs
 # The CIFAR-10 images (ImageFolder) the benchmarks train on, as the tests find them (tests/conftest.py)
 CIFAR ?= $(or $(VAE_DDP_CIFAR_SUBSET),../shared/data/cifar10-jpg-subset)
 
-.PHONY: setup browser demo test test-full results docs docs-serve legacy legacy-test bench bench-docs gallery stress clean
+.PHONY: setup browser demo lint test test-full results docs docs-serve legacy legacy-test bench bench-docs gallery stress clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,10 +36,18 @@ browser:  ## Debian's chromium for the browser test (apt-get install chromium, o
 demo: setup  ## the main job on the bundled digits: single, ddp (2 gloo processes) and dp
 	$(VENV)/bin/vae-ddp compare --out $(OUT)/demo
 
-test: setup browser  ## the test suite (reduced studies; CPU, gloo), the docs build and the browser test
+# ruff (pyflakes and pycodestyle, configured in pyproject.toml) on every Python folder, before the tests
+LINT := $(VENV)/bin/ruff check src tools examples tests benchmarks
+
+lint: setup  ## ruff check (pyflakes, pycodestyle; lines up to 120 characters) on src, tools, examples, tests, benchmarks
+	$(LINT)
+
+test: setup browser  ## ruff check, then the test suite (reduced studies; CPU, gloo), the docs build and the browser test
+	$(LINT)
 	$(PY) -m pytest
 
-test-full: setup browser  ## the full-size studies too (tens of minutes on 2 cores)
+test-full: setup browser  ## ruff check, then the full-size studies too (tens of minutes on 2 cores)
+	$(LINT)
 	VAE_DDP_FULL=1 $(PY) -m pytest
 
 bench: setup  ## benchmarks (medians and ratios): step time per fix, CPU sync BatchNorm, DDPAudit overhead, audit time

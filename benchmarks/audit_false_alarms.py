@@ -93,7 +93,8 @@ def render(result: dict) -> str:
     def cell(model: str, dtype: str) -> str:
         row = [a for s in result["seeds"] for a in audits if (a["model"], a["dtype"], a["seed"]) == (model, dtype, s)]
         ratios = [a["ratio_to_floor"] for a in row if a["ratio_to_floor"] is not None]
-        return ", ".join("ok" if a["within_floor"] else "ALARM" for a in row) + (f" ({max(ratios):.2f})" if ratios else "")
+        return (", ".join("ok" if a["within_floor"] else "ALARM" for a in row)
+                + (f" ({max(ratios):.2f})" if ratios else ""))
 
     lines = ["| module | " + " | ".join(result["dtypes"]) + " |", "|---|" + "---|" * len(result["dtypes"])]
     for model in result["models"]:
@@ -108,8 +109,8 @@ def render(result: dict) -> str:
             for k in ("update_ratio", "buffer_ratio", "ranks_ratio", "trajectory_ratio")}
     if all(rest.values()):
         mixed = sorted({a["dtype"] for a in audits if not judged(a)})
-        lines.append(f"- the rest of the step, every step from one device's weights, each over its own floor (largest): "
-                     f"update {max(rest['update_ratio']):.2f}"
+        lines.append("- the rest of the step, every step from one device's weights, each over its own floor "
+                     f"(largest): update {max(rest['update_ratio']):.2f}"
                      + (f" (not judged under {', '.join(mixed)})" if mixed else "")
                      + f", buffers {max(rest['buffer_ratio']):.2f}, ranks apart "
                      f"{max(rest['ranks_ratio']):.2f}; after the 3 steps, each run on its own, "

@@ -121,7 +121,8 @@ def render(result: dict) -> str:
                      f"{', '.join(f'{1000 * t:.3g}' for t in medians[v])} |")
     lines += ["", f"- overhead of DDPAudit: {pct(result['overhead'])} of the training time of a {result['steps']}-step "
                   f"run (median of {result['repeats']} paired ratios, range {pct(min(ratios) - 1)} to "
-                  f"{pct(max(ratios) - 1)}); its checks run at the start and over the first 8 batches, so the share shrinks as runs get longer "
+                  f"{pct(max(ratios) - 1)}); its checks run at the start and over the first 8 batches, so the "
+                  "share shrinks as runs get longer "
                   f"(median one-time difference {1000 * result['one_time_s']:.3g} ms)"]
     return "\n".join(lines)
 

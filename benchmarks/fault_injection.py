@@ -162,7 +162,8 @@ def case_two_runs(work: Path, tmp: Path) -> dict:
     refused = [e for c, e in ((a.returncode, ea), (b.returncode, eb)) if c == 2]
     named = bool(refused) and "is in use by another run" in last_line(refused[0])
     winner = 1 if a.returncode == 0 else 2
-    steps = json.loads((out / "results.json").read_text())["settings"]["steps"] if (out / "results.json").exists() else None
+    results = out / "results.json"
+    steps = json.loads(results.read_text())["settings"]["steps"] if results.exists() else None
     mixed = steps != (2 if winner == 1 else 3)
     return {"exit_codes": codes, "second_refused": codes == [0, 2], "not_named": int(not named), "mixed": int(mixed)}
 

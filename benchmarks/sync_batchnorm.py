@@ -139,7 +139,8 @@ def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="resnet18", choices=["resnet18", "small"])
     p.add_argument("--per-device", type=int, nargs="+", default=[16, 128],
-                   help="per-device batch sizes (global = 2 x this); default: global 32 and the report's 128 per device")
+                   help="per-device batch sizes (global = 2 x this); "
+                        "default: global 32 and the report's 128 per device")
     p.add_argument("--steps", type=int, default=6, help="measured steps per size (each trains both models)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5, help="repeats of the per-layer breakdown")

@@ -33,7 +33,8 @@ EXPECTED: dict[str, tuple[str, frozenset]] = {
     "U-Net": ("1 the fixes close it", frozenset({"batchnorm"})),
     "SimCLR": ("1 your code", frozenset({"noise"})),
     "SimCLR, views seeded per sample": ("1 the fixes close it", frozenset({"batchnorm"})),
-    "SimCLR, seeded, keys by a transpose": ("1 unexplained", frozenset()),  # unexplained: torch's gloo all_gather backward
+    # unexplained: torch's gloo all_gather backward
+    "SimCLR, seeded, keys by a transpose": ("1 unexplained", frozenset()),
     "DCGAN": ("1 your code", frozenset({"noise", "buffers"})),  # BatchNorm's running statistics follow the ranks' own z
     "DCGAN, z for the global batch": ("1 the fixes close it", frozenset({"noise", "batchnorm"})),
     "GPT-2": ("1 your code", frozenset({"noise", "reduction", "sampler"})),
@@ -88,7 +89,8 @@ def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", nargs="+", choices=list(GALLERY), default=list(GALLERY))
     p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--out", type=Path, default=None, help="write audit_gallery.json, tables.md and command.md here (the whole gallery only)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="write audit_gallery.json, tables.md and command.md here (the whole gallery only)")
     args = p.parse_args(argv)
     if args.out and args.only != list(GALLERY):
         p.error("--out writes the whole gallery (the page's table): leave out --only")
@@ -152,7 +154,8 @@ def render(result: dict) -> str:
     from vae_ddp.fixes.factor import audit_factor
 
     names = {k: audit_factor(k).name for k in COLUMNS}
-    cols = [k for k in COLUMNS if any(f["factor"] == k and f["exposed"] for a in result["audits"] for f in a["findings"])]
+    cols = [k for k in COLUMNS
+            if any(f["factor"] == k and f["exposed"] for a in result["audits"] for f in a["findings"])]
     lines = ["| architecture | " + " | ".join(names[k] for k in cols) + " | exit code |",
              "|---|" + "---|" * len(cols) + "---|"]
     for a in result["audits"]:

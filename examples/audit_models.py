@@ -22,7 +22,8 @@ class Regression(LightningDataModule):
     def __init__(self, batch_size: int = 16, n: int = 64, shuffle: bool = True, num_workers: int = 0,
                  augment: bool = False) -> None:
         super().__init__()
-        self.batch_size, self.n, self.shuffle, self.num_workers, self.augment = batch_size, n, shuffle, num_workers, augment
+        self.batch_size, self.n, self.shuffle = batch_size, n, shuffle
+        self.num_workers, self.augment = num_workers, augment
 
     def setup(self, stage: str) -> None:
         g = torch.Generator().manual_seed(1234)

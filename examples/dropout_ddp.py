@@ -50,7 +50,8 @@ class TinyLM(pl.LightningModule):
         self.qkv, self.proj = nn.Linear(WIDTH, 3 * WIDTH), nn.Linear(WIDTH, WIDTH)
         self.attn_drop, self.resid_drop = nn.Dropout(dropout), nn.Dropout(dropout)
         self.ln1, self.ln2 = nn.LayerNorm(WIDTH), nn.LayerNorm(WIDTH)
-        self.mlp = nn.Sequential(nn.Linear(WIDTH, 4 * WIDTH), nn.GELU(), nn.Linear(4 * WIDTH, WIDTH), nn.Dropout(dropout))
+        self.mlp = nn.Sequential(nn.Linear(WIDTH, 4 * WIDTH), nn.GELU(), nn.Linear(4 * WIDTH, WIDTH),
+                                 nn.Dropout(dropout))
         self.head = nn.Linear(WIDTH, VOCAB)
 
     def forward(self, tokens):

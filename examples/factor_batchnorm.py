@@ -68,7 +68,8 @@ def one_device_step(params, datamodule, enc_type: str, global_batch: int):
     model = VAE(enc_type=enc_type).double()
     model.load_state_dict(params, strict=False)
     outputs = []
-    first_bn(model).register_forward_hook(lambda m, i, o: outputs.append(o.detach().clone()))  # before the in-place ReLU
+    # before the in-place ReLU
+    first_bn(model).register_forward_hook(lambda m, i, o: outputs.append(o.detach().clone()))
     ds = datamodule.dataset_train
     idx = list(GlobalBatchDistributedSampler(ds, global_batch, num_replicas=1, rank=0, seed=SEED))[:global_batch]
     x = torch.stack([ds[i][0] for i in idx]).double()

@@ -111,18 +111,19 @@ def takeaway(r: dict) -> str:
     (d, ds), (g, gs), (e, _) = (spread(gaps[n]) for n in ("ddp (default)", "ddp + global noise", "ddp + every fix"))
     n = len(gaps["ddp (default)"])
     if abs(d - g) < ds + gs:
-        noise_only = (f"{g:.2e} ± {gs:.2e} with only the noise fixed: at {r['steps']} steps the two cannot be told "
-                      "apart, since what the noise fix leaves different (BatchNorm per rank, another sample order) moves "
-                      "the trajectory as much")
+        noise_only = (f"{g:.2e} ± {gs:.2e} with only the noise fixed: at {r['steps']} steps the two cannot be "
+                      "told apart, since what the noise fix leaves different (BatchNorm per rank, another sample "
+                      "order) moves the trajectory as much")
     else:
         closer = "closer" if g < d else "further"
         noise_only = (f"{g:.2e} ± {gs:.2e} with only the noise fixed ({closer}; BatchNorm per rank and a "
                       "different sample order still differ)")
     return (f"**Result.** Shared noise multiplies the variance of the `fc_mu`/`fc_var` gradient by "
             f"{gv['shared'][head] / gv['independent'][head]:.3g}, and Adam's `exp_avg_sq` for those heads is "
-            f"{adam('ddp (default)'):.3g} times single's after {r['steps']} steps ({adam('ddp + global noise'):.3g} "
-            f"times with `GlobalBatchNoise`). The final KL term differs from single's by {d:.2e} ± {ds:.2e} (mean ± sd of "
-            f"|difference| over {n} seeds) with DDP's defaults, {noise_only}; with every fix by {e:.2e}.")
+            f"{adam('ddp (default)'):.3g} times single's after {r['steps']} steps "
+            f"({adam('ddp + global noise'):.3g} times with `GlobalBatchNoise`). The final KL term differs from "
+            f"single's by {d:.2e} ± {ds:.2e} (mean ± sd of |difference| over {n} seeds) with DDP's defaults, "
+            f"{noise_only}; with every fix by {e:.2e}.")
 
 
 def plot(r: dict, path: Path) -> None:
@@ -155,12 +156,16 @@ def main(argv=None) -> dict:
     result["kl_gaps"] = kl_gaps(result["runs"])
     gv, runs = result["gradient_variance"], result["runs"]
     head = "fc_mu/fc_var"
+
+    def adam_v(run: str) -> float:  # the run's Adam exp_avg_sq of the heads, over single's
+        return runs[run]["adam_v"][head] / runs["single"]["adam_v"][head]
+
     result["summary"] = {
         "Factor": registry.get("optimizer").name,  # the factor's one name (vae_ddp.fixes.registry)
         "What goes wrong": "shared noise raises the gradient variance; Adam's second moment, and so its step, follow",
         "Measured here": f"fc_mu/fc_var gradient variance ×{gv['shared'][head] / gv['independent'][head]:.3g}; "
-                         f"Adam exp_avg_sq ×{runs['ddp (default)']['adam_v'][head] / runs['single']['adam_v'][head]:.3g}"
-                         f" vs single (×{runs['ddp + global noise']['adam_v'][head] / runs['single']['adam_v'][head]:.3g}"
+                         f"Adam exp_avg_sq ×{adam_v('ddp (default)'):.3g}"
+                         f" vs single (×{adam_v('ddp + global noise'):.3g}"
                          " with the noise fix)",
         "Fix": "fix the noise (factor 1); Adam itself is not the cause",
     }

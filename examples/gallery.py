@@ -125,7 +125,8 @@ class Text(LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         from transformers import DataCollatorForLanguageModeling
 
-        collate = DataCollatorForLanguageModeling(self.tokenizer, mlm=self.mlm, pad_to_multiple_of=self.pad_to_multiple_of)
+        collate = DataCollatorForLanguageModeling(self.tokenizer, mlm=self.mlm,
+                                                  pad_to_multiple_of=self.pad_to_multiple_of)
         return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=self.shuffle, collate_fn=collate)
 
 
@@ -244,7 +245,8 @@ class SimCLRTransposed(SimCLR):
         keys = every.transpose(0, 1).flatten(0, 1)  # (2B, 32): first views, then second views
         queries = z.transpose(0, 1).flatten(0, 1)  # (2b, 32)
         b, big = len(z), len(every)
-        own = torch.cat([torch.arange(b, device=z.device), torch.arange(b, device=z.device) + big]) + self.global_rank * b
+        own = (torch.cat([torch.arange(b, device=z.device), torch.arange(b, device=z.device) + big])
+               + self.global_rank * b)
         sim = queries @ keys.T / self.temperature
         sim[torch.arange(2 * b, device=z.device), own] = float("-inf")
         return F.cross_entropy(sim, torch.cat([own[b:], own[:b]]))
@@ -443,7 +445,8 @@ GALLERY = {
     "SimCLR, views seeded per sample": ("SimCLR", "Images", {"views": 2, "seeded": True}, {}),
     "SimCLR, seeded, keys by a transpose": ("SimCLRTransposed", "Images", {"views": 2, "seeded": True}, {}),
     "DCGAN": ("DCGAN", "Images", {}, {"strategy": "ddp_find_unused_parameters_true"}),
-    "DCGAN, z for the global batch": ("DCGANGlobalNoise", "Images", {}, {"strategy": "ddp_find_unused_parameters_true"}),
+    "DCGAN, z for the global batch": ("DCGANGlobalNoise", "Images", {},
+                                      {"strategy": "ddp_find_unused_parameters_true"}),
     "GPT-2": ("GPT2", "Text", {}, {}),
     "GPT-2, global token mean, no attention dropout": ("GPT2Fixed", "Text", {"pad_to_multiple_of": 32}, {}),
     "GPT-2, as above, padded per batch": ("GPT2Fixed", "Text", {}, {}),

@@ -67,7 +67,8 @@ def main(argv=None) -> dict:
     result = {"torch": torch.__version__.split("+")[0], "backend": "gloo", "world_size": WORLD,
               **{layout: max(e[layout] for e in per_rank) for layout in ("contiguous", "transposed")}}
     print(f"| the gradient reaching all_gather | largest error of the rows' gradient, relative (torch "
-          f"{result['torch']}, gloo, {WORLD} ranks) |\n|---|---:|\n| contiguous (G read as it is) | {result['contiguous']:.3g} |\n"
+          f"{result['torch']}, gloo, {WORLD} ranks) |\n|---|---:|\n"
+          f"| contiguous (G read as it is) | {result['contiguous']:.3g} |\n"
           f"| not contiguous (G read through a transpose, flattened) | {result['transposed']:.3g} |")
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

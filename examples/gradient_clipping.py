@@ -182,7 +182,8 @@ def main(argv=None) -> dict:
         print("| run | clip by | update's norm | vs one device |")
         print("|---|---|---|---|")
         for algorithm in CLIP:
-            print(f"| one device: `gradient_clip_val` | {algorithm} | {result['one_device_update_norm'][algorithm]:.3g} | |")
+            one_norm = result["one_device_update_norm"][algorithm]
+            print(f"| one device: `gradient_clip_val` | {algorithm} | {one_norm:.3g} | |")
             for key, label, _, _ in (c for c in CASES if c[2] == algorithm):
                 r = result[key]
                 print(f"| {label} | {algorithm} | {r['update_norm']:.3g} | {sci(r['update_rel_diff'])} |")

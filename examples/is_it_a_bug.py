@@ -113,8 +113,8 @@ def accounted(rs: dict, seeds: dict) -> bool:
 
 
 def headline(rs: dict, seeds: dict) -> str:
-    """The first sentence: expected behaviour or not (``answer.HEADLINE``), and which defaults change what DDP trains, with
-    their one-step sizes."""
+    """The first sentence: expected behaviour or not (``answer.HEADLINE``), and which defaults change what
+    DDP trains, with their one-step sizes."""
     cls = classes(rs)
     trains = [k for k, c in cls.items() if c == "trains"]
     unresolved = [k for k, c in cls.items() if c == "unresolved"]

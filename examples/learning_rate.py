@@ -114,7 +114,8 @@ def main(argv=None) -> dict:
     world = 2
     # one-device references first (on every rank, before the process group exists), then DDP
     one = {ref: train(1, *ref, seed=args.seed) for ref in dict.fromkeys(c[4] for c in CASES)}
-    ddp = {run: train(world, run[0] * world, run[1], run[2], seed=args.seed) for run in dict.fromkeys(c[2] for c in CASES)}
+    ddp = {run: train(world, run[0] * world, run[1], run[2], seed=args.seed)
+           for run in dict.fromkeys(c[2] for c in CASES)}
     result = {"world_size": world, "samples": SAMPLES, "epochs": EPOCHS, "dtype": "float64"}
     for key, label, run, ref_label, ref in CASES:
         a, b = ddp[run], one[ref]

@@ -119,7 +119,8 @@ def check(steps: int, seed: int, permutations: int, out: Path, world_sizes: tupl
     float32, every step started from one device's weights: the table. The tensors the runs saved
     are deleted once compared (``recipe.json`` keeps the numbers)."""
     from vae_ddp.probes import per_step_differences
-    from vae_ddp.studies.equivalence import FLOOR_FACTOR, verdict
+    from vae_ddp.harness.permutation import FLOOR_FACTOR
+    from vae_ddp.studies.equivalence import verdict
     from vae_ddp.outputs import drop_tensors
 
     result = {"method": "teacher-forced", "floor_factor": FLOOR_FACTOR, "steps": steps, "permutations": permutations,
@@ -171,7 +172,8 @@ def main(argv=None):
     p.add_argument("--world-sizes", type=int, nargs="+", default=[2, 3, 4], help="DDP world sizes to check")
     p.add_argument("--changes", action="store_true", help="print the table of changes")
     p.add_argument("--permutations", type=int, default=4, help="permuted one-device runs for the floor")
-    p.add_argument("--ddp", type=int, default=None, metavar="N", help="(internal) the DDP runs of --check, on N processes")
+    p.add_argument("--ddp", type=int, default=None, metavar="N",
+                   help="(internal) the DDP runs of --check, on N processes")
     p.add_argument("--save", type=Path, default=None, help="(internal) the folder of --check's runs")
     p.add_argument("--out", type=Path, default=Path("out/recipe"))
     args = p.parse_args(argv)

@@ -66,7 +66,8 @@ class Classifier(pl.LightningModule):
 
 def dataset(n: int, seed: int) -> TensorDataset:
     g = torch.Generator().manual_seed(seed)
-    return TensorDataset(torch.randn(n, FEATURES, generator=g, dtype=torch.float64), torch.randint(0, CLASSES, (n,), generator=g))
+    return TensorDataset(torch.randn(n, FEATURES, generator=g, dtype=torch.float64),
+                         torch.randint(0, CLASSES, (n,), generator=g))
 
 
 CASES = {

@@ -45,7 +45,8 @@ def test_each_fix_is_a_switch_and_exact_turns_all_on(monkeypatch, tmp_path):
     for f in registry.switches():
         assert flag(f.field) in help_text
     seen = {}
-    monkeypatch.setattr(seeds, "seed_study", functools.wraps(seeds.seed_study)(lambda **kw: seen.update(base=kw["base"])))
+    monkeypatch.setattr(seeds, "seed_study",
+                        functools.wraps(seeds.seed_study)(lambda **kw: seen.update(base=kw["base"])))
     assert main(["seeds", "--exact", "true", "--out", str(tmp_path / "o")]) == 0
     for f in registry.switches():
         assert getattr(seen["base"], f.field) == f.fixed
@@ -138,7 +139,8 @@ def test_the_help_lists_every_subcommand_without_torch():
 
     assert build_parser(flags=False).format_help() == build_parser().format_help()
     code = ("import sys; from vae_ddp.cli import main; rc = main(['-h']); "
-            "print(rc, sorted(m for m in ('torch', 'pytorch_lightning', 'vae_ddp.studies.compare') if m in sys.modules))")
+            "print(rc, sorted(m for m in ('torch', 'pytorch_lightning', 'vae_ddp.studies.compare') "
+            "if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.splitlines()[-1] == "0 []", proc.stdout[-2000:] + proc.stderr[-2000:]
     assert all(f"    {name} " in proc.stdout for name in COMMANDS), proc.stdout

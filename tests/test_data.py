@@ -27,7 +27,8 @@ def test_an_image_changed_after_a_run_is_checked_again(tmp_path, capsys, monkeyp
     check_data("imagefolder", str(tmp_path / "imgs"))
     changed = tmp_path / "imgs" / "dog" / "1.png"
     changed.write_bytes(os.urandom(300))
-    code = main(["compare", "--data", "imagefolder", "--data_dir", str(tmp_path / "imgs"), "--out", str(tmp_path / "o")])
+    code = main(["compare", "--data", "imagefolder", "--data_dir", str(tmp_path / "imgs"),
+                 "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err
     assert code == 2 and f"cannot read image {changed}" in err, err
     assert len(list((tmp_path / "cache").glob("imagefolder-*.pt"))) == 1  # the first check's, not a second

@@ -377,7 +377,8 @@ def _links_to_whole_script(rel: str, text: str, block: dict, path: str, read) ->
     """Whether a link within LINK_WINDOW lines of the block leads to the include of the
     whole ``path``: on this page (``#anchor``) or another (``page.md`` or ``page.md#anchor``)."""
     lines = text.splitlines()
-    near = lines[max(0, block["line"] - 1 - LINK_WINDOW):block["line"] - 1] + lines[block["end"]:block["end"] + LINK_WINDOW]
+    near = (lines[max(0, block["line"] - 1 - LINK_WINDOW):block["line"] - 1]
+            + lines[block["end"]:block["end"] + LINK_WINDOW])
     for m in LINK.finditer(" ".join(near)):
         target, _, anchor = m["href"].partition("#")
         if "://" in target or target.startswith("mailto:"):
@@ -653,8 +654,10 @@ _CODE_BLOCKS = """() => {
     return [...document.querySelectorAll('article pre')].filter(e => e.offsetParent !== null).map(e => {
         const box = e.querySelector('code') || e;
         const r = box.getBoundingClientRect();
-        return {wide: box.scrollWidth > box.clientWidth + 1, scrolls: ['auto', 'scroll'].includes(getComputedStyle(box).overflowX),
-                inside: r.left >= -1 && r.right <= window.innerWidth + 1, first: e.textContent.trim().split('\\n')[0].slice(0, 60)};
+        return {wide: box.scrollWidth > box.clientWidth + 1,
+                scrolls: ['auto', 'scroll'].includes(getComputedStyle(box).overflowX),
+                inside: r.left >= -1 && r.right <= window.innerWidth + 1,
+                first: e.textContent.trim().split('\\n')[0].slice(0, 60)};
     }).concat([{page: document.documentElement.scrollWidth}]);
 }"""
 
@@ -692,7 +695,8 @@ def rendered(site, server, browser) -> dict:
                 page.wait_for_load_state("networkidle")
                 seen[name][path] = {
                     "images": page.eval_on_selector_all(
-                        "img", "els => els.map(e => ({src: e.getAttribute('src'), ok: e.complete && e.naturalWidth > 0}))"),
+                        "img",
+                        "els => els.map(e => ({src: e.getAttribute('src'), ok: e.complete && e.naturalWidth > 0}))"),
                     "width": page.evaluate("document.documentElement.scrollWidth"),
                     "tables": page.eval_on_selector_all("article table", _PHONE_TABLES),
                     "first_screen": page.evaluate(_FIRST_SCREEN),
@@ -746,7 +750,8 @@ def test_verdict_fits_a_phone(server, browser):
     wrap = page.locator("article .verdict-table .md-typeset__scrollwrap").first
     sizes = wrap.evaluate("e => { const t = e.querySelector('.md-typeset__table') || e; "
                           "return [t.scrollWidth, e.clientWidth, e.innerText]; }")
-    assert "whole trainings" in sizes[2] and sizes[0] <= sizes[1] + 1, f"the verdict table is {sizes[0]} px in {sizes[1]} px"
+    assert "whole trainings" in sizes[2] and sizes[0] <= sizes[1] + 1, \
+        f"the verdict table is {sizes[0]} px in {sizes[1]} px"
     bb = box.bounding_box()  # the box within the first two phone screens
     assert bb["y"] + bb["height"] <= 2 * 844, f"the first screen's box ends at {bb['y'] + bb['height']} px"
     page.close()
@@ -940,7 +945,8 @@ def test_factor_pages_show_the_number_home_ranks_them_by(site):
             words = effect_cell(effects[f.key]["gradient"])
             assert words in text, (f.key, words)
             # the factor table's row: the factor's page link, then the same words
-            row = next(_page_text(r) for r in rows if re.search(rf'<td><a href="[^"]*{f.key}/">{re.escape(f.name)}</a></td>', r))
+            row = next(_page_text(r) for r in rows
+                       if re.search(rf'<td><a href="[^"]*{f.key}/">{re.escape(f.name)}</a></td>', r))
             assert words in row, (f.key, row)
         elif f.key not in effects:
             assert "this factor has no row" in text, f.key
@@ -1054,7 +1060,8 @@ def test_code_blocks_scroll_inside_their_block_on_a_phone(rendered, path):
     scroll sideways."""
     *blocks, page = rendered["phone"][path]["code"]
     assert any(b["wide"] for b in blocks), f"{path}: no code block wider than the screen, nothing checked"
-    problems = [f"{path}: code block '{b['first']}' " + ("runs off the screen" if not b["inside"] else "does not scroll")
+    problems = [f"{path}: code block '{b['first']}' "
+                + ("runs off the screen" if not b["inside"] else "does not scroll")
                 for b in blocks if not b["inside"] or (b["wide"] and not b["scrolls"])]
     if page["page"] > _PHONE["width"] + 1:
         problems.append(f"{path}: the page is {page['page']} px wide with its collapsed blocks open")

@@ -49,7 +49,8 @@ def test_cells_and_verdicts_follow_the_audit_rules(gallery):
     assert gallery.verdict(a) == "1 not judged"
     assert gallery.verdict(dict(a, deterministic=True)) == "1 your code"
     assert gallery.verdict(dict(a, deterministic=True, unexplained=True)) == "1 unexplained"
-    assert gallery.verdict(dict(a, exit_code=0)) == "0 passed" and gallery.verdict(dict(a, exit_code=3)) == "3 run failed"
+    assert gallery.verdict(dict(a, exit_code=0)) == "0 passed"
+    assert gallery.verdict(dict(a, exit_code=3)) == "3 run failed"
     assert gallery.fixes({"fix": "Trainer(plugins=[vae_ddp.fixes.GlobalSyncBatchNorm()]); vae_ddp.fixes.X"}) == [
         "GlobalSyncBatchNorm", "X"]
 

@@ -70,7 +70,8 @@ def beats_in(directory: Path) -> int:
     (Linux inotify): the heartbeat files of a guard, so a test wakes at each rank's progress."""
     libc = ctypes.CDLL(None, use_errno=True)
     fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
-    if fd < 0 or libc.inotify_add_watch(fd, os.fsencode(directory), 0x100 | 0x004 | 0x002) < 0:  # CREATE, ATTRIB, MODIFY
+    # CREATE, ATTRIB, MODIFY
+    if fd < 0 or libc.inotify_add_watch(fd, os.fsencode(directory), 0x100 | 0x004 | 0x002) < 0:
         raise OSError(ctypes.get_errno(), "inotify")
     return fd
 
@@ -149,7 +150,8 @@ def test_a_forked_command_is_a_script_or_a_module(cmd):
 def test_nothing_outlives_a_command_that_exits(tmp_path):
     """A command that leaves a process behind (a stray rank, a worker) has it ended."""
     marker = f"stray-{unique()}"
-    code = f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', 'import signal; signal.pause()', {marker!r}])"
+    code = ("import subprocess, sys; "
+            f"subprocess.Popen([sys.executable, '-c', 'import signal; signal.pause()', {marker!r}])")
     proc = guard.run([sys.executable, "-c", code], timeout=60, grace=2)
     assert proc.returncode == 0
     assert not alive(marker)
@@ -313,7 +315,8 @@ def test_a_launch_passes_its_spec_in_a_file_not_on_the_command_line(tmp_path):
     job = Job({"single": [RunSpec(config="single", steps=1).validate()]})
     child = [sys.executable, "-c", "import json, pathlib, sys\n"
              "out = pathlib.Path(sys.argv[2])\n"
-             "(out / 'run.json').write_text(json.dumps({'argv': sys.argv[1:], 'job': json.loads(pathlib.Path(sys.argv[1]).read_text())}))"]
+             "(out / 'run.json').write_text(json.dumps({'argv': sys.argv[1:], "
+             "'job': json.loads(pathlib.Path(sys.argv[1]).read_text())}))"]
     got = launch(job, tmp_path / "run", quiet=True, entry=child)
     assert got["argv"] == [str(tmp_path / "run" / "job.json"), str(tmp_path / "run")]
     assert got["job"] == json.loads(job.to_json())
@@ -445,7 +448,8 @@ def test_a_guard_inside_a_guard_passes_the_heartbeat_on(tmp_path):
     beats.write_text("import sys\nfrom vae_ddp.guard import beat\nfor _ in open(sys.argv[1]):\n    beat()\n")
     outer = tmp_path / "outer.py"
     outer.write_text("import sys\nfrom vae_ddp import guard\n"
-                     f"sys.exit(guard.run([sys.executable, {str(beats)!r}, {str(go)!r}], stall={stall}, startup=60).returncode)\n")
+                     f"sys.exit(guard.run([sys.executable, {str(beats)!r}, {str(go)!r}], stall={stall}, "
+                     "startup=60).returncode)\n")
     seen = tmp_path / "seen"  # the outermost guard passes its beats on here, as to a guard above it
     seen.mkdir()
     events = beats_in(seen)

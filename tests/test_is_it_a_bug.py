@@ -74,7 +74,8 @@ SEEDS = _seeds({"train_kl": "inconclusive", "val_kl": "inconclusive",
 
 def test_a_default_that_trains_another_model_is_named_in_the_first_sentence(bug):
     head = bug.headline(RS, SEEDS)
-    assert head.startswith("**Expected behaviour, not a bug in DDP: one of Lightning's defaults changes what DDP trains**"), head
+    assert head.startswith("**Expected behaviour, not a bug in DDP: "
+                           "one of Lightning's defaults changes what DDP trains**"), head
     assert "at the report's scale (one step of the ResNet-18 VAE, 256 = 2 x 128)" in head
     assert ("[Random streams per rank](factors/noise.md) (every rank draws the same reparameterization noise: "
             "gradient noise 3.1x, KL bias 0.42 sd)") in head, head

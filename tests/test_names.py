@@ -1,5 +1,6 @@
 """One name per factor: the registry's ``name`` is the factor page's title, its entry in the
-site's nav (which tools/site_hooks.py writes from the registry) and the name in the tables that list the factors (Home's, the recipe's)."""
+site's nav (which tools/site_hooks.py writes from the registry) and the name in the tables that list the
+factors (Home's, the recipe's)."""
 
 import ast
 import re

@@ -2,8 +2,8 @@
 
 The registry entry ``recipe`` runs ``examples/recipe_check.py --check``: one device, four
 one-device runs with the samples of each batch permuted (the floor), and DDP at world sizes 2
-and 3 (2, 3 and 4 in the full run; gloo, one launch each) with the ``train`` of ``examples/recipe.py`` (the script Home and the
-recipe page show whole) and with vae_ddp's helpers, in float64 and float32, every step started
+and 3 (2, 3 and 4 in the full run; gloo, one launch each) with the ``train`` of ``examples/recipe.py``
+(the script Home and the recipe page show whole) and with vae_ddp's helpers, in float64 and float32, every step started
 from one device's weights. The site shows that same execution.
 """
 
@@ -13,7 +13,8 @@ import sys
 
 import pytest
 
-from vae_ddp.studies.equivalence import FLOOR_FACTOR, verdict
+from vae_ddp.harness.permutation import FLOOR_FACTOR
+from vae_ddp.studies.equivalence import verdict
 from helpers import ROOT, load_script
 
 

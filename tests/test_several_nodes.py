@@ -10,7 +10,8 @@ from helpers import ROOT
 TORCHRUN = shutil.which("torchrun") or str(Path(sys.executable).with_name("torchrun"))
 
 
-@pytest.mark.skipif(not Path(TORCHRUN).exists(), reason="torchrun is not installed next to this Python (torch's launcher)")
+@pytest.mark.skipif(not Path(TORCHRUN).exists(),
+                    reason="torchrun is not installed next to this Python (torch's launcher)")
 def test_two_nodes_reach_the_one_node_floor(generated):
     """float64, every fix on: 2 nodes x 1 device equals 1 node x 2 devices bit for bit (same
     world size, same per-device batches, same reduction order), and 2 nodes x 2 devices is as

@@ -15,8 +15,9 @@ from vae_ddp.harness.launch import Job, launch
 from helpers import ROOT
 
 #: the registry's studies that launch through vae_ddp.harness.launch (1, 2 and 4 processes): their JSON
-STUDIES = {"equivalence": "equivalence.json", "equivalence32": "equivalence.json", "equivalence32sgd": "equivalence.json",
-           "ablation": "ablation.json", "seeds": "seeds.json", "demo": "results.json", "report_scale": "report_scale.json"}
+STUDIES = {"equivalence": "equivalence.json", "equivalence32": "equivalence.json",
+           "equivalence32sgd": "equivalence.json", "ablation": "ablation.json", "seeds": "seeds.json",
+           "demo": "results.json", "report_scale": "report_scale.json"}
 
 
 def _clean(stderr: str) -> None:

@@ -208,8 +208,6 @@ def trainer_facts() -> dict:
 
 
 def _corr(a, b) -> float:
-    import torch
-
     a, b = a.flatten().double(), b.flatten().double()
     a, b = a - a.mean(), b - b.mean()
     return float((a @ b) / (a.norm() * b.norm()))

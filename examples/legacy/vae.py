@@ -53,7 +53,7 @@ import sys
 from argparse import ArgumentParser
 
 import pytorch_lightning as pl
-import torch
+import torch  # noqa: F401  (bolts' module imports it; the script keeps bolts' imports)
 from pl_bolts.models.autoencoders import VAE
 from torch.nn import functional as F  # noqa: N812
 

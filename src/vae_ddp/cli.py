@@ -54,7 +54,8 @@ def _flags(p, name: str, defaults: dict, hide: tuple, spec_cls: Optional[type]):
         if "seed" not in hide:
             p.add_argument("--seed", type=int, default=0, help="the run's seed (seed_everything)")
         if "exact" not in params and "switches" not in hide:
-            p.add_argument("--exact", type=bool, default=False, help="turn every fix on, over the fix switches (RunSpec.exact())")
+            p.add_argument("--exact", type=bool, default=False,
+                           help="turn every fix on, over the fix switches (RunSpec.exact())")
     p.add_function_arguments(function, nested_key=None, skip={"base", "out_dir"}, as_group=False)
     p.add_argument("--out", type=NotEmptyStr, default=f"runs/{name}", help="output folder")
     p.set_defaults(**defaults)

@@ -95,7 +95,8 @@ class _InMemoryDataModule(LightningDataModule):
         if sampler not in SAMPLERS:
             raise ValueError(f"unknown sampler {sampler!r}: use one of {', '.join(SAMPLERS)}")
         if batch_size is not None and global_batch_size is not None:
-            raise ValueError(f"batch_size={batch_size} (per device) and global_batch_size={global_batch_size}: give one")
+            raise ValueError(f"batch_size={batch_size} (per device) and global_batch_size={global_batch_size}: "
+                             "give one")
         self.batch_size = 32 if batch_size is None and global_batch_size is None else batch_size
         self.global_batch_size, self.val_split, self.seed = global_batch_size, val_split, seed
         self.num_workers, self.normalize, self.shuffle, self.drop_last = num_workers, normalize, shuffle, drop_last
@@ -136,8 +137,8 @@ class _InMemoryDataModule(LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         """Batches of ``per_device_batch_size``. With ``sampler="global"`` the loader uses
-        [`GlobalBatchDistributedSampler`][vae_ddp.fixes.sampler.GlobalBatchDistributedSampler] over the trainer's world size,
-        seeded with ``sampler_seed`` or, if that is None, with ``seed_everything``'s seed
+        [`GlobalBatchDistributedSampler`][vae_ddp.fixes.sampler.GlobalBatchDistributedSampler] over the
+        trainer's world size, seeded with ``sampler_seed`` or, if that is None, with ``seed_everything``'s seed
         (``PL_GLOBAL_SEED``), as Lightning's own ``DistributedSampler`` is."""
         if self.sampler == "global":
             (world, rank), b = self._world(), self.per_device_batch_size

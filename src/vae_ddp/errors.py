@@ -134,7 +134,8 @@ def one_line(text: str) -> str:
     lit = re.search(r"(--[\w.]+):.*?Expected a typing\.Literal\[(.*?)\]\. Got value: (.*?)(?: - |$)", text)
     if lit:
         return f"unknown {lit[1]} {lit[3]!r}: use one of {', '.join(ast.literal_eval(f'({lit[2]},)'))}"
-    typed = re.match(r"(--[\w.]+): (?:Does not validate against any of the Union subtypes.*Given value: |.*Got value: )(.*)$", text)
+    typed = re.match(r"(--[\w.]+): (?:Does not validate against any of the Union subtypes.*Given value: "
+                     r"|.*Got value: )(.*)$", text)
     if typed:  # a value that is not of the flag's type (of none of an Optional's types)
         kinds = re.findall(r"Expected a <class '(\w+)'>", text)
         text = f"{typed[1]}: expected {' or '.join(k.replace('NoneType', 'null') for k in kinds)}, got {typed[2]!r}"

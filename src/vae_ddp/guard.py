@@ -123,7 +123,8 @@ def run_all(cmds: Sequence[Sequence[str]], timeout: Optional[float] = None, stal
             module = args[1:2] == ["-m"]
             if args[0] != sys.executable or len(args) < 2 + module or args[1].startswith("-") and not module:
                 raise ValueError(f"fork=True runs [sys.executable, SCRIPT or '-m', MODULE, *args], got {args}")
-        if any(isinstance(t, int) and t < 0 and t != subprocess.DEVNULL for t in (popen.get("stdout"), popen.get("stderr"))):
+        if any(isinstance(t, int) and t < 0 and t != subprocess.DEVNULL
+               for t in (popen.get("stdout"), popen.get("stderr"))):
             raise ValueError("fork=True takes stdout and stderr None, DEVNULL, a descriptor or a file")
     files = [(tempfile.TemporaryFile(), tempfile.TemporaryFile()) if capture else (None, None) for _ in cmds]
     procs: list = []
@@ -548,7 +549,8 @@ class _Guard:
                 why = f"{cmd} timed out after {self.timeout:g} s" if timed_out else \
                     f"a process was stopped for {self.stall:g} s in {cmd}" if stopped else \
                     f"no process made progress for {self.stall:g} s in {cmd}"
-                sys.stderr.write(f"vae-ddp guard: {why}; {where} (every rank's stacks above; all its processes ended)\n")
+                sys.stderr.write(f"vae-ddp guard: {why}; {where} "
+                                 "(every rank's stacks above; all its processes ended)\n")
                 return TIMED_OUT if timed_out else STALLED
             time.sleep(_POLL_S)
 

@@ -290,7 +290,8 @@ class VAE(LightningModule):
 
     Attributes:
         noise: callable ``mu -> eps`` with ``eps`` of ``mu``'s shape and dtype used by the
-            reparameterization trick during training. Default: [`standard_normal_noise`][vae_ddp.model.standard_normal_noise].
+            reparameterization trick during training. Default:
+            [`standard_normal_noise`][vae_ddp.model.standard_normal_noise].
             The fixes in [`vae_ddp.fixes.noise`][vae_ddp.fixes.noise] replace it.
         last_logs: detached ``{"recon_loss", "kl", "loss"}`` of the last training step and
             ``"batch_size"``, for callbacks that record global-batch values.

@@ -29,8 +29,8 @@ from typing import Iterator, Optional
 
 from vae_ddp.errors import RunFailed, UserError
 
-__all__ = ["replacing", "write_atomic", "drop_tensors", "own_folder", "result_set", "clean_stale", "OutOfSpace", "NoSpaceForRun", "check_space",
-           "no_space", "megabytes"]
+__all__ = ["replacing", "write_atomic", "drop_tensors", "own_folder", "result_set", "clean_stale", "OutOfSpace",
+           "NoSpaceForRun", "check_space", "no_space", "megabytes"]
 
 _TMP = ".vae-ddp-tmp"
 _NEW, _OLD = "vae-ddp-new", "vae-ddp-old"

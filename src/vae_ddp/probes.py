@@ -199,7 +199,8 @@ class StepProbe(Callback):
         self._start_buffers = _flat(b for _, b in pl_module.named_buffers() if b.is_floating_point())
 
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer) -> None:
-        grads = [p.grad.detach().reshape(-1).double().cpu() for _, p in pl_module.named_parameters() if p.grad is not None]
+        grads = [p.grad.detach().reshape(-1).double().cpu()
+                 for _, p in pl_module.named_parameters() if p.grad is not None]
         self.grads.append(torch.cat(grads) if grads else torch.zeros(0, dtype=torch.float64))
         if not bool(torch.isfinite(self.grads[-1]).all()):
             run = f"run '{self.label}': " if self.label else ""
@@ -236,9 +237,10 @@ class StepProbe(Callback):
 
     def record(self) -> dict:
         """What the audit compares, as one picklable dict (``torch.save``)."""
-        return {k: getattr(self, k) for k in ("grads", "buffers", "grad_batches", "epochs", "lrs", "updates", "buffer_updates",
-                                              "norms", "ranks_apart", "ranks_apart_names", "param_names", "buffer_names",
-                                              "buffers_apart", "int_buffers", "int_buffer_names")}
+        return {k: getattr(self, k) for k in ("grads", "buffers", "grad_batches", "epochs", "lrs", "updates",
+                                              "buffer_updates", "norms", "ranks_apart", "ranks_apart_names",
+                                              "param_names", "buffer_names", "buffers_apart", "int_buffers",
+                                              "int_buffer_names")}
 
 
 _SKETCHES: dict[tuple[int, int], tuple[Tensor, Tensor]] = {}

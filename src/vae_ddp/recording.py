@@ -24,7 +24,8 @@ METRICS = ("recon_loss", "kl", "loss")
 
 
 @torch.no_grad()
-def evaluate(module: LightningModule, loader: DataLoader, seed: int = 1234, batch_stats: bool = False) -> dict[str, float]:
+def evaluate(module: LightningModule, loader: DataLoader, seed: int = 1234,
+             batch_stats: bool = False) -> dict[str, float]:
     """Mean ``recon_loss``, ``kl`` and ``loss`` of ``module`` over all of ``loader``, in eval
     mode (BatchNorm running statistics), with reparameterization noise from a private
     generator seeded with ``seed`` (the same noise for every configuration), weighted by

@@ -158,7 +158,8 @@ def test_parameters_are_judged_apart_from_buffers_after_the_free_steps():
 def test_differing_buffers_are_worded_with_the_fix_that_fits_them():
     after = "after step 0"
     queue = whole_step.explain_buffers({"ratio": 2e15, "names": [{"name": "queue", "max_abs_diff": 1.1}], "detail": {
-        "order": ["queue"], "integers": [["ptr", 8, 16]], "ranks": [["queue", 0.86, 1.0]], "gradient_ratio": 0.6}}, after)
+        "order": ["queue"], "integers": [["ptr", 8, 16]], "ranks": [["queue", 0.86, 1.0]],
+        "gradient_ratio": 0.6}}, after)
     assert "integer buffers differ (compared exactly): ptr 8 under DDP vs 16 on one device" in queue["evidence"]
     assert "the ranks' buffers differ after the step: queue (0.86)" in queue["evidence"]
     assert "queue depends on the order of the batch's rows" in queue["evidence"]

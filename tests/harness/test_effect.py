@@ -1,4 +1,5 @@
-"""The decomposition of DDP's step against one device's (vae_ddp.harness.effect) on synthetic steps of known bias and noise.
+"""The decomposition of DDP's step against one device's (vae_ddp.harness.effect) on synthetic steps of known
+bias and noise.
 
 A global batch of ``B = 16`` per-sample "gradients" (vectors of ``P = 20`` numbers, anisotropic, one
 data set per point of training) plus a per-sample draw (a dropout-like noise vector); one device's
@@ -101,7 +102,8 @@ def test_the_false_alarm_rates_of_one_normal_number():
         e = decompose(rng.normal(size=16), rng.normal(size=16))
         bias += e["bias_ci"][0] > 0
         ratio += not (e["variance_ratio_ci"][0] <= 1 <= e["variance_ratio_ci"][1])
-    assert bias <= 400 * (0.025 + 3 * math.sqrt(0.025 * 0.975 / 400)) and ratio <= 400 * (0.05 + 3 * math.sqrt(0.05 * 0.95 / 400))
+    assert bias <= 400 * (0.025 + 3 * math.sqrt(0.025 * 0.975 / 400))
+    assert ratio <= 400 * (0.05 + 3 * math.sqrt(0.05 * 0.95 / 400))
     assert bias >= 2 and ratio >= 8  # and not an interval that never excludes anything
 
 
@@ -123,7 +125,8 @@ def test_the_wording_rules(exact, bias_ci, ratio_ci, kind):
 def test_describe_and_the_table_words():
     assert describe(None) == "" and describe({"kind": "exact"}) == "exact"
     assert describe({"kind": "inconclusive"}) == "unresolved"
-    both = {"kind": "different", "bias": 0.8, "bias_ci": [0.5, 1.1], "variance_ratio": 1.9, "variance_ratio_ci": [1.2, 3.0]}
+    both = {"kind": "different", "bias": 0.8, "bias_ci": [0.5, 1.1], "variance_ratio": 1.9,
+            "variance_ratio_ci": [1.2, 3.0]}
     assert describe(both) == "trains: bias 0.8 sd, noise 1.9x"
     assert CHANGES_TRAINING == "changes what DDP trains" and CHANGES_LUCK == "changes only which samples or draws"
 
@@ -194,7 +197,8 @@ def test_a_sketch_keeps_what_the_decomposition_reads():
     a, b = torch.from_numpy(rng.normal(size=50_000)), torch.from_numpy(rng.normal(size=50_000))
     sa, sb = count_sketch(a, 4096), count_sketch(b, 4096)
     assert sa.shape == (4096,) and torch.allclose(count_sketch(a - 2 * b, 4096), sa - 2 * sb)
-    assert float(sa.norm() / a.norm()) == pytest.approx(1, abs=0.05) and torch.equal(count_sketch(a[:100], 4096), a[:100])
+    assert float(sa.norm() / a.norm()) == pytest.approx(1, abs=0.05)
+    assert torch.equal(count_sketch(a[:100], 4096), a[:100])
     spread = np.repeat(rng.normal(size=(1, 40)), 50_000 // 40, axis=1).ravel()  # 40 blocks of equal coordinates
     for kind, expected in (("offset", "different"), ("permutation", "same distribution"), ("identical", "exact")):
         x, y, g = steps(kind, 0)

@@ -83,7 +83,8 @@ def test_only_this_projects_runners_are_forked_never_the_audits(monkeypatch):
 
     monkeypatch.setattr(guard, "can_fork", lambda: True)  # one thread, as a results entry runs
     spec = _spec()
-    runners = [[sys.executable, "-m", m, "job.json", "out"] for m in ("vae_ddp.harness.runner", "vae_ddp.studies.report_scale")]
+    runners = [[sys.executable, "-m", m, "job.json", "out"]
+               for m in ("vae_ddp.harness.runner", "vae_ddp.studies.report_scale")]
     assert all(_forkable(cmd, spec) for cmd in runners)
     assert not _forkable([sys.executable, "-m", "vae_ddp.audit.run", "job.json", "out"], spec)
     monkeypatch.setenv("VAE_DDP_LAUNCH", "exec")

@@ -1,4 +1,5 @@
-"""Ground truth for the audit of steps that write state, measured with plain Lightning and torch.distributed (no vae_ddp).
+"""Ground truth for the audit of steps that write state, measured with plain Lightning and torch.distributed
+(no vae_ddp).
 
 Usage: python tests/scripts/stateful_truth.py OUT_JSON MODEL[:free] [...]
 

@@ -60,8 +60,8 @@ def test_equivalence_float64_within_the_one_device_floor(generated):
 @pytest.mark.parametrize("name, optimizer", [("equivalence32", "adam"), ("equivalence32sgd", "sgd")])
 def test_equivalence_float32_within_the_one_device_floor(generated, name, optimizer):
     r = generated(name, "equivalence.json")
-    # Before the GlobalBatchNorm and thread fixes, single steps were 1e-4 to 1e-3 relative, hundreds of times the floor: a
-    # ReLU input within float32 rounding of zero flipped sign where DDP's forward differed from one
+    # Before the GlobalBatchNorm and thread fixes, single steps were 1e-4 to 1e-3 relative, hundreds of times the
+    # floor: a ReLU input within float32 rounding of zero flipped sign where DDP's forward differed from one
     # device's in its last bits, which permuting the samples on one device never does. DDP's
     # forward is now bitwise one device's (GlobalBatchNorm rounds as torch's kernel; every process
     # has the same intra-op threads) wherever each device has 16 samples or more: then its
@@ -370,14 +370,16 @@ def test_launches_train_the_same_runs_in_a_sequence_forked_or_alone(tmp_path):
     script.write_text(FORKED_AND_EXECED)
     proc = run([sys.executable, str(script), str(tmp_path)], timeout=900, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert sorted(p.name for p in (tmp_path / "execed").iterdir()) == ["1-process", "2-processes", "job.json", "run.json", "stderr.log"]
+    assert sorted(p.name for p in (tmp_path / "execed").iterdir()) == [
+        "1-process", "2-processes", "job.json", "run.json", "stderr.log"]
 
     def run_of(folder: Path, tag: str) -> tuple[dict, dict]:
         found = json.loads((folder / tag / "run.json").read_text())["group"][0]["runs"][0]
         saved = torch.load(folder / tag / found["params"])
         return found, {f"{part}.{k}": t for part, d in saved.items() for k, t in d.items()}
 
-    pairs = [(run_of(tmp_path / "forked", tag), run_of(tmp_path / "execed", tag)) for tag in ("1-process", "2-processes")]
+    pairs = [(run_of(tmp_path / "forked", tag), run_of(tmp_path / "execed", tag))
+             for tag in ("1-process", "2-processes")]
     pairs.append((run_of(tmp_path / "execed", "2-processes"), run_of(tmp_path / "alone", "2-processes")))
     for (run_a, flat_a), (run_b, flat_b) in pairs:
         untimed = [[{k: v for k, v in r.items() if k != "time_s"} for r in run["records"]] for run in (run_a, run_b)]

@@ -1,8 +1,8 @@
 """``DDPAudit``: a passive check a user adds to their own DDP training.
 
 It looks at the start of training (again after the first training batch, for what
-``self.log`` registered, and at the end of the first validation epoch) for the factors that make DDP on N devices differ from one
-device with the same global batch, and warns on rank 0 with the fix and the page that
+``self.log`` registered, and at the end of the first validation epoch) for the factors that make
+DDP on N devices differ from one device with the same global batch, and warns on rank 0 with the fix and the page that
 explains it. It changes nothing in the run: its only random draw is made inside
 ``torch.random.fork_rng`` so every generator is left where it was.
 

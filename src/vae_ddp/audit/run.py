@@ -6,8 +6,8 @@ runs and its DDP runs, at the same time: see ``main``); the runs of a group are 
 after the other in the same processes (Lightning reuses the process group), which saves a
 launch per variant. On CPU the other ranks are forks of this process
 ([`vae_ddp.ranks`][vae_ddp.ranks]); on GPUs Lightning's launcher re-runs this command for them.
-Rank 0 writes, in its group's folder ``OUT_DIR/TAG/``, ``<label>.pt`` (the final floating-point parameters and buffers of each
-run), ``<label>.steps.pt`` (per-step gradients, for a run with a ``steps_file``) and
+Rank 0 writes, in its group's folder ``OUT_DIR/TAG/``, ``<label>.pt`` (the final floating-point
+parameters and buffers of each run), ``<label>.steps.pt`` (per-step gradients, for a run with a ``steps_file``) and
 ``run.json``: ``{label: {"findings": [...], "steps": int, "notes": [...]}}``, the
 findings being what [`DDPAudit`][vae_ddp.audit.callback.DDPAudit] saw. A teacher-forced run
 waits until the reference run (in the process beside it) has written its weights.

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-__all__ = ["AuditRun", "import_class", "resolve_class_arg", "failed_marker", "TRAINER_ARGS", "TRAINER_SET", "DDP_STRATEGIES"]
+__all__ = ["AuditRun", "import_class", "resolve_class_arg", "failed_marker", "TRAINER_ARGS", "TRAINER_SET",
+           "DDP_STRATEGIES"]
 
 DDP_STRATEGIES = ("ddp", "ddp_find_unused_parameters_true", "ddp_find_unused_parameters_false")
 """``--trainer.strategy`` values: Lightning's registered DDP strategies that launch by

@@ -54,7 +54,7 @@ from vae_ddp.fixes import noise, registry
 from vae_ddp.audit import exit_rule
 from vae_ddp.fixes.factor import AUDIT_OWN, audit_factor, page_url
 from vae_ddp.probes import per_step_differences
-from vae_ddp.studies.equivalence import FLOOR_FACTOR
+from vae_ddp.harness.permutation import FLOOR_FACTOR
 from vae_ddp.harness.launch import Job, RunFailed, launch
 from vae_ddp.harness.table import format_table
 from vae_ddp.outputs import drop_tensors, own_folder, result_set

@@ -45,7 +45,7 @@ from typing import Optional
 from torch import Tensor
 
 from vae_ddp.probes import relative_difference
-from vae_ddp.studies.equivalence import FLOOR_FACTOR
+from vae_ddp.harness.permutation import FLOOR_FACTOR
 
 __all__ = ["PARTS", "compare", "scaled_by_world_size", "valid_floor", "trajectory", "explain_buffers",
            "LR_TOLERANCE", "ROUNDING_EPS"]

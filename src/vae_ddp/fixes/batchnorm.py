@@ -311,7 +311,8 @@ class GlobalSyncBatchNorm(LayerSync):
 # --- the factor: its exposure check, what its fix adds, and what DDPAudit watches ----------------
 
 def _check(trainer, module, datamodule) -> Optional[str]:
-    bns = [m for m in module.modules() if isinstance(m, _BatchNorm) and not isinstance(m, (nn.SyncBatchNorm, GlobalBatchNorm))]
+    bns = [m for m in module.modules()
+           if isinstance(m, _BatchNorm) and not isinstance(m, (nn.SyncBatchNorm, GlobalBatchNorm))]
     if world(trainer) > 1 and bns and getattr(trainer.strategy, "_layer_sync", None) is None:
         return (f"{len(bns)} BatchNorm layers normalise over the per-device batch: Trainer(sync_batchnorm=True) "
                 f"on GPUs, plugins=[GlobalSyncBatchNorm()] on CPU")
@@ -337,7 +338,8 @@ def _audit_parts(run) -> FixParts:
 def _watch_layers(seen: Seen) -> list:
     """``train_start``: BatchNorm layers in training mode that normalise with per-rank statistics."""
     local = [n for n, m in seen.module.named_modules()
-             if isinstance(m, _BatchNorm) and type(m).__name__ not in ("SyncBatchNorm", "GlobalBatchNorm") and m.training]
+             if isinstance(m, _BatchNorm) and type(m).__name__ not in ("SyncBatchNorm", "GlobalBatchNorm")
+             and m.training]
     if not local:
         return []
     shown = ", ".join(local[:3]) + (f" and {len(local) - 3} more" if len(local) > 3 else "")

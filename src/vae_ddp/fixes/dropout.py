@@ -93,8 +93,8 @@ class GlobalBatchDropout(nn.Dropout):
         for parent in list(module.modules()):
             for name, child in list(parent.named_children()):
                 if isinstance(child, SWAPPABLE) and not isinstance(child, GlobalBatchDropout):
-                    new = cls(child.p, child.inplace, batch_dim=batch_dim, kind=type(child) if type(child) in _FUNCTIONAL
-                              else nn.Dropout)
+                    new = cls(child.p, child.inplace, batch_dim=batch_dim,
+                              kind=type(child) if type(child) in _FUNCTIONAL else nn.Dropout)
                     new.train(child.training)
                     setattr(parent, name, new)
                     swapped.append((parent, name, child))

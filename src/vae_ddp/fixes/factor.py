@@ -27,9 +27,10 @@ from typing import Any, Callable, Mapping, Optional
 import torch
 import torch.distributed as dist
 
-__all__ = ["Factor", "Switch", "Audit", "AUDIT_OWN", "audit_factor", "FixParts", "Finding", "CannotTell", "Seen", "HOOKS", "register", "unregister", "factors", "get",
-           "batch_tensors", "cast_batch", "chunk_batch", "loader_list", "samplers", "rng_states", "gather_ints", "gather_objects", "gather_digest",
-           "docs_url", "page_url"]
+__all__ = ["Factor", "Switch", "Audit", "AUDIT_OWN", "audit_factor", "FixParts", "Finding", "CannotTell", "Seen",
+           "HOOKS", "register", "unregister", "factors", "get",
+           "batch_tensors", "cast_batch", "chunk_batch", "loader_list", "samplers", "rng_states", "gather_ints",
+           "gather_objects", "gather_digest", "docs_url", "page_url"]
 
 
 @dataclass
@@ -252,7 +253,8 @@ AUDIT_OWN = {f.key: f for f in (
     Factor(key, name, page, changes="nothing: only the user's code changes it", check=lambda *run: None,
            audit=Audit(clean=clean)) for key, name, page, clean in (
         ("gradient_scale", "Loss scaled by ranks", "audit.md", "the gradient is not one device's times the world size"),
-        ("update", "Learning rate, update", "audit.md", "the same learning rate and update as one device at every step"),
+        ("update", "Learning rate, update", "audit.md",
+         "the same learning rate and update as one device at every step"),
         ("buffers", "Buffers after the step", "audit.md", "the same buffers as one device after every step"),
         ("parameters", "Parameters across ranks", "recipe.md",
          "the same parameters on every rank, at the start and after every step")))}

@@ -92,7 +92,8 @@ def _logged(metric: Any) -> list:
     """What a tensor metric of Lightning's ``_ResultMetric`` holds after a batch (its accumulated
     value, sample count and last step's value, Lightning 2.x), as floats: what rank 0 logs."""
     parts = [getattr(metric, name, None) for name in ("value", "cumulated_batch_size", "_forward_cache")]
-    return [torch.as_tensor(p).detach().double().cpu().reshape(-1).tolist() for p in parts if isinstance(p, torch.Tensor)]
+    return [torch.as_tensor(p).detach().double().cpu().reshape(-1).tolist()
+            for p in parts if isinstance(p, torch.Tensor)]
 
 
 def _watch_unsynced(seen: Seen) -> list:
@@ -105,7 +106,8 @@ def _watch_unsynced(seen: Seen) -> list:
     candidates = {m.meta.name: _logged(m) for m in results.values()
                   if getattr(m, "is_tensor", False) and not m.meta.sync.should}
     ranks = gather_objects(candidates)  # every rank calls it, whatever it logged
-    unsynced = sorted(name for name in candidates if len(ranks) < 2 or any(r.get(name) != candidates[name] for r in ranks))
+    unsynced = sorted(name for name in candidates
+                      if len(ranks) < 2 or any(r.get(name) != candidates[name] for r in ranks))
     if not unsynced:
         return []
     return [Finding("logging", f"{len(unsynced)} metric(s) logged without sync_dist ({', '.join(unsynced[:4])}): "

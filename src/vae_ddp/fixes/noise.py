@@ -117,7 +117,8 @@ def adaptive(optimizers: Iterable[Any]) -> list[str]:
     for opt in optimizers:
         opt = getattr(opt, "optimizer", opt)  # a LightningOptimizer wraps the user's
         state = getattr(opt, "state", {}) or {}
-        if isinstance(opt, ADAPTIVE) or any(k in s for s in state.values() if isinstance(s, dict) for k in ADAPTIVE_STATE):
+        if isinstance(opt, ADAPTIVE) or any(k in s for s in state.values() if isinstance(s, dict)
+                                            for k in ADAPTIVE_STATE):
             out.append(type(opt).__name__)
     return list(dict.fromkeys(out))
 
@@ -190,7 +191,8 @@ def _watch_draws(seen: Seen) -> list:
     if names:
         found.append(Finding(
             "optimizer", "shared noise across ranks raises the variance of the averaged gradient, which "
-            f"changes {', '.join(names)}'s per-parameter step sizes (its running second moments)", "the noise fix above"))
+            f"changes {', '.join(names)}'s per-parameter step sizes (its running second moments)",
+            "the noise fix above"))
     return found
 
 

@@ -2,9 +2,9 @@
 
 It has no fix of its own, and only an optimizer that scales each parameter's step by a running
 statistic of its gradient (Adam and its kin, RMSprop, Adagrad, Adadelta: ``ADAPTIVE``) is exposed;
-SGD, with or without momentum, steps along the all-reduced gradient itself. Adam divides each step by the square root of its running second
-moment of the gradient (Kingma and Ba, 2015); when every rank draws the same noise, the
-all-reduced gradient has a larger variance than one device's (the ranks' noise does not
+SGD, with or without momentum, steps along the all-reduced gradient itself. Adam divides each step by
+the square root of its running second moment of the gradient (Kingma and Ba, 2015); when every
+rank draws the same noise, the all-reduced gradient has a larger variance than one device's (the ranks' noise does not
 average out), so the second moments and the step sizes differ from one device's. Fixing the
 noise ([`vae_ddp.fixes.noise`][vae_ddp.fixes.noise]) removes it; ``DDPAudit`` reports it
 with the noise finding.
@@ -28,7 +28,8 @@ def _check(trainer, module, datamodule) -> Optional[str]:
         return None  # SGD: no per-parameter step sizes to change
     if noise.FACTOR.check(trainer, module, datamodule):
         what = ", ".join(names) if names else "an adaptive optimizer (Adam, RMSprop, Adagrad)"
-        return f"{what}'s per-parameter step sizes absorb the extra gradient variance of the shared noise: fix the noise"
+        return (f"{what}'s per-parameter step sizes absorb the extra gradient variance of the shared noise: "
+                "fix the noise")
     return None
 
 

@@ -47,7 +47,8 @@ from vae_ddp.fixes import _current, _env
 from vae_ddp.fixes.augmentation import set_augmentation_epoch
 from vae_ddp.fixes.dropout import SWAPPABLE, GlobalBatchDropout, GlobalBatchDropPath, drop_path_layers
 
-__all__ = ["GlobalBatchStream", "global_batch_draw", "current_stream", "GlobalBatchRandomness", "uncovered_random_layers"]
+__all__ = ["GlobalBatchStream", "global_batch_draw", "current_stream", "GlobalBatchRandomness",
+           "uncovered_random_layers"]
 
 #: multiplier of the base seed in the per-step seed ``seed * STEP_SEED_MULTIPLIER + step``
 STEP_SEED_MULTIPLIER = 1_000_003
@@ -247,7 +248,8 @@ class GlobalBatchRandomness(Callback):
         self._checked = False
         self._original_noise = pl_module.__dict__.get("noise", _MISSING)
         if self.dropout:
-            self._swapped = GlobalBatchDropout.swap(pl_module, batch_dim=self.batch_dim) + GlobalBatchDropPath.swap(pl_module)
+            self._swapped = (GlobalBatchDropout.swap(pl_module, batch_dim=self.batch_dim)
+                             + GlobalBatchDropPath.swap(pl_module))
         uncovered = uncovered_random_layers(pl_module, dropout_covered=self.dropout)
         if uncovered:
             rank_zero_warn(f"{self.fix_name} cannot serve the random draws of {', '.join(uncovered)}: they draw "

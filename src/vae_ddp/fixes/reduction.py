@@ -64,10 +64,10 @@ def global_item_mean(total: Tensor, count: Union[Tensor, int, float]) -> Tensor:
 
     Returns:
         ``total * N / global_count`` in ``total``'s dtype, where ``N`` is the world size (1
-        without a process group) and ``global_count`` is [`global_item_count`][vae_ddp.fixes.reduction.global_item_count]
-        of ``count``. DDP's gradient average of it is the gradient of the global mean
-        ``sum_r total_r / sum_r count_r``; its mean over ranks (``self.log(...,
-        sync_dist=True)``) is the global mean. On one rank alone it is *not* a mean (it is
+        without a process group) and ``global_count`` is
+        [`global_item_count`][vae_ddp.fixes.reduction.global_item_count] of ``count``. DDP's gradient
+        average of it is the gradient of the global mean ``sum_r total_r / sum_r count_r``; its mean
+        over ranks (``self.log(..., sync_dist=True)``) is the global mean. On one rank alone it is *not* a mean (it is
         ``N`` times the rank's share): log it with ``sync_dist=True``.
 
     Raises:
@@ -112,7 +112,8 @@ def _check(trainer, module, datamodule) -> Optional[str]:
         return None
     if getattr(datamodule, "dataset_train", None) is None and hasattr(datamodule, "setup"):
         datamodule.setup("fit")
-    size, b = len(datamodule.dataset_train), int(getattr(datamodule, "per_device_batch_size", None) or datamodule.batch_size)
+    size = len(datamodule.dataset_train)
+    b = int(getattr(datamodule, "per_device_batch_size", None) or datamodule.batch_size)
     if size % n:
         return (f"{size} training samples on {n} ranks: DistributedSampler pads with {n - size % n} repeated "
                 f"sample(s), counted twice in the mean")
@@ -282,8 +283,9 @@ def _before(model: Any, datamodule: Any, batches: list, n: int) -> list[Finding]
     drawn = [g for g, kind in found if kind == "random"]
     if drawn:  # the check cannot tell the reduction from the draws
         raise CannotTell("the one-process check of the loss reduction was skipped: the gradient of the same "
-                         f"batch, from the same weights and buffers, changes with torch's seed ({max(drawn):.3g} relative, in eval mode), so it cannot "
-                         "tell how the loss reduces the batch; the DDP runs compare it")
+                         f"batch, from the same weights and buffers, changes with torch's seed ({max(drawn):.3g} "
+                         "relative, in eval mode), so it cannot tell how the loss reduces the batch; "
+                         "the DDP runs compare it")
     if not found:
         return []
     gap = max(g for g, _ in found)

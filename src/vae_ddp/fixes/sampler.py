@@ -376,5 +376,6 @@ FACTOR = Factor(
     check=_check,
     switch=Switch("sampler", default="default", fixed="global", choices=("global",), parts=_parts,
                   off_label="sampler back to DistributedSampler"),
-    audit=Audit(mechanism="same distribution", parts=_audit_parts, watch={"train_start": _watch_loaders, "train_batch_start": _watch_shapes},
+    audit=Audit(mechanism="same distribution", parts=_audit_parts,
+                watch={"train_start": _watch_loaders, "train_batch_start": _watch_shapes},
                 clean="no shuffling DistributedSampler"))

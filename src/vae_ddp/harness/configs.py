@@ -143,6 +143,26 @@ class RunSpec:
         """Batch size given to each process's DataLoader."""
         return self.global_batch_size // self.world_size
 
+    def param_bytes(self) -> int:
+        """Bytes of the parameters of this run's model, counted on a model built on torch's ``meta``
+        device (no memory, milliseconds): what [`check_memory`][vae_ddp.harness.resources.check_memory]
+        counts per rank."""
+        from vae_ddp.model import VAE
+
+        with torch.device("meta"):
+            model = VAE(input_height=32, enc_type=self.model, latent_dim=self.latent_dim or 32)
+        return sum(p.numel() for p in model.parameters()) * (8 if self.dtype == "float64" else 4)
+
+    def saved_bytes(self) -> int:
+        """Bytes of the tensors this run writes at most ([`space_needed`][vae_ddp.harness.resources.space_needed]
+        adds its logs): per seed, with ``save_params`` its parameters with Adam's second moments
+        (2 x parameters), with ``steps_file`` its per-step gradients and weights (3 x parameters
+        x steps); 0 when it saves neither."""
+        if not (self.save_params or self.steps_file):
+            return 0
+        per_seed = (2 if self.save_params else 0) + (3 * self.steps if self.steps_file else 0)
+        return len(self.seeds) * self.param_bytes() * per_seed
+
     def exact(self) -> "RunSpec":
         """A copy with every fix on: each switch of the factor registry
         ([`vae_ddp.fixes.registry`][vae_ddp.fixes.registry]) at its ``fixed`` value (global-batch noise,
@@ -179,7 +199,8 @@ class RunSpec:
             raise UserError(f"--val_every must be 0 (never) or positive, got {self.val_every}")
         if self.max_samples is not None and self.max_samples < 2 * self.global_batch_size:
             raise UserError(f"--max_samples {self.max_samples} is too small for global batch size "
-                            f"{self.global_batch_size}: use at least {2 * self.global_batch_size} (20% go to validation)")
+                            f"{self.global_batch_size}: use at least {2 * self.global_batch_size} "
+                            "(20% go to validation)")
         if self.global_batch_size < 1:
             raise UserError(f"--global_batch_size must be at least 1, got {self.global_batch_size}")
         if self.config in ("ddp", "dp") and self.global_batch_size % self.devices:
@@ -196,8 +217,8 @@ class RunSpec:
                 raise UserError(in_flags(str(err))) from None
         if self.data == "imagefolder":
             if not self.data_dir:
-                raise UserError("--data imagefolder needs --data_dir DIR, an ImageFolder tree such as the CIFAR-10 subset "
-                                "built by .github/scripts/cifar10-subset.sh")
+                raise UserError("--data imagefolder needs --data_dir DIR, an ImageFolder tree such as the "
+                                "CIFAR-10 subset built by .github/scripts/cifar10-subset.sh")
             try:
                 find_image_root(self.data_dir)
             except (ValueError, OSError) as err:

@@ -208,7 +208,8 @@ def decompose(single, ddp, groups: Optional[Sequence] = None, floor: float = 0.0
     """
     x, y = _rows(single), _rows(ddp)
     if x.shape != y.shape:
-        raise ValueError(f"one device's rows {x.shape} and DDP's {y.shape} differ: pair every step of one with one of the other")
+        raise ValueError(f"one device's rows {x.shape} and DDP's {y.shape} differ: "
+                         "pair every step of one with one of the other")
     n = len(x)
     g = np.zeros(n, dtype=int) if groups is None else np.unique(np.asarray(list(groups)), return_inverse=True)[1]
     if len(g) != n:

@@ -17,7 +17,6 @@ from typing import Any, Callable, Optional
 
 from vae_ddp import guard
 from vae_ddp.errors import RunFailed
-from vae_ddp.harness.configs import RunSpec
 from vae_ddp.harness.resources import check_memory, space_needed
 from vae_ddp.outputs import write_atomic
 from vae_ddp.ranks import fork, run_ranks
@@ -296,10 +295,11 @@ def group_folder(world_size: int, accelerator: str) -> str:
     return f"{world_size}-process{'es' if world_size > 1 else ''}{'' if accelerator == 'cpu' else '-' + accelerator}"
 
 
-def launch_by_world_size(specs: list[RunSpec], out_dir: Path, timeout: Optional[float] = None,
+def launch_by_world_size(specs: list, out_dir: Path, timeout: Optional[float] = None,
                          quiet: bool = False, same_threads: bool = False,
                          entry: Optional[list[str]] = None) -> list[tuple[dict, Path]]:
-    """Train ``specs`` in groups of one world size (in the order they first appear), group ``g``
+    """Train ``specs`` ([`RunSpec`][vae_ddp.harness.configs.RunSpec]s, or any specs a
+    [`Job`][vae_ddp.harness.launch.Job] takes) in groups of one world size (in the order they first appear), group ``g``
     in ``out_dir/g/`` ([`group_folder`][vae_ddp.harness.launch.group_folder]): on CPU all in one
     [`launch`][vae_ddp.harness.launch.launch] (a [`Job`][vae_ddp.harness.launch.Job] whose groups
     train in turn), else one launch per group. ``entry``: as ``launch``'s (the child writes each

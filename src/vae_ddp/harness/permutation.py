@@ -1,7 +1,9 @@
 """The one-device reordering floor: the samples of each training batch permuted, each keeping its random draws.
 
 [`WithinBatchPermutation`][vae_ddp.harness.permutation.WithinBatchPermutation] is the one callback
-the floor runs add: the studies' (``RunSpec.permute_seed``), the recipe's check and the audit's.
+the floor runs add: the studies' (``RunSpec.permute_seed``), the recipe's check and the audit's;
+``FLOOR_FACTOR`` is how many times the floor's largest draw a DDP step may differ from one
+device's and still match it.
 """
 
 from __future__ import annotations
@@ -15,7 +17,12 @@ from torch import Tensor, nn
 from vae_ddp.fixes.factor import batch_tensors
 from vae_ddp.fixes.randomness import current_stream
 
-__all__ = ["WithinBatchPermutation"]
+__all__ = ["WithinBatchPermutation", "FLOOR_FACTOR"]
+
+#: DDP matches one device when its largest per-step relative difference (gradient, BatchNorm
+#: buffers) is at most this many times the largest draw of the one-device reordering floor: the
+#: one rule of ``vae-ddp equivalence``, the recipe's check, the report-scale study and the audit.
+FLOOR_FACTOR = 2.0
 
 
 class WithinBatchPermutation(Callback):

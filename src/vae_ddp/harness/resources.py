@@ -1,7 +1,11 @@
 """What a launch needs before it starts: memory for its ranks and space for what they write.
 
 [`launch`][vae_ddp.harness.launch.launch] refuses a run that does not fit with one line
-(a [`UserError`][vae_ddp.errors.UserError]) before any process starts.
+(a [`UserError`][vae_ddp.errors.UserError]) before any process starts. A spec says what its
+model weighs: ``param_bytes()``, the bytes of its parameters, and ``saved_bytes()``, the bytes
+of the tensors it writes at most (a [`RunSpec`][vae_ddp.harness.configs.RunSpec] has both); a
+spec without them (the audit's runs) counts none. This module knows no model: the audit, which
+launches through it, imports nothing of the VAE study (``tests/test_layers.py``).
 """
 
 from __future__ import annotations
@@ -9,7 +13,6 @@ from __future__ import annotations
 from typing import Optional
 
 from vae_ddp.errors import UserError
-from vae_ddp.harness.configs import RunSpec
 
 __all__ = ["check_memory", "audit_cost", "space_needed", "NotEnoughMemory", "RANK_BYTES", "LOG_BYTES"]
 
@@ -37,17 +40,10 @@ def _available_memory() -> Optional[int]:
 
 
 def _param_bytes(s) -> int:
-    """Bytes of the parameters of a [`RunSpec`][vae_ddp.harness.configs.RunSpec]'s model (counted
-    on torch's ``meta`` device); 0 for another kind of spec."""
-    if not isinstance(s, RunSpec):
-        return 0
-    import torch
-
-    from vae_ddp.model import VAE
-
-    with torch.device("meta"):
-        model = VAE(input_height=32, enc_type=s.model, latent_dim=s.latent_dim or 32)
-    return sum(p.numel() for p in model.parameters()) * (8 if s.dtype == "float64" else 4)
+    """Bytes of the parameters of a spec's model: its ``param_bytes()`` (a
+    [`RunSpec`][vae_ddp.harness.configs.RunSpec]'s, counted on torch's ``meta`` device); 0 for a
+    spec without one."""
+    return s.param_bytes() if hasattr(s, "param_bytes") else 0
 
 
 def check_memory(spec) -> None:
@@ -111,16 +107,9 @@ def _specs(spec) -> list:
 
 
 def space_needed(spec) -> int:
-    """Bytes a launch of ``spec`` (a [`Job`][vae_ddp.harness.launch.Job] or one
-    [`RunSpec`][vae_ddp.harness.configs.RunSpec]) writes at most: ``LOG_BYTES``, and per seed of each spec that saves them its
-    parameters with Adam's second moments (2 x parameters), and its per-step gradients and
-    weights (3 x parameters x steps). The parameters are counted on a model built on torch's
-    ``meta`` device (no memory, milliseconds); a spec of another kind (the audit's runs) counts
-    ``LOG_BYTES`` only."""
-    total = LOG_BYTES
-    for s in _specs(spec):
-        if not isinstance(s, RunSpec) or not (s.save_params or s.steps_file):
-            continue
-        size = _param_bytes(s)
-        total += len(s.seeds) * size * ((2 if s.save_params else 0) + (3 * s.steps if s.steps_file else 0))
-    return total
+    """Bytes a launch of ``spec`` (a [`Job`][vae_ddp.harness.launch.Job] or one spec) writes at
+    most: ``LOG_BYTES``, and each spec's ``saved_bytes()`` (a
+    [`RunSpec`][vae_ddp.harness.configs.RunSpec]'s: per seed, its parameters with Adam's second
+    moments, and its per-step gradients and weights); a spec without ``saved_bytes`` (the
+    audit's runs) counts ``LOG_BYTES`` only."""
+    return LOG_BYTES + sum(s.saved_bytes() for s in _specs(spec) if hasattr(s, "saved_bytes"))

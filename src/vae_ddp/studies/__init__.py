@@ -51,7 +51,8 @@ def run_study(name: str, options: dict) -> None:
     params = inspect.signature(function).parameters
     kwargs = {k: v for k, v in options.items() if k in params}
     if "base" in params:
-        spec = {f.name: options[f.name] for f in dataclasses.fields(RunSpec) if f.name in options and f.name not in INTERNAL}
+        spec = {f.name: options[f.name] for f in dataclasses.fields(RunSpec)
+                if f.name in options and f.name not in INTERNAL}
         base = RunSpec(**spec, seeds=[options.get("seed", 0)])
         kwargs["base"] = base = base.exact() if options.get("exact") and "exact" not in params else base
         base.validate()

@@ -2,9 +2,9 @@
 
 ``vae-ddp ablation`` trains the exact ``single`` reference and ``ddp`` with all fixes, then
 ``ddp`` with one fix removed at a time (each switch of the factor registry: noise,
-BatchNorm, sampler, logging) and with none (Lightning's defaults), and reports for each the parameter divergence from the reference
-and the differences of the KL and reconstruction terms after K steps: on the whole
-validation set with fixed noise, and in the logged training curve (mean over the last
+BatchNorm, sampler, logging) and with none (Lightning's defaults), and reports for each the
+parameter divergence from the reference and the differences of the KL and reconstruction terms
+after K steps: on the whole validation set with fixed noise, and in the logged training curve (mean over the last
 steps of what Lightning logged on rank 0).
 """
 

@@ -86,7 +86,8 @@ DOCUMENTED = {
         "other samples per rank",
         ("Lightning's `use_distributed_sampler` replaces the training sampler with a shuffling `DistributedSampler`",
          _LIGHTNING_SRC + "trainer/connectors/data_connector.py",
-         "pytorch_lightning.trainer.connectors.data_connector", "return DistributedSampler(dataloader.dataset, **kwargs)"),
+         "pytorch_lightning.trainer.connectors.data_connector",
+         "return DistributedSampler(dataloader.dataset, **kwargs)"),
         "`Trainer(use_distributed_sampler=False)` and this package's `GlobalBatchDistributedSampler`", True),
 }
 
@@ -149,7 +150,8 @@ def bug_or_expected(rs: dict | None, seeds: dict | None = None, documented: dict
         return {"kind": "bug", "why": "with every change on, DDP's step is still not one device's",
                 "undocumented": undocumented}
     if undocumented:
-        return {"kind": "bug", "why": "a difference that no documented behaviour explains", "undocumented": undocumented}
+        return {"kind": "bug", "why": "a difference that no documented behaviour explains",
+                "undocumented": undocumented}
     if kind == "same distribution":
         return {"kind": "not decided", "why": "with every change on, DDP's step is one device's only up to other luck",
                 "undocumented": []}
@@ -187,7 +189,8 @@ def _sizes(key: str, e: dict) -> str:
     from vae_ddp.studies.report_scale import CELL, effect_cell, logging_cell
 
     if key == "logging":
-        return "the plot only (" + ", ".join(f"{'KL' if q == 'kl' else q} {logging_cell(e[q])}" for q in ("kl", "reconstruction")) + ")"
+        cells = (f"{'KL' if q == 'kl' else q} {logging_cell(e[q])}" for q in ("kl", "reconstruction"))
+        return "the plot only (" + ", ".join(cells) + ")"
     if e["gradient"]["kind"] == "same distribution":
         return "luck only"
     parts = [f"{'KL' if q == 'kl' else q} {effect_cell(e[q]).removeprefix(CELL['different'] + ': ')}"
@@ -210,7 +213,8 @@ def ranked_defaults(rs: dict) -> list[str]:
 
 def _default_line(rs: dict, key: str) -> str:
     """``[Random streams per rank](factors/noise.md) (the same noise on every rank): gradient noise 2.88x, ...``."""
-    return f"{_factor(key)} ({DOCUMENTED[key].short.format(per_rank=_per_rank(rs))}): {_sizes(key, differences(rs)[key])}"
+    short = DOCUMENTED[key].short.format(per_rank=_per_rank(rs))
+    return f"{_factor(key)} ({short}): {_sizes(key, differences(rs)[key])}"
 
 
 def kl_words(seeds: dict, lh: dict | None) -> dict[str, dict]:
@@ -239,7 +243,8 @@ _KL_WORD = {"equivalent": "matches one device's", "different": "differs from one
 
 def _kl_seeds(k: dict) -> str:
     return (f"DDP's final KL {_KL_WORD[k['word']]} over whole trainings ({k['word']}: {k['diff']:+.2g} against "
-            f"±{_n(k['margin'])}; the {k['model']} VAE on {k.get('data') or 'its data'}, global batch {k['batch']}, {k['scope']})")
+            f"±{_n(k['margin'])}; the {k['model']} VAE on {k.get('data') or 'its data'}, "
+            f"global batch {k['batch']}, {k['scope']})")
 
 
 def _kl_lh(k: dict) -> str:

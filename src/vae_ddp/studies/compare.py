@@ -101,7 +101,10 @@ def per_sample_relative_variance(spec: RunSpec, state_dict: dict, seed: int) -> 
     x = next(iter(dm.train_dataloader()))[0].to(model.dtype)
     model.train()
     kl, rec = per_sample_terms(model, x)
-    rv = lambda t: float(t.var(unbiased=False) / t.mean() ** 2)
+
+    def rv(t):
+        return float(t.var(unbiased=False) / t.mean() ** 2)
+
     return {"samples": len(x), "kl": rv(kl), "recon_loss": rv(rec), "kl_mean": float(kl.mean()),
             "recon_mean": float(rec.mean())}
 
@@ -132,7 +135,8 @@ def compare(base: RunSpec, configs: list[Literal[CONFIGS]], out_dir: Path, exact
     notes = []  # shown above the table on the page too
     for spec in specs:
         if spec.config == "dp":
-            how = "real torch.nn.DataParallel" if spec.dp_mode == "real" else "single-process emulation of Lightning 1.x DP"
+            how = ("real torch.nn.DataParallel" if spec.dp_mode == "real"
+                   else "single-process emulation of Lightning 1.x DP")
             notes.append(f"dp: {how} over {spec.devices} replicas")
             print(notes[-1], flush=True)
     records, series, rows, params = [], [], [], None

@@ -14,7 +14,7 @@ mathematically the same step (the same samples, each with its own noise; a mean 
 BatchNorm statistics do not depend on the order), so their differences are rounding alone:
 the *reordering floor*, several draws of it per step. DDP sums the same terms in another
 grouping (per rank, then across ranks) and matches one device when its largest per-step
-difference is at most [`FLOOR_FACTOR`][vae_ddp.studies.equivalence.FLOOR_FACTOR] times the
+difference is at most [`FLOOR_FACTOR`][vae_ddp.harness.permutation.FLOOR_FACTOR] times the
 largest draw of the floor. Comparing final parameters after K steps instead is a noisy
 yardstick: Adam carries a last-bit difference of one step into every later one, so the
 same comparison of two permuted one-device runs moves by orders of magnitude with the draw.
@@ -33,14 +33,12 @@ import torch
 from vae_ddp.errors import UserError
 from vae_ddp.harness.configs import RunSpec
 from vae_ddp.harness.launch import launch_by_world_size
+from vae_ddp.harness.permutation import FLOOR_FACTOR
 from vae_ddp.harness.table import format_table, number, write_tables
 from vae_ddp.outputs import drop_tensors, result_set
 
-__all__ = ["equivalence", "max_abs_diff", "param_diffs", "FLOOR_FACTOR", "verdict"]
+__all__ = ["equivalence", "max_abs_diff", "param_diffs", "verdict"]
 
-#: DDP matches one device when its largest per-step relative difference (gradient, BatchNorm
-#: buffers) is at most this many times the largest draw of the one-device reordering floor.
-FLOOR_FACTOR = 2.0
 
 def _is_buffer(name: str) -> bool:
     return name.endswith(("running_mean", "running_var", "num_batches_tracked"))
@@ -56,13 +54,6 @@ def param_diffs(a: dict, b: dict, buffers: bool = False) -> dict[str, float]:
 def max_abs_diff(a: dict, b: dict, buffers: bool = False) -> float:
     """Largest absolute difference between two state dicts, over parameters (or BatchNorm buffers)."""
     return max(param_diffs(a, b, buffers).values(), default=0.0)
-
-
-def _final(result: tuple[dict, Path]) -> tuple[dict, dict]:
-    """Final ``state_dict`` and last training record of one spec's result of
-    [`launch_by_world_size`][vae_ddp.harness.launch.launch_by_world_size]."""
-    run = result[0]["runs"][0]
-    return torch.load(result[1] / run["params"])["state_dict"], run["records"][-1]
 
 
 def _ratio(d: float, floor: float) -> Optional[float]:

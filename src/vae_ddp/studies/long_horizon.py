@@ -339,7 +339,8 @@ def render(result: dict) -> str:
     st = result["settings"]
     headers, rows = comparison_table(result["comparison"], "shared", "independent")
     title = (f"{st['model']} VAE, {st['data']}, {result['num_seeds']} seeds x {st['steps']} steps, global batch "
-             f"{st['global_batch_size']}, Adam lr {st['lr']:g}: noise shared by {st['world_size']} ranks vs independent "
+             f"{st['global_batch_size']}, Adam lr {st['lr']:g}: noise shared by {st['world_size']} ranks "
+             "vs independent "
              f"(paired by seed; margin {result['margin_sd']:g} SD of the independent runs)")
     s_headers, s_rows = statistics_table(result["comparison"], "shared", "independent")
     return (f"Verdict: **{result['verdict']}**: {result['summary']}.\n\n{format_table(headers, rows, title=title)}"

@@ -52,11 +52,12 @@ import torch
 
 from vae_ddp.data import DATASETS
 from vae_ddp.harness.configs import RunSpec
+from vae_ddp.harness.permutation import FLOOR_FACTOR
 from vae_ddp.model import MODELS
 from vae_ddp.outputs import replacing, result_set, write_atomic
 
-__all__ = ["VARIANTS", "FACTOR_VARIANTS", "command_md", "effect_cell", "effect_line", "factor_effects", "logging_cell", "logging_effect", "plot", "ranking", "render",
-           "report_scale"]
+__all__ = ["VARIANTS", "FACTOR_VARIANTS", "command_md", "effect_cell", "effect_line", "factor_effects", "logging_cell",
+           "logging_effect", "plot", "ranking", "render", "report_scale"]
 
 #: name -> (configuration, fields changed from the exact spec, factor it isolates).
 VARIANTS: dict[str, tuple[str, dict, str]] = {
@@ -331,8 +332,9 @@ def report_scale(
         raise UserError(f"{n_train} training images are too few for {steps} steps and {spread_batches} spread batches "
                         f"of {global_batch_size} in one epoch: lower --grad_steps, --effect_batches or "
                         "--spread_batches, or use more data")
-    runs = _run_all([(ref_spec, "single", 0)] + [(specs[name], f"variant{i}", spread_batches if name == DEFAULT_VARIANT else 0)
-                                                 for i, name in enumerate(names)], out,
+    runs = _run_all([(ref_spec, "single", 0)]
+                    + [(specs[name], f"variant{i}", spread_batches if name == DEFAULT_VARIANT else 0)
+                       for i, name in enumerate(names)], out,
                    keep=grad_steps, sketch=SKETCH if effect_batches else 0)
     result = _compare(runs, specs, names)
     result["settings"] = {**dataclasses.asdict(ref_spec), "grad_steps": grad_steps, "spread_batches": spread_batches,
@@ -371,8 +373,10 @@ def _run_all(jobs: list[tuple[RunSpec, str, int]], out: Path, keep: int, sketch:
 
     by_folder: dict[Path, list] = {}
     for spec, folder, spread in jobs:
-        by_folder.setdefault(out / "runs" / group_folder(spec.world_size, spec.accelerator), []).append((folder, spread))
-        print(f"== {spec.label}: {spec.world_size} process(es) x per-device batch {spec.per_device_batch_size}", flush=True)
+        group = out / "runs" / group_folder(spec.world_size, spec.accelerator)
+        by_folder.setdefault(group, []).append((folder, spread))
+        print(f"== {spec.label}: {spec.world_size} process(es) x per-device batch {spec.per_device_batch_size}",
+              flush=True)
     for d, group in by_folder.items():  # what each group's runs keep, beside the specs
         d.mkdir(parents=True, exist_ok=True)
         (d / "worker.json").write_text(json.dumps([{"folder": str(d / folder), "spread_batches": spread,
@@ -423,8 +427,8 @@ QUANTITIES = ("gradient", "kl", "reconstruction")
 #: How the tables name the quantities.
 LABELS = {"gradient": "gradient", "kl": "KL", "reconstruction": "reconstruction"}
 #: A row is the same step as one device's within this many times the floor (the largest relative
-#: difference of ``ddp, every fix``), as in the audit.
-FLOOR_RATIO = 2.0
+#: difference of ``ddp, every fix``): the audit's and the equivalence study's rule.
+FLOOR_RATIO = FLOOR_FACTOR
 
 
 def _quantities(saved: dict, info: dict) -> dict[str, list]:
@@ -476,7 +480,8 @@ def _write(result: dict, out: Path) -> None:
         (new / "command.md").write_text(command_md(result, out))
         plot(result, new / "report_scale.png")
     print(tables)
-    print(f"wrote {out / 'report_scale.json'}, {out / 'tables.md'}, {out / 'command.md'} and {out / 'report_scale.png'}")
+    print(f"wrote {out / 'report_scale.json'}, {out / 'tables.md'}, {out / 'command.md'} "
+          f"and {out / 'report_scale.png'}")
 
 
 def command_md(result: dict, out: Path) -> str:
@@ -602,7 +607,8 @@ def effect_line(effect: dict) -> str:
     the gradient, the KL and the reconstruction, with the intervals (``effect``: a variant's
     ``{"kind", "gradient", "kl", "reconstruction"}``)."""
     if "gradient" not in effect:  # logging: the plotted value, not the step
-        parts = [f"the {LABELS[q]}: {logging_cell(effect[q])} ({_interval(effect[q])})" for q in ("kl", "reconstruction")]
+        parts = [f"the {LABELS[q]}: {logging_cell(effect[q])} ({_interval(effect[q])})"
+                 for q in ("kl", "reconstruction")]
         return ("what Lightning plots under DDP (rank 0's mean) against the global batch's value: on "
                 + "; on ".join(parts) + "; it changes no gradient.")
     parts = [f"the {LABELS[q]}: {effect_cell(effect[q])} ({_interval(effect[q])})" for q in QUANTITIES]
@@ -611,7 +617,8 @@ def effect_line(effect: dict) -> str:
 
 def _interval(e: dict) -> str:
     b, r = e["bias_ci"], e["variance_ratio_ci"]
-    return f"bias {_f(e['bias'])} sd [{_f(b[0])}, {_f(b[1])}], noise ratio {_f(e['variance_ratio'])} [{_f(r[0])}, {_f(r[1])}]"
+    return (f"bias {_f(e['bias'])} sd [{_f(b[0])}, {_f(b[1])}], "
+            f"noise ratio {_f(e['variance_ratio'])} [{_f(r[0])}, {_f(r[1])}]")
 
 
 def _effect_lines(result: dict) -> list[str]:
@@ -630,11 +637,12 @@ def _effect_lines(result: dict) -> list[str]:
              f"{s['global_batch_size']}, {s['world_size']} ranks x {s['global_batch_size'] // s['world_size']}, "
              f"{s['effect_batches']} global batches from the same initial weights)", "",
              "| factor | gradient | KL | reconstruction |", "|---|---|---|---|"]
-    lines += [f"| {factor} | {effect_cell(e['gradient'])} | {effect_cell(e['kl'])} | {effect_cell(e['reconstruction'])} |"
-              for factor, _, e in rows]
+    lines += [f"| {factor} | {effect_cell(e['gradient'])} | {effect_cell(e['kl'])} "
+              f"| {effect_cell(e['reconstruction'])} |" for factor, _, e in rows]
     lg = (result.get("logging") or {}).get("effect")
     if lg:
-        lines.append(f"| Logging (the plotted value) | - | {logging_cell(lg['kl'])} | {logging_cell(lg['reconstruction'])} |")
+        lines.append(f"| Logging (the plotted value) | - | {logging_cell(lg['kl'])} "
+                     f"| {logging_cell(lg['reconstruction'])} |")
     floor = result["variants"].get("ddp, every fix", {}).get("effect", {}).get("floor")
     lines += ["", "Each cell compares DDP's step with one device's over the same global batches (DDP's own where its "
               "sampler takes others) and draws: **trains another model**, DDP's step is off one device's on average "
@@ -684,7 +692,8 @@ def render(result: dict) -> str:
                   "|---|---|---|---|"]
         lines.append(f"| KL | {_f(lg['kl_ratio'])} | {_f(sp['kl_spread_ratio']) if sp else '-'} | "
                      f"{_f(sp.get('relvar_kl')) if sp else '-'} |")
-        lines.append(f"| reconstruction (MSE) | {_f(lg['recon_ratio'])} | {_f(sp['recon_spread_ratio']) if sp else '-'} "
+        lines.append(f"| reconstruction (MSE) | {_f(lg['recon_ratio'])} "
+                     f"| {_f(sp['recon_spread_ratio']) if sp else '-'} "
                      f"| {_f(sp.get('relvar_recon')) if sp else '-'} |")
     red = result["reduction"]
     lines += ["", f"Mean reduction: {red['train_samples']} training images, {red['padded_samples']} padded by "

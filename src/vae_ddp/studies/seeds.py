@@ -62,8 +62,8 @@ def _spec(base: RunSpec, name: str) -> RunSpec:
     return dataclasses.replace(base, config=name, label=name)
 
 
-def seed_study(base: RunSpec, configs: list[Literal[STUDY_CONFIGS]], num_seeds: int, out_dir: Path, margin_sd: float = MARGIN_SD,
-               reanalyse_only: bool = False) -> dict:
+def seed_study(base: RunSpec, configs: list[Literal[STUDY_CONFIGS]], num_seeds: int, out_dir: Path,
+               margin_sd: float = MARGIN_SD, reanalyse_only: bool = False) -> dict:
     """Run the study; write ``seeds.json``, ``seeds.md`` and ``tables.md`` (both the printed
     tables and verdicts) and ``seeds.png`` into ``out_dir``; return the JSON content
     (see [`analyse`][vae_ddp.studies.seeds.analyse]).
@@ -206,7 +206,8 @@ def render(result: dict) -> str:
         parts.append(format_table(headers, rows, title=f"{c} vs single, paired by seed (shared: "
                                                          f"{result['shared_with_single'][c]})"))
         headers, rows = statistics_table(comparison, c, "single")
-        parts.append(format_table(headers, rows, title=f"{c} vs single: {STATISTICS_TITLE[0].lower()}{STATISTICS_TITLE[1:]}"))
+        title = f"{c} vs single: {STATISTICS_TITLE[0].lower()}{STATISTICS_TITLE[1:]}"
+        parts.append(format_table(headers, rows, title=title))
     lines = "\n".join(f"- {v}" for v in result["verdict_lines"])
     head = (f"Verdict against single ({n} seeds, paired by seed; Holm over the {len(QUANTITIES)} quantities at 5%; "
             f"equivalence margin ±{result['margin_sd']:g} standard deviation of single over seeds):")

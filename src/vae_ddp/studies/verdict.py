@@ -169,8 +169,8 @@ def _emulated(lh: dict | None) -> str:
     """How the long-horizon check trained, from its settings: ``one device emulating 2 ranks' shared
     noise at a global batch of 16``."""
     st = (lh or {}).get("settings", {})
-    how = (f"one device emulating {st['world_size']} ranks' shared noise" if st.get("devices") == 1 and st.get("world_size")
-           else "shared against independent noise")
+    how = (f"one device emulating {st['world_size']} ranks' shared noise"
+           if st.get("devices") == 1 and st.get("world_size") else "shared against independent noise")
     return how + (f" at a global batch of {st['global_batch_size']}" if st.get("global_batch_size") else "")
 
 
@@ -275,13 +275,16 @@ def dp_table(results: dict[str, dict | None]) -> str:
         e = v.get(name)
         if e and e.get("effect"):
             return f" (one step: {_step(e)}, [report scale](#the-reports-scale))"
-        return f" (one step: {_g(e['ratio_to_batch_noise']['all'])}x batch noise, [report scale](#the-reports-scale))" if e else ""
+        if not e:
+            return ""
+        return f" (one step: {_g(e['ratio_to_batch_noise']['all'])}x batch noise, [report scale](#the-reports-scale))"
 
     dp_note = "inferred: [DP emulation](dataparallel.md), not observed on GPUs here"
     rows = [
         (_name("noise"), "one stream for the whole batch",
          f"every replica draws the same noise ({dp_note}: torch seeds every CUDA device alike)",
-         "every rank draws the same noise (measured: " + _page_link("noise") + ")" + ratio("ddp, noise back to default")),
+         "every rank draws the same noise (measured: " + _page_link("noise") + ")"
+         + ratio("ddp, noise back to default")),
         (_name("batchnorm"), "the whole batch",
          f"each replica's chunk ({dp_note}: `nn.DataParallel` runs each replica's BatchNorm on its chunk)",
          "each rank's 128 (measured: " + _page_link("batchnorm") + ")" + ratio("ddp, BatchNorm back to per-rank")),
