@@ -7,8 +7,8 @@
     result.findings       # one Finding per factor, exposed ones with their effect and fix
 
 [`audit`][vae_ddp.audit.api.audit] builds the same parsed configuration the command line builds
-(jsonargparse, the parser of [`vae_ddp.audit.cli`][vae_ddp.audit.cli]) and hands it to
-[`run_config`][vae_ddp.audit.api.run_config], which the command line calls too: the pre-flight
+(jsonargparse, the parser of ``vae_ddp.audit.cli``) and hands it to
+[`run_config`][vae_ddp.audit.engine.run_config], which the command line calls too: the pre-flight
 checks ([`vae_ddp.audit.preflight`][vae_ddp.audit.preflight]), then
 [`study.audit`][vae_ddp.audit.study.audit]. The result is the command's ``audit.json``, typed
 ([`AuditResult`][vae_ddp.audit.api.AuditResult]; ``to_dict()`` is the file's content).
@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
+import io
 import json
 import os
 import re
@@ -39,9 +40,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional, Union
 
+from vae_ddp.audit.engine import run_config
 from vae_ddp.errors import RunFailed, UserError
 
-__all__ = ["audit", "run_config", "AuditResult", "Finding", "Effect", "AuditInputError", "AuditRunFailed"]
+__all__ = ["audit", "AuditResult", "Finding", "Effect", "AuditInputError", "AuditRunFailed"]
 
 
 class AuditInputError(ValueError):
@@ -211,7 +213,8 @@ def audit(model: Classish, datamodule: Classish, *, model_args: Optional[dict] =
         seed: the runs' seed. effect_batches: global batches of the effect runs (0 skips them, else at least 4).
         out: the output folder (``audit.json``, ``tables.md``, the runs' logs); None: a new temporary
             folder, removed before this returns (so that parallel callers never share one).
-        progress: print the command's progress lines (the report's tables are printed either way).
+        progress: print what the command prints (its progress lines and the report); else nothing
+            is printed to ``sys.stdout`` while it runs (the report is the result's ``report``).
         **trainer_args: any other ``Trainer`` argument (``gradient_clip_val=1.0``, ``strategy=...``),
             as ``--trainer.NAME VALUE``; those the audit sets itself are refused.
 
@@ -244,8 +247,10 @@ def audit(model: Classish, datamodule: Classish, *, model_args: Optional[dict] =
         cfg = _parse(given)
         temporary = out is None
         folder = Path(tempfile.mkdtemp(prefix="vae-ddp-audit-")) if temporary else Path(out).expanduser().resolve()
+        shown = contextlib.nullcontext() if progress else contextlib.redirect_stdout(io.StringIO())
         try:
-            result = run_config(cfg, folder, "vae_ddp.audit.api.audit", progress=progress)
+            with shown:  # the report is the result's (report); the runs' own output goes to their logs
+                result = run_config(cfg, folder, "vae_ddp.audit.api.audit", progress=progress)
         except UserError as err:
             raise AuditInputError(python_names(str(err))) from None
         except RunFailed as err:
@@ -254,37 +259,6 @@ def audit(model: Classish, datamodule: Classish, *, model_args: Optional[dict] =
         if temporary:
             shutil.rmtree(folder, ignore_errors=True)
     return AuditResult.of(result, report, None if temporary else folder)
-
-
-def run_config(cfg: Any, out: Path, command: str, progress: bool = True, cwd: Optional[str] = None) -> dict:
-    """The audit of a parsed configuration ``cfg`` (the audit parser's namespace, ``--out`` aside)
-    into ``out`` (absolute): the pre-flight checks, the cost line, the audit under the folder's lock
-    ([`out_folder_lock`][vae_ddp.utils.out_folder_lock], ``command`` naming the holder). The runs
-    start in ``cwd`` (default: this process's working folder when called). The engine of ``vae-ddp audit`` and of
-    [`audit`][vae_ddp.audit.api.audit].
-
-    Returns:
-        ``study.audit``'s dict (``audit.json``).
-
-    Raises:
-        UserError: bad input, before any training. RunFailed: a run failed or hung.
-    """
-    from vae_ddp.audit import preflight
-    from vae_ddp.audit.study import audit as study_audit
-    from vae_ddp.utils import out_folder_lock
-
-    cwd = cwd or os.getcwd()
-    run, model_cls, data_cls = preflight.audit_run(cfg.as_dict() if hasattr(cfg, "as_dict") else cfg)
-    cost: list[str] = []
-    static, notes = preflight.check(run, data_cls, model_cls, cost)
-    if progress:
-        for line in cost:  # before anything starts: what the world size costs
-            print(f"[audit] cost: {line}", flush=True)
-    if os.getcwd() != cwd:  # the user's __init__ changed the working folder: the runs start where the caller was
-        os.chdir(cwd)
-    out = preflight.writable(out)
-    with out_folder_lock(out, command):
-        return study_audit(run, out, static=static, notes=notes, progress=progress)
 
 
 #: the command line's names in a pre-flight message -> the Python arguments of ``audit``

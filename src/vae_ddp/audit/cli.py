@@ -137,10 +137,10 @@ def _main(argv: Optional[list[str]]) -> int:
 
 
 def _audit(cfg: Any, argv: list[str], cwd: str) -> int:
-    """The audit of the parsed ``cfg`` by [`run_config`][vae_ddp.audit.api.run_config], the engine of the
+    """The audit of the parsed ``cfg`` by [`run_config`][vae_ddp.audit.engine.run_config], the engine of the
     Python API too; returns the exit code. ``cwd``: the working folder the command started in (``--out``
     is relative to it, the runs start in it)."""
-    from vae_ddp.audit.api import run_config
+    from vae_ddp.audit.engine import run_config
     from vae_ddp.audit.study import earlier_report
     from vae_ddp.harness.launch import RunFailed
 
