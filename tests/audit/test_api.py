@@ -23,6 +23,14 @@ from vae_ddp.testing import assert_ddp_matches_one_device  # noqa: E402
 M = "examples.audit_models"
 
 
+class Saved(Regression):
+    """A datamodule that keeps its init args (``hparams``)."""
+
+    def __init__(self, batch_size: int = 16, n: int = 64) -> None:
+        super().__init__(batch_size=batch_size, n=n)
+        self.save_hyperparameters()
+
+
 def _api_cfg(model, data, **kw) -> dict:
     given = {"model": api._class_cfg("model", model, kw.pop("model_args", None)),
              "data": api._class_cfg("data", data, kw.pop("data_args", None)),
@@ -48,18 +56,17 @@ def test_the_api_builds_the_clis_run():
     assert run == preflight.audit_run(cli)[0]
     assert run.model["init_args"] == {"p": 0.25} and run.global_batch_size == 8 and run.model_file is None
     assert run.trainer == {"gradient_clip_val": 0.5}
-
-    class Saved(Regression):
-        def __init__(self, batch_size: int = 16, n: int = 64) -> None:
-            super().__init__(batch_size=batch_size, n=n)
-            self.save_hyperparameters()
-
-    assert api._init_args(Saved(batch_size=12, n=40), "datamodule", "data_args") == {"batch_size": 12, "n": 40}
+    # an instance: its class and the init args save_hyperparameters() kept
+    given = api._class_cfg("data", Saved(batch_size=12), None)
+    assert given == api._class_cfg("data", Saved, {"batch_size": 12, "n": 64})
+    assert given["init_args"] == {"batch_size": 12, "n": 64} and given["class_path"].endswith("test_api.Saved")
 
 
 def test_an_instance_without_its_init_args_is_refused():
     with pytest.raises(api.AuditInputError, match=r"pass the class and its arguments, model=Plain, model_args="):
-        api._init_args(Plain(sync_dist=False), "model", "model_args")
+        api.audit(Plain(sync_dist=False), Regression)
+    with pytest.raises(TypeError, match="model_args is for a class; model is an instance"):
+        api.audit(Plain(sync_dist=False), Regression, model_args={"sync_dist": False})
 
 
 @pytest.mark.parametrize("kwargs, error, words", [
