@@ -29,7 +29,8 @@ def assert_ddp_matches_one_device(model: Any, datamodule: Any, *, devices: int =
             it from its class in processes of their own (see [`audit`][vae_ddp.audit.api.audit]).
         datamodule: your ``LightningDataModule`` class (``data_args={...}``; its ``batch_size`` is the
             global batch) or such an instance.
-        devices: the DDP world size (at least 2). steps: optimizer steps per run.
+        devices: the DDP world size (at least 2).
+        steps: optimizer steps per run.
         out: the audit's output folder (``audit.json``, ``tables.md``); None: a new temporary folder
             per call, removed after it (parallel tests never share one).
         **options: [`audit`][vae_ddp.audit.api.audit]'s other arguments (``model_args``, ``data_args``,

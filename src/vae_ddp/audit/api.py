@@ -63,9 +63,10 @@ class Effect:
     Attributes:
         kind: ``"different"`` (what DDP trains), ``"same distribution"`` (only which samples or
             draws), ``"exact"`` (the same step) or ``"inconclusive"``.
-        bias: DDP's mean step off one device's, in one device's step-to-step standard deviations;
-            ``bias_ci``: its 95% interval ``(low, high)``.
-        variance_ratio: DDP's step-to-step variance over one device's; ``variance_ratio_ci`` its interval.
+        bias: DDP's mean step off one device's, in one device's step-to-step standard deviations.
+        bias_ci: its 95% interval ``(low, high)``.
+        variance_ratio: DDP's step-to-step variance over one device's.
+        variance_ratio_ci: its 95% interval.
         quantity: ``"gradient"`` or ``"buffers"``, the one measured as the more serious.
         rows: the global batches measured.
     """
@@ -92,13 +93,20 @@ class Finding:
     """One row of the audit's table: a factor of the registry or one of the audit's own.
 
     Attributes:
-        factor: its key (``"batchnorm"``); name: its name in the report (``"BatchNorm statistics"``).
-        exposed: the runs saw it. mechanism: for an exposed factor, what it does to the model DDP
-            trains (``"another model"`` makes the exit code 1, [`exit_rule`][vae_ddp.audit.exit_rule]), else None.
-        evidence, fix, page: what was seen, the fix, the documentation page.
+        factor: its key (``"batchnorm"``).
+        name: its name in the report (``"BatchNorm statistics"``).
+        exposed: the runs saw it.
+        mechanism: for an exposed factor, what it does to the model DDP trains (``"another model"``
+            makes the exit code 1, [`exit_rule`][vae_ddp.audit.exit_rule]), else None.
+        evidence: what was seen (or the words for nothing seen).
+        fix: the fix.
+        page: its documentation page (relative to ``docs/``).
         contribution: the largest relative gradient difference from one device with every fix but
-            this one's (None where not measured); bites: above 2x the floor (None: not separable).
-        left_after_fixes, fixed_alone, vs_batch_noise: as in ``audit.json``.
+            this one's (None where not measured).
+        bites: the contribution is above 2x the floor (None: not separable).
+        left_after_fixes: as in ``audit.json``.
+        fixed_alone: as in ``audit.json``.
+        vs_batch_noise: as in ``audit.json``.
         automatic_fix: the audit's own fix removes it.
         effect: what it changes ([`Effect`][vae_ddp.audit.api.Effect]), None where not measured.
     """
@@ -125,17 +133,22 @@ class AuditResult:
 
     Attributes:
         verdict: ``"passed"`` (exit code 0) or ``"failed"`` (1).
-        exit_code: 0 or 1, the command's exit code ([`exit_rule.decide`][vae_ddp.audit.exit_rule.decide]);
-            exit_why: the keys of the factors that change the model DDP trains, then any other reason.
-        devices, steps, dtype, global_batch_size: what ran.
-        floor: the one-device floor (the samples permuted); ratio_to_floor: DDP with every fix,
-            its largest per-step gradient difference over the floor; grad_steps: that difference per step.
-        deterministic: the floor is rounding; within_floor: DDP with every fix is within 2x its floor.
+        exit_code: 0 or 1, the command's exit code ([`exit_rule.decide`][vae_ddp.audit.exit_rule.decide]).
+        exit_why: the keys of the factors that change the model DDP trains, then any other reason.
+        devices: the DDP world size.
+        steps: optimizer steps per run.
+        dtype: the parameters' dtype.
+        global_batch_size: one device's batch.
+        floor: the one-device floor (the samples permuted).
+        ratio_to_floor: DDP with every fix, its largest per-step gradient difference over the floor.
+        grad_steps: that difference per step.
+        deterministic: the floor is rounding.
+        within_floor: DDP with every fix is within 2x its floor.
         findings: one [`Finding`][vae_ddp.audit.api.Finding] per factor, ranked as the table ranks them.
         effect: Lightning's defaults as a whole ([`Effect`][vae_ddp.audit.api.Effect]) or None.
         notes: what the audit noticed beside the factors.
-        report: the report's text (``tables.md``); out: the folder it was written to, None for a
-            temporary folder (removed).
+        report: the report's text (``tables.md``).
+        out: the folder it was written to, None for a temporary folder (removed).
     """
 
     verdict: str
@@ -204,13 +217,16 @@ def audit(model: Classish, datamodule: Classish, *, model_args: Optional[dict] =
         datamodule: a ``LightningDataModule`` subclass (arguments in ``data_args``) or an instance,
             the same way. Its ``batch_size`` is the global batch size B (one device's batch); each
             of the ``devices`` ranks gets ``B / devices``.
-        model_args, data_args: the classes' ``__init__`` arguments (JSON values: numbers, strings,
-            lists, dicts), as ``--model.init_args.NAME`` / ``--data.init_args.NAME``.
-        devices: the DDP world size N (at least 2). steps: optimizer steps per run (at least 1).
-        dtype: ``"float64"`` or ``"float32"``; ``precision`` (Lightning's name, one of
-            ``preflight.PRECISIONS``) overrides it.
+        model_args: ``model``'s ``__init__`` arguments (JSON values: numbers, strings, lists, dicts),
+            as ``--model.init_args.NAME``.
+        data_args: ``datamodule``'s, as ``--data.init_args.NAME``.
+        devices: the DDP world size N (at least 2).
+        steps: optimizer steps per run (at least 1).
+        dtype: ``"float64"`` or ``"float32"``.
+        precision: Lightning's name, one of ``preflight.PRECISIONS``; it overrides ``dtype``.
         accelerator: ``"cpu"`` (gloo, the default) or ``"gpu"``.
-        seed: the runs' seed. effect_batches: global batches of the effect runs (0 skips them, else at least 4).
+        seed: the runs' seed.
+        effect_batches: global batches of the effect runs (0 skips them, else at least 4).
         out: the output folder (``audit.json``, ``tables.md``, the runs' logs); None: a new temporary
             folder, removed before this returns (so that parallel callers never share one).
         progress: print what the command prints (its progress lines and the report); else nothing
