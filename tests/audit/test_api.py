@@ -151,3 +151,13 @@ def test_the_api_result_is_the_clis_audit_json(tmp_path):
     cli = json.loads((tmp_path / "cli" / "audit.json").read_text())
     assert result.to_dict() == cli == json.loads((tmp_path / "api" / "audit.json").read_text())
     assert api.AuditResult.of(cli) == result
+
+
+@pytest.mark.timeout(120)
+def test_no_temporary_folder_is_left_behind_by_a_refused_audit(tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with pytest.raises(ValueError, match="devices must be at least 2"):
+        api.audit(Plain, Regression, devices=1)  # refused by the pre-flight, after its folder was made
+    assert list(tmp_path.iterdir()) == []

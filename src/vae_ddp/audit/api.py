@@ -267,13 +267,14 @@ def audit(model: Classish, datamodule: Classish, *, model_args: Optional[dict] =
         try:
             with shown:  # the report is the result's (report); the runs' own output goes to their logs
                 result = run_config(cfg, folder, "vae_ddp.audit.api.audit", progress=progress)
+            report = (folder / "tables.md").read_text() if (folder / "tables.md").exists() else ""
         except UserError as err:
             raise AuditInputError(python_names(str(err))) from None
         except RunFailed as err:
             raise AuditRunFailed(str(err)) from None
-        report = (folder / "tables.md").read_text() if (folder / "tables.md").exists() else ""
-        if temporary:
-            shutil.rmtree(folder, ignore_errors=True)
+        finally:
+            if temporary:  # whatever happened: no folder left behind per call
+                shutil.rmtree(folder, ignore_errors=True)
     return AuditResult.of(result, report, None if temporary else folder)
 
 
