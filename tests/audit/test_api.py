@@ -161,3 +161,15 @@ def test_no_temporary_folder_is_left_behind_by_a_refused_audit(tmp_path, monkeyp
     with pytest.raises(ValueError, match="devices must be at least 2"):
         api.audit(Plain, Regression, devices=1)  # refused by the pre-flight, after its folder was made
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.timeout(600)
+def test_classes_of_a_script_run_as_main_reach_the_ranks_from_its_file(tmp_path):
+    """tests/scripts/ddp_in_main.py defines its module and datamodule in __main__ and passes an
+    instance: the runs import them from the file (its guarded work does not run again there)."""
+    from vae_ddp import guard
+
+    script = ROOT / "tests" / "scripts" / "ddp_in_main.py"
+    proc = guard.run([sys.executable, str(script)], capture_output=True, text=True, timeout=540, cwd=tmp_path)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == f"{script}:Net 0"
