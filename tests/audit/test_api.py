@@ -173,3 +173,33 @@ def test_classes_of_a_script_run_as_main_reach_the_ranks_from_its_file(tmp_path)
     proc = guard.run([sys.executable, str(script)], capture_output=True, text=True, timeout=540, cwd=tmp_path)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == f"{script}:Net 0"
+
+
+def test_the_fixture_writes_into_the_tests_own_folder(tmp_path, monkeypatch):
+    """vae_ddp.pytest_plugin's ddp_audit is the helper with ``out`` in the test's tmp_path (a call's own wins)."""
+    from vae_ddp import pytest_plugin, testing
+
+    calls = []
+    monkeypatch.setattr(testing, "assert_ddp_matches_one_device", lambda m, d, **kw: calls.append((m, d, kw)))
+    check = pytest_plugin.bound_to(tmp_path / "ddp-audit")
+    check(Plain, Regression, steps=2)
+    check(Plain, Regression, out=tmp_path / "mine")
+    assert calls == [(Plain, Regression, {"steps": 2, "out": tmp_path / "ddp-audit"}),
+                     (Plain, Regression, {"out": tmp_path / "mine"})]
+
+
+@pytest.mark.timeout(300)
+def test_a_suite_that_names_the_plugin_gets_the_fixture(tmp_path):
+    from vae_ddp import guard
+
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    (tmp_path / "conftest.py").write_text('pytest_plugins = ["vae_ddp.pytest_plugin"]\n')
+    (tmp_path / "test_user.py").write_text(
+        "from vae_ddp import testing\n\n\n"
+        "def test_it(ddp_audit, tmp_path, monkeypatch):\n"
+        "    monkeypatch.setattr(testing, 'assert_ddp_matches_one_device', lambda m, d, **kw: kw)\n"
+        "    assert ddp_audit('model', 'data')['out'] == tmp_path / 'ddp-audit'\n")
+    ini = str(tmp_path / "pytest.ini")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", ini, str(tmp_path)]
+    proc = guard.run(cmd, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert proc.returncode == 0 and "1 passed" in proc.stdout, (proc.stdout + proc.stderr)[-3000:]
