@@ -205,3 +205,22 @@ def test_a_suite_that_names_the_plugin_gets_the_fixture(tmp_path):
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", ini, str(tmp_path)]
     proc = guard.run(cmd, capture_output=True, text=True, timeout=240, cwd=tmp_path)
     assert proc.returncode == 0 and "1 passed" in proc.stdout, (proc.stdout + proc.stderr)[-3000:]
+
+
+@pytest.mark.timeout(120)
+def test_each_call_has_a_folder_of_its_own(monkeypatch):
+    """Without ``out`` every call audits into a new folder (tests in parallel never share one), gone after it."""
+    from vae_ddp.errors import UserError
+
+    folders = []
+
+    def stop(cfg, folder, command, progress=True):
+        folders.append(folder)
+        assert folder.is_dir() and not any(folder.iterdir())
+        raise UserError("stopped before any run")
+
+    monkeypatch.setattr(api, "run_config", stop)
+    for _ in range(2):
+        with pytest.raises(api.AuditInputError, match="stopped before any run"):
+            api.audit(Plain, Regression)
+    assert len(set(folders)) == 2 and not any(f.exists() for f in folders)
