@@ -137,24 +137,16 @@ def _main(argv: Optional[list[str]]) -> int:
 
 
 def _audit(cfg: Any, argv: list[str], cwd: str) -> int:
-    """The pre-flight checks of the parsed ``cfg``, then the audit; returns the exit code. ``cwd``:
-    the working folder the command started in (``--out`` is relative to it, the runs start in it)."""
-    from vae_ddp.audit.study import audit, earlier_report
+    """The audit of the parsed ``cfg`` by [`run_config`][vae_ddp.audit.engine.run_config], the engine of the
+    Python API too; returns the exit code. ``cwd``: the working folder the command started in (``--out``
+    is relative to it, the runs start in it)."""
+    from vae_ddp.audit.engine import run_config
+    from vae_ddp.audit.study import earlier_report
     from vae_ddp.harness.launch import RunFailed
-    from vae_ddp.utils import out_folder_lock
 
     out = Path(cwd, os.path.expanduser(cfg.out))
     try:
-        run, model_cls, data_cls = preflight.audit_run(cfg.as_dict())
-        cost: list[str] = []
-        static, notes = preflight.check(run, data_cls, model_cls, cost)
-        for line in cost:  # before anything starts: what the world size costs
-            print(f"[audit] cost: {line}", flush=True)
-        if os.getcwd() != cwd:  # the user's __init__ changed the working folder: the runs start where the command did
-            os.chdir(cwd)
-        out = preflight.writable(out)
-        with out_folder_lock(out, "vae-ddp audit " + " ".join(argv)):
-            result = audit(run, out, static=static, notes=notes)
+        result = run_config(cfg, out, "vae-ddp audit " + " ".join(argv), cwd=cwd)
     except UserError as err:
         print(f"vae-ddp audit: error: {err}", file=sys.stderr)
         return 2

@@ -1,0 +1,447 @@
+"""The audit as a Python function: the engine of ``vae-ddp audit``, called with classes or instances.
+
+    from vae_ddp.audit.api import audit
+
+    result = audit(MyModule, MyDataModule, data_args={"batch_size": 32}, devices=2, steps=3)
+    result.exit_code      # 0: DDP, as you run it, trains one device's model (the CLI's exit code)
+    result.findings       # one Finding per factor, exposed ones with their effect and fix
+
+[`audit`][vae_ddp.audit.api.audit] builds the same parsed configuration the command line builds
+(jsonargparse, the parser of ``vae_ddp.audit.cli``) and hands it to
+[`run_config`][vae_ddp.audit.engine.run_config], which the command line calls too: the pre-flight
+checks ([`vae_ddp.audit.preflight`][vae_ddp.audit.preflight]), then
+[`study.audit`][vae_ddp.audit.study.audit]. The result is the command's ``audit.json``, typed
+([`AuditResult`][vae_ddp.audit.api.AuditResult]; ``to_dict()`` is the file's content).
+
+The ranks are the command's: a new interpreter (``python -m vae_ddp.audit.run``) under the guard,
+the other ranks forked from it on CPU. Your classes reach them by import, never by pickling: a
+class of an importable module by its dotted name (this process's ``sys.path`` entries outside
+the interpreter's own are added to ``PYTHONPATH`` for them), any other class of a file (a pytest
+test file, a script) by that file, imported under a module name of its own
+([`import_class`][vae_ddp.audit.spec.import_class]); a script must therefore keep its top-level
+work under ``if __name__ == "__main__":``. Classes defined inside a function cannot be reached.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+import io
+import json
+import os
+import re
+import shutil
+import site
+import sys
+import sysconfig
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Optional, Union
+
+from vae_ddp.audit.engine import run_config
+from vae_ddp.errors import RunFailed, UserError
+
+__all__ = ["audit", "AuditResult", "Finding", "Effect", "AuditInputError", "AuditRunFailed"]
+
+
+class AuditInputError(ValueError):
+    """Bad input, found before any training: the message names the argument and what to do."""
+
+
+class AuditRunFailed(RuntimeError):
+    """A training run of the audit failed or hung (the command's exit code 3): no verdict on the model.
+    The message holds the run's label, exit code and the end of its stderr."""
+
+
+@dataclass(frozen=True)
+class Effect:
+    """What an exposed factor changes over ``rows`` global batches from one device's weights
+    ([`vae_ddp.audit.effects`][vae_ddp.audit.effects]).
+
+    Attributes:
+        kind: ``"different"`` (what DDP trains), ``"same distribution"`` (only which samples or
+            draws), ``"exact"`` (the same step) or ``"inconclusive"``.
+        bias: DDP's mean step off one device's, in one device's step-to-step standard deviations.
+        bias_ci: its 95% interval ``(low, high)``.
+        variance_ratio: DDP's step-to-step variance over one device's.
+        variance_ratio_ci: its 95% interval.
+        quantity: ``"gradient"`` or ``"buffers"``, the one measured as the more serious.
+        rows: the global batches measured.
+    """
+
+    kind: str
+    bias: float
+    bias_ci: tuple[float, float]
+    variance_ratio: float
+    variance_ratio_ci: tuple[float, float]
+    quantity: str
+    rows: Optional[int]
+
+    @classmethod
+    def of(cls, d: Optional[dict]) -> Optional["Effect"]:
+        if not d:
+            return None
+        return cls(kind=d["kind"], bias=d["bias"], bias_ci=tuple(d["bias_ci"]), variance_ratio=d["variance_ratio"],
+                   variance_ratio_ci=tuple(d["variance_ratio_ci"]), quantity=d.get("quantity", "gradient"),
+                   rows=d.get("rows"))
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One row of the audit's table: a factor of the registry or one of the audit's own.
+
+    Attributes:
+        factor: its key (``"batchnorm"``).
+        name: its name in the report (``"BatchNorm statistics"``).
+        exposed: the runs saw it.
+        mechanism: for an exposed factor, what it does to the model DDP trains (``"another model"``
+            makes the exit code 1, [`exit_rule`][vae_ddp.audit.exit_rule]), else None.
+        evidence: what was seen (or the words for nothing seen).
+        fix: the fix.
+        page: its documentation page (relative to ``docs/``).
+        contribution: the largest relative gradient difference from one device with every fix but
+            this one's (None where not measured).
+        bites: the contribution is above 2x the floor (None: not separable).
+        left_after_fixes: as in ``audit.json``.
+        fixed_alone: as in ``audit.json``.
+        vs_batch_noise: as in ``audit.json``.
+        automatic_fix: the audit's own fix removes it.
+        effect: what it changes ([`Effect`][vae_ddp.audit.api.Effect]), None where not measured.
+    """
+
+    factor: str
+    name: str
+    exposed: bool
+    mechanism: Optional[str]
+    evidence: str
+    fix: str
+    page: str
+    contribution: Optional[float]
+    bites: Optional[bool]
+    left_after_fixes: Optional[float]
+    fixed_alone: Optional[float]
+    vs_batch_noise: Optional[float]
+    automatic_fix: bool
+    effect: Optional[Effect]
+
+
+@dataclass(frozen=True)
+class AuditResult:
+    """The audit's verdict, typed (``to_dict()``: the ``audit.json`` the command writes).
+
+    Attributes:
+        verdict: ``"passed"`` (exit code 0) or ``"failed"`` (1).
+        exit_code: 0 or 1, the command's exit code ([`exit_rule.decide`][vae_ddp.audit.exit_rule.decide]).
+        exit_why: the keys of the factors that change the model DDP trains, then any other reason.
+        devices: the DDP world size.
+        steps: optimizer steps per run.
+        dtype: the parameters' dtype.
+        global_batch_size: one device's batch.
+        floor: the one-device floor (the samples permuted).
+        ratio_to_floor: DDP with every fix, its largest per-step gradient difference over the floor.
+        grad_steps: that difference per step.
+        deterministic: the floor is rounding.
+        within_floor: DDP with every fix is within 2x its floor.
+        findings: one [`Finding`][vae_ddp.audit.api.Finding] per factor, ranked as the table ranks them.
+        effect: Lightning's defaults as a whole ([`Effect`][vae_ddp.audit.api.Effect]) or None.
+        notes: what the audit noticed beside the factors.
+        report: the report's text (``tables.md``).
+        out: the folder it was written to, None for a temporary folder (removed).
+    """
+
+    verdict: str
+    exit_code: int
+    exit_why: tuple[str, ...]
+    devices: int
+    steps: int
+    dtype: str
+    global_batch_size: int
+    floor: float
+    ratio_to_floor: float
+    grad_steps: tuple[float, ...]
+    deterministic: bool
+    within_floor: bool
+    findings: tuple[Finding, ...]
+    effect: Optional[Effect]
+    notes: tuple[str, ...]
+    report: str = dataclasses.field(repr=False, compare=False)
+    out: Optional[Path] = dataclasses.field(compare=False)
+    _raw: str = dataclasses.field(repr=False)
+
+    @property
+    def exposed(self) -> tuple[Finding, ...]:
+        """The findings the runs saw."""
+        return tuple(f for f in self.findings if f.exposed)
+
+    def to_dict(self) -> dict:
+        """A new copy of the command's ``audit.json`` for these inputs (``json.loads`` of it)."""
+        return json.loads(self._raw)
+
+    @classmethod
+    def of(cls, result: dict, report: str = "", out: Optional[Path] = None) -> "AuditResult":
+        """The typed form of ``result`` (``study.audit``'s dict or ``audit.json``'s content)."""
+        from vae_ddp.audit.study import _name
+
+        raw = json.dumps(result)
+        d = json.loads(raw)
+        keys = [f.name for f in dataclasses.fields(Finding) if f.name not in ("name", "effect", "mechanism")]
+        findings = tuple(Finding(name=_name(f["factor"]), mechanism=f.get("mechanism"),
+                                 effect=Effect.of(f.get("effect")), **{k: f[k] for k in keys}) for f in d["findings"])
+        return cls(verdict="passed" if d["exit_code"] == 0 else "failed", exit_code=d["exit_code"],
+                   exit_why=tuple(d["exit_why"]), devices=d["devices"], steps=d["steps"], dtype=d["dtype"],
+                   global_batch_size=d["global_batch_size"], floor=d["floor"], ratio_to_floor=d["ratio_to_floor"],
+                   grad_steps=tuple(d["grad_steps"]), deterministic=d["deterministic"], within_floor=d["within_floor"],
+                   findings=findings, effect=Effect.of(d.get("effect")), notes=tuple(d.get("notes", [])),
+                   report=report, out=out, _raw=raw)
+
+
+Classish = Union[type, Any]
+
+
+def audit(model: Classish, datamodule: Classish, *, model_args: Optional[dict] = None,
+          data_args: Optional[dict] = None, devices: int = 2, steps: int = 3, dtype: str = "float64",
+          precision: Optional[str] = None, accelerator: str = "cpu", seed: int = 0, effect_batches: int = 32,
+          out: Optional[Union[str, os.PathLike]] = None, progress: bool = False, **trainer_args: Any) -> AuditResult:
+    """Audit ``model`` trained on ``datamodule``: ``vae-ddp audit`` with these options, in this process
+    (its runs are processes of their own).
+
+    Args:
+        model: a ``LightningModule`` subclass (its ``__init__`` arguments in ``model_args``) or an
+            instance of one. An instance is rebuilt from its class and init arguments in every run (the
+            audit seeds each run before building it: the same initial weights in all of them); its init
+            arguments are its ``hparams`` (``self.save_hyperparameters()`` in ``__init__``, with nothing
+            ignored), or none for a class whose ``__init__`` takes none. State set on the instance
+            after ``__init__`` (loaded weights, attributes) does not travel.
+        datamodule: a ``LightningDataModule`` subclass (arguments in ``data_args``) or an instance,
+            the same way. Its ``batch_size`` is the global batch size B (one device's batch); each
+            of the ``devices`` ranks gets ``B / devices``.
+        model_args: ``model``'s ``__init__`` arguments (JSON values: numbers, strings, lists, dicts),
+            as ``--model.init_args.NAME``.
+        data_args: ``datamodule``'s, as ``--data.init_args.NAME``.
+        devices: the DDP world size N (at least 2).
+        steps: optimizer steps per run (at least 1).
+        dtype: ``"float64"`` or ``"float32"``.
+        precision: Lightning's name, one of ``preflight.PRECISIONS``; it overrides ``dtype``.
+        accelerator: ``"cpu"`` (gloo, the default) or ``"gpu"``.
+        seed: the runs' seed.
+        effect_batches: global batches of the effect runs (0 skips them, else at least 4).
+        out: the output folder (``audit.json``, ``tables.md``, the runs' logs); None: a new temporary
+            folder, removed before this returns (so that parallel callers never share one).
+        progress: print what the command prints (its progress lines and the report); else nothing
+            is printed to ``sys.stdout`` while it runs (the report is the result's ``report``).
+        **trainer_args: any other ``Trainer`` argument (``gradient_clip_val=1.0``, ``strategy=...``),
+            as ``--trainer.NAME VALUE``; those the audit sets itself are refused.
+
+    Returns:
+        [`AuditResult`][vae_ddp.audit.api.AuditResult]; ``to_dict()`` equals the ``audit.json`` the command
+        writes for the same inputs.
+
+    Raises:
+        TypeError: ``model``/``datamodule`` is neither such a class nor an instance, an argument has the
+            wrong type, or init arguments are not JSON values.
+        AuditInputError: (a ``ValueError``) any bad input the command answers with exit code 2, before
+            any training; the message names the Python argument and what to do.
+        AuditRunFailed: a training run failed (the command's exit code 3).
+    """
+    _check_types(devices=(devices, int), steps=(steps, int), seed=(seed, int), effect_batches=(effect_batches, int),
+                 progress=(progress, bool))
+    _check_choice("dtype", dtype, ("float64", "float32"))
+    _check_choice("accelerator", accelerator, ("cpu", "gpu"))
+    if precision is not None:
+        from vae_ddp.audit.preflight import PRECISIONS
+
+        _check_choice("precision", str(precision), PRECISIONS)
+        trainer_args["precision"] = str(precision)
+    with _child_path():
+        classes = {key: _class_cfg(key, obj, args) for key, obj, args in
+                   (("model", model, model_args), ("data", datamodule, data_args))}
+        given = {**classes, "devices": devices, "steps": steps, "dtype": dtype, "accelerator": accelerator,
+                 "seed": seed, "effect_batches": effect_batches, "out": str(out or "unused"),
+                 "trainer": dict(trainer_args) or None}
+        cfg = _parse(given)
+        temporary = out is None
+        folder = Path(tempfile.mkdtemp(prefix="vae-ddp-audit-")) if temporary else Path(out).expanduser().resolve()
+        shown = contextlib.nullcontext() if progress else contextlib.redirect_stdout(io.StringIO())
+        try:
+            with shown:  # the report is the result's (report); the runs' own output goes to their logs
+                result = run_config(cfg, folder, "vae_ddp.audit.api.audit", progress=progress)
+            report = (folder / "tables.md").read_text() if (folder / "tables.md").exists() else ""
+        except UserError as err:
+            raise AuditInputError(python_names(str(err))) from None
+        except RunFailed as err:
+            raise AuditRunFailed(str(err)) from None
+        finally:
+            if temporary:  # whatever happened: no folder left behind per call
+                shutil.rmtree(folder, ignore_errors=True)
+    return AuditResult.of(result, report, None if temporary else folder)
+
+
+#: the command line's names in a pre-flight message -> the Python arguments of ``audit``
+_NAMES = [(r"--model\.init_args\.(\w+)", r"model_args['\1']"), (r"--data\.init_args\.(\w+)", r"data_args['\1']"),
+          (r"--model's init args", "model_args"), (r"--data's init args", "data_args"),
+          (r"--trainer\.(\w+)", r"\1"),
+          (r"--(devices|steps|dtype|accelerator|seed|effect_batches|out)\b", r"\1"),
+          (r"--model\b", "model"), (r"--data\b", "datamodule")]
+
+
+def python_names(text: str) -> str:
+    """A pre-flight line (``--data.init_args.batch_size``) with the Python arguments of
+    [`audit`][vae_ddp.audit.api.audit] in place of the command line's flags (``data_args['batch_size']``)."""
+    for pattern, repl in _NAMES:
+        text = re.sub(pattern, repl, text)
+    return text
+
+
+def _check_types(**given: tuple) -> None:
+    for name, (value, kind) in given.items():
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise TypeError(f"{name} must be {kind.__name__}, got {type(value).__name__} {value!r}")
+
+
+def _check_choice(name: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        raise AuditInputError(f"{name}={value!r} is not one the audit runs: give one of "
+                              f"{', '.join(map(repr, choices))}")
+
+
+_BASE = {"model": ("pytorch_lightning.core.module.LightningModule", "model", "model_args", "LightningModule"),
+         "data": ("pytorch_lightning.core.datamodule.LightningDataModule", "datamodule", "data_args",
+                  "LightningDataModule")}
+
+
+def _is_sub(cls: type, base: str) -> bool:
+    return any(f"{k.__module__}.{k.__qualname__}" == base for k in cls.__mro__)
+
+
+def _class_cfg(key: str, obj: Any, args: Optional[dict]) -> dict:
+    """``{"class_path", "init_args"}`` of ``obj`` (a class and ``args``, or an instance), the class path
+    one the runs import ([`class_arg`][vae_ddp.audit.preflight.class_arg]: a file's registered)."""
+    from vae_ddp.audit import preflight
+
+    base, name, args_name, base_name = _BASE[key]
+    if args is not None and not isinstance(args, dict):
+        raise TypeError(f"{args_name} must be a dict of {name}'s __init__ arguments, got {type(args).__name__}")
+    if isinstance(obj, type):
+        if not _is_sub(obj, base):
+            raise TypeError(f"{name}={obj.__qualname__} is not a {base_name} subclass: give your {base_name} "
+                            "class (its __init__ arguments in " + args_name + ") or an instance")
+        cls, init_args = obj, dict(args or {})
+    elif _is_sub(type(obj), base):
+        if args:
+            raise TypeError(f"{args_name} is for a class; {name} is an instance, built with its own arguments: give "
+                            f"the class and {args_name}, or the instance alone")
+        cls, init_args = type(obj), _init_args(obj, name, args_name)
+    else:
+        raise TypeError(f"{name} must be a {base_name} subclass or an instance of one, got {type(obj).__name__}")
+    try:
+        init_args = json.loads(json.dumps(init_args))
+    except (TypeError, ValueError) as err:
+        raise TypeError(f"{args_name}: the audit's runs are processes of their own, rebuilt from JSON arguments, and "
+                        f"{err}: pass numbers, strings, lists or dicts (build the object inside __init__)") from None
+    try:
+        path = preflight.class_arg(key, _where(cls, name))
+    except UserError as err:
+        raise AuditInputError(python_names(str(err))) from None
+    return {"class_path": path, "init_args": init_args}
+
+
+def _init_args(obj: Any, name: str, args_name: str) -> dict:
+    """The init arguments an instance was built with: its ``hparams_initial`` when they name every
+    parameter of its class's ``__init__``, ``{}`` for an ``__init__`` without parameters."""
+    cls = type(obj)
+    params = [p for p in inspect.signature(cls.__init__).parameters.values()
+              if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if not params:
+        return {}
+    saved = dict(getattr(obj, "hparams_initial", None) or {})
+    missing = [p.name for p in params if p.name not in saved]
+    if missing:
+        raise AuditInputError(
+            f"{name}: the {cls.__name__} instance's init arguments cannot be recovered ({', '.join(missing)} not in "
+            f"its hparams): pass the class and its arguments, {name}={cls.__name__}, {args_name}={{...}}, or call "
+            "self.save_hyperparameters() in its __init__")
+    return {p.name: saved[p.name] for p in params}
+
+
+def _where(cls: type, name: str) -> str:
+    """How the runs import ``cls``: its dotted path when a new interpreter finds its module by that name
+    (on this process's ``sys.path``) as the same file, else ``path/to/file.py:Class``."""
+    if "." in cls.__qualname__ or "<" in cls.__qualname__:
+        raise AuditInputError(f"{name}={cls.__qualname__} is defined inside a function or class: the audit's runs "
+                              "import it, so define it at the top level of a module or file")
+    try:
+        file = inspect.getsourcefile(cls)
+    except TypeError:
+        file = None
+    module = sys.modules.get(cls.__module__)
+    if cls.__module__ != "__main__" and module is not None and getattr(module, cls.__qualname__, None) is cls:
+        spec = _found(cls.__module__)
+        if spec is not None and spec.origin and file and os.path.samefile(spec.origin, file):
+            return f"{cls.__module__}.{cls.__qualname__}"
+    if file is None or not file.endswith(".py"):
+        raise AuditInputError(f"{name}={cls.__qualname__} has no source file the audit's runs can import: define it "
+                              "in a .py file")
+    return f"{file}:{cls.__qualname__}"
+
+
+def _found(name: str) -> Any:
+    """The spec a new interpreter with this ``sys.path`` finds for module ``name`` (not ``sys.modules``'
+    entry: a module loaded from a file under a made-up name is there but not found), or None."""
+    from importlib.machinery import PathFinder
+
+    parent, _, last = name.rpartition(".")
+    if parent:
+        if _found(parent) is None:
+            return None
+        path = getattr(sys.modules.get(parent), "__path__", None)
+        if path is None:
+            return None
+    else:
+        path = sys.path
+    try:
+        return PathFinder.find_spec(last, list(path))
+    except (ImportError, ValueError):
+        return None
+
+
+def _parse(given: dict) -> Any:
+    """The audit parser's namespace of ``given`` (the command line's keys), as ``vae-ddp audit`` parses it."""
+    from vae_ddp.audit.cli import build_parser
+    from vae_ddp.errors import one_line
+
+    try:
+        return build_parser().parse_object(given)
+    except UserError as err:
+        raise AuditInputError(python_names(str(err))) from None
+    except Exception as err:  # noqa: BLE001 - jsonargparse's ArgumentError: one line of it
+        raise AuditInputError(python_names(one_line(str(err)))) from None
+
+
+def _own_paths() -> list[str]:
+    """This process's ``sys.path`` entries outside the interpreter's own (its prefix, site-packages)."""
+    own = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sysconfig.get_paths()["stdlib"])}
+    own |= {os.path.realpath(p) for p in [*site.getsitepackages(), site.getusersitepackages()]}
+    paths = []
+    for p in sys.path:
+        real = os.path.realpath(p or os.getcwd())
+        if os.path.isdir(real) and not any(real == o or real.startswith(o + os.sep) for o in own):
+            paths.append(real)
+    return list(dict.fromkeys(paths))
+
+
+@contextlib.contextmanager
+def _child_path() -> Iterator[None]:
+    """``PYTHONPATH`` with this process's own ``sys.path`` entries first, while the audit runs (its
+    runs are new interpreters that import the user's classes by name)."""
+    before = os.environ.get("PYTHONPATH")
+    paths = _own_paths() + ([before] if before else [])
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = before

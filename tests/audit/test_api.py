@@ -1,0 +1,226 @@
+"""The audit as a Python function (vae_ddp.audit.api) and the pytest helper (vae_ddp.testing).
+
+The audits train examples/audit_models.py's small modules (2 gloo ranks, 3 steps, float64); the
+input checks train nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from helpers import ROOT
+
+sys.path.insert(0, str(ROOT))  # examples.audit_models, as the CLI's tests import it (the CLI runs from ROOT)
+
+from examples.audit_models import Plain, Regression, WithBatchNorm  # noqa: E402
+from vae_ddp.audit import api, preflight  # noqa: E402
+from vae_ddp.audit.cli import build_parser  # noqa: E402
+from vae_ddp.testing import assert_ddp_matches_one_device  # noqa: E402
+
+M = "examples.audit_models"
+
+
+class Saved(Regression):
+    """A datamodule that keeps its init args (``hparams``)."""
+
+    def __init__(self, batch_size: int = 16, n: int = 64) -> None:
+        super().__init__(batch_size=batch_size, n=n)
+        self.save_hyperparameters()
+
+
+def _api_cfg(model, data, **kw) -> dict:
+    given = {"model": api._class_cfg("model", model, kw.pop("model_args", None)),
+             "data": api._class_cfg("data", data, kw.pop("data_args", None)),
+             "devices": 2, "steps": 3, "dtype": "float64", "accelerator": "cpu", "seed": 0, "effect_batches": 32,
+             "out": "x", "trainer": None}
+    given.update(kw)
+    return api._parse(given).as_dict()
+
+
+@pytest.mark.timeout(120)
+def test_the_api_builds_the_clis_run():
+    """A class and its init args give the run the command line gives for its dotted path and flags;
+    an instance with save_hyperparameters() gives the same as its class and those args."""
+    argv = ["--model", f"{M}.WithDropout", "--model.init_args.p", "0.25", "--data", f"{M}.Regression",
+            "--data.init_args.batch_size", "8", "--steps", "3", "--out", "x", "--trainer.gradient_clip_val", "0.5"]
+    cli = build_parser().parse_args(argv).as_dict()
+    from examples.audit_models import WithDropout
+
+    ours = _api_cfg(WithDropout, Regression, model_args={"p": 0.25}, data_args={"batch_size": 8},
+                    trainer={"gradient_clip_val": 0.5})
+    assert ours == cli
+    run = preflight.audit_run(ours)[0]
+    assert run == preflight.audit_run(cli)[0]
+    assert run.model["init_args"] == {"p": 0.25} and run.global_batch_size == 8 and run.model_file is None
+    assert run.trainer == {"gradient_clip_val": 0.5}
+    # an instance: its class and the init args save_hyperparameters() kept
+    given = api._class_cfg("data", Saved(batch_size=12), None)
+    assert given == api._class_cfg("data", Saved, {"batch_size": 12, "n": 64})
+    assert given["init_args"] == {"batch_size": 12, "n": 64} and given["class_path"].endswith("test_api.Saved")
+
+
+def test_an_instance_without_its_init_args_is_refused():
+    with pytest.raises(api.AuditInputError, match=r"pass the class and its arguments, model=Plain, model_args="):
+        api.audit(Plain(sync_dist=False), Regression)
+    with pytest.raises(TypeError, match="model_args is for a class; model is an instance"):
+        api.audit(Plain(sync_dist=False), Regression, model_args={"sync_dist": False})
+
+
+@pytest.mark.parametrize("kwargs, error, words", [
+    (dict(devices="2"), TypeError, "devices must be int"),
+    (dict(devices=1), ValueError, "devices must be at least 2"),
+    (dict(dtype="float16"), ValueError, "dtype='float16' is not one the audit runs"),
+    (dict(precision="8-bit"), ValueError, "precision='8-bit' is not one the audit runs"),
+    (dict(max_steps=3), ValueError, "max_steps: the audit sets it (steps)"),
+    (dict(data_args={"batch_size": 15}), ValueError, "data_args['batch_size']) is not divisible by 2 devices"),
+    (dict(effect_batches=2), ValueError, "effect_batches must be 0 (skip) or at least 4"),
+    (dict(model_args=[1]), TypeError, "model_args must be a dict"),
+    (dict(model_args={"sync_dist": object()}), TypeError, "model_args: the audit's runs are processes of their own"),
+])
+@pytest.mark.timeout(120)
+def test_bad_input_is_one_error_naming_the_argument(tmp_path, kwargs, error, words):
+    with pytest.raises(error) as err:
+        api.audit(Plain, Regression, out=tmp_path / "audit", **kwargs)
+    assert words in str(err.value) and "--" not in str(err.value)
+    assert not (tmp_path / "audit").exists()  # nothing ran, nothing was written
+
+
+@pytest.mark.timeout(60)
+def test_what_is_not_a_lightning_class_is_refused():
+    with pytest.raises(TypeError, match="model=Regression is not a LightningModule subclass"):
+        api.audit(Regression, Regression)
+    with pytest.raises(TypeError, match="datamodule must be a LightningDataModule subclass or an instance"):
+        api.audit(Plain, [1, 2])
+
+    class Local(Plain):
+        pass
+
+    with pytest.raises(api.AuditInputError, match="defined inside a function"):
+        api.audit(Local, Regression)
+
+
+def test_a_class_no_module_path_reaches_is_imported_from_its_file(monkeypatch):
+    """A class whose module a new interpreter cannot import by name (a script run as __main__, a
+    module loaded from a file) travels as path/to/file.py:Class."""
+    from helpers import load_script
+
+    mod = load_script("examples/audit_models.py", name="not_importable_audit_models")
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    assert api._where(mod.Plain, "model") == f"{ROOT / 'examples' / 'audit_models.py'}:Plain"
+    assert api._where(Plain, "model") == f"{M}.Plain"
+
+
+@pytest.mark.timeout(600)
+def test_a_clean_model_passes(tmp_path):
+    result = assert_ddp_matches_one_device(Plain, Regression, effect_batches=8)
+    assert result.exit_code == 0 and result.verdict == "passed" and result.out is None
+    assert result.deterministic and result.within_floor and len(result.grad_steps) == 3
+    assert not [f for f in result.exposed if f.mechanism == "another model"]
+    assert "passed" in result.report
+
+
+@pytest.mark.timeout(600)
+def test_per_rank_batchnorm_fails_naming_it_and_its_fix(tmp_path):
+    with pytest.raises(AssertionError) as err:
+        assert_ddp_matches_one_device(WithBatchNorm, Regression, effect_batches=8)
+    message = str(err.value)
+    assert message.startswith("DDP on 2 devices does not train one device's model (examples.audit_models.WithBatchNorm")
+    assert "vae-ddp audit exits 1 because of batchnorm" in message
+    bn = message.split("- BatchNorm statistics (its mechanism changes the model DDP trains): ")[1].split("\n- ")[0]
+    assert bn.startswith("1 BatchNorm layer(s) normalise with per-rank statistics (net.1)")
+    assert "fix: Trainer(sync_batchnorm=True) on GPUs" in bn and "GlobalSyncBatchNorm" in bn
+    assert "effect: " in bn and " over 8 global batches: bias " in bn
+    assert "page: " in message and "factors/batchnorm" in message and "Traceback" not in message
+
+
+@pytest.mark.timeout(900)
+def test_the_api_result_is_the_clis_audit_json(tmp_path):
+    from vae_ddp.cli import main_captured
+
+    # 8 effect batches, not 32, to save CI a minute (the effect at 32: tests/test_keep_it_fixed.py)
+    result = api.audit(WithBatchNorm, Regression, out=tmp_path / "api", effect_batches=8)
+    assert result.out == tmp_path / "api" and result.exit_code == 1 and result.exit_why == ("batchnorm",)
+    bn = {f.factor: f for f in result.findings}["batchnorm"]
+    assert bn.exposed and bn.mechanism == "another model" and bn.effect.rows == 8
+    assert result.report == (tmp_path / "api" / "tables.md").read_text()
+    code, _, stderr = main_captured(["audit", "--model", f"{M}.WithBatchNorm", "--data", f"{M}.Regression",
+                                     "--steps", "3", "--effect_batches", "8", "--out", str(tmp_path / "cli")],
+                                    cwd=ROOT)
+    assert code == 1, stderr[-2000:]
+    cli = json.loads((tmp_path / "cli" / "audit.json").read_text())
+    assert result.to_dict() == cli == json.loads((tmp_path / "api" / "audit.json").read_text())
+    assert api.AuditResult.of(cli) == result
+
+
+@pytest.mark.timeout(120)
+def test_no_temporary_folder_is_left_behind_by_a_refused_audit(tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with pytest.raises(ValueError, match="devices must be at least 2"):
+        api.audit(Plain, Regression, devices=1)  # refused by the pre-flight, after its folder was made
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.timeout(600)
+def test_classes_of_a_script_run_as_main_reach_the_ranks_from_its_file(tmp_path):
+    """tests/scripts/ddp_in_main.py defines its module and datamodule in __main__ and passes an
+    instance: the runs import them from the file (its guarded work does not run again there)."""
+    from vae_ddp import guard
+
+    script = ROOT / "tests" / "scripts" / "ddp_in_main.py"
+    proc = guard.run([sys.executable, str(script)], capture_output=True, text=True, timeout=540, cwd=tmp_path)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == f"{script}:Net 0"
+
+
+def test_the_fixture_writes_into_the_tests_own_folder(tmp_path, monkeypatch):
+    """vae_ddp.pytest_plugin's ddp_audit is the helper with ``out`` in the test's tmp_path (a call's own wins)."""
+    from vae_ddp import pytest_plugin, testing
+
+    calls = []
+    monkeypatch.setattr(testing, "assert_ddp_matches_one_device", lambda m, d, **kw: calls.append((m, d, kw)))
+    check = pytest_plugin.bound_to(tmp_path / "ddp-audit")
+    check(Plain, Regression, steps=2)
+    check(Plain, Regression, out=tmp_path / "mine")
+    assert calls == [(Plain, Regression, {"steps": 2, "out": tmp_path / "ddp-audit"}),
+                     (Plain, Regression, {"out": tmp_path / "mine"})]
+
+
+@pytest.mark.timeout(300)
+def test_a_suite_that_names_the_plugin_gets_the_fixture(tmp_path):
+    from vae_ddp import guard
+
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    (tmp_path / "conftest.py").write_text('pytest_plugins = ["vae_ddp.pytest_plugin"]\n')
+    (tmp_path / "test_user.py").write_text(
+        "from vae_ddp import testing\n\n\n"
+        "def test_it(ddp_audit, tmp_path, monkeypatch):\n"
+        "    monkeypatch.setattr(testing, 'assert_ddp_matches_one_device', lambda m, d, **kw: kw)\n"
+        "    assert ddp_audit('model', 'data')['out'] == tmp_path / 'ddp-audit'\n")
+    ini = str(tmp_path / "pytest.ini")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", ini, str(tmp_path)]
+    proc = guard.run(cmd, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert proc.returncode == 0 and "1 passed" in proc.stdout, (proc.stdout + proc.stderr)[-3000:]
+
+
+@pytest.mark.timeout(120)
+def test_each_call_has_a_folder_of_its_own(monkeypatch):
+    """Without ``out`` every call audits into a new folder (tests in parallel never share one), gone after it."""
+    from vae_ddp.errors import UserError
+
+    folders = []
+
+    def stop(cfg, folder, command, progress=True):
+        folders.append(folder)
+        assert folder.is_dir() and not any(folder.iterdir())
+        raise UserError("stopped before any run")
+
+    monkeypatch.setattr(api, "run_config", stop)
+    for _ in range(2):
+        with pytest.raises(api.AuditInputError, match="stopped before any run"):
+            api.audit(Plain, Regression)
+    assert len(set(folders)) == 2 and not any(f.exists() for f in folders)
