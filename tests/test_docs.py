@@ -311,8 +311,8 @@ LINK = re.compile(r"\[[^\]]*\]\((?P<href>[^)\s]+)(?:\s+\"[^\"]*\")?\)")
 #: than by docs/examples.yml: script -> the test file that runs it (it must name the script).
 RUN_BY_TESTS = {
     "examples/recipe.py": "tests/test_recipe.py",  # run as shown on 2 processes; its train() by recipe_check
-    "examples/gallery.py": "tests/test_gallery.py",
-    "examples/keep_it_fixed/test_ddp.py": "tests/test_installed.py",  # in a fresh venv, as its workflow runs it  # its audits: the reduced gallery (the full one: make gallery)
+    "examples/gallery.py": "tests/test_gallery.py",  # its audits: the reduced gallery (the full one: make gallery)
+    "examples/keep_it_fixed/test_ddp.py": "tests/test_installed.py",  # in a fresh venv, as its workflow runs it
     "examples/legacy/vae.py": "tests_legacy/test_report_script.py",
     "examples/legacy/imagefolder_cifar10.py": "tests_legacy/test_report_script.py",
 }
