@@ -8,6 +8,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from conftest import FULL
 import torch
 
 from vae_ddp.cli import main
@@ -112,7 +113,7 @@ def test_a_jobs_groups_in_turn_get_the_same_threads_when_asked(monkeypatch):
 
 @pytest.mark.timeout(600)
 def test_equivalence_float32_cifar_every_step_within_the_floor_over_seeds(cifar_dir, tmp_path):
-    """Reduced float32 check on the CIFAR-10 subset: 5 seeds, world sizes 2 and 3,
+    """Reduced float32 check on the CIFAR-10 subset: seeds 1 and 3, world sizes 2 and 3,
     global batch 48, 5 steps, 2 permuted draws. Every step of DDP is within FLOOR_FACTOR of the
     floor (measured: 0.74-0.83x over seeds 0-9) and the BatchNorm buffers after every step are
     bitwise one device's: the forward is. Before, seeds 1 and 3 had a step at 519x and 122x: a
@@ -120,9 +121,11 @@ def test_equivalence_float32_cifar_every_step_within_the_floor_over_seeds(cifar_
     in the last bits (GlobalBatchNorm's rounding; the one-device run at 2 intra-op threads and the
     ranks at 1, where MKL's matrix product rounds differently). Per-rank batches of 16 and 24: MKL's
     float32 matrix product gives each row bitwise the same result for any batch of at least 16
-    rows at one thread count, not below (a global batch of 24 split 12/8 differs in fc_mu)."""
+    rows at one thread count, not below (a global batch of 24 split 12/8 differs in fc_mu).
+    Seeds 1 and 3 only, the two that failed (seeds 0-4 cost CI a minute more; all ten:
+    ``make test-full``)."""
     worst = {}
-    for seed in range(5):
+    for seed in (range(10) if FULL else (1, 3)):
         out = tmp_path / str(seed)
         assert _cli("equivalence", "--world_sizes", "[2, 3]", "--data", "imagefolder", "--data_dir", cifar_dir,
                     "--global_batch_size", 48, "--steps", 5, "--dtype", "float32", "--permutations", 2,
