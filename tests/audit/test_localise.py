@@ -269,8 +269,10 @@ def test_a_gather_without_gradient_is_named_and_the_sampler_is_not_blamed(tmp_pa
     assert code == 1 and not result["unexplained"] and "reduction" in result["exit_why"], log[-3000:]
     assert _exposed(result)[0] == "reduction", _exposed(result)
     g = result["localised"]["optimizers"][0]
-    assert g["relative"] == pytest.approx(t["relative"], rel=1e-6) and g["cosine"] == pytest.approx(t["cosine"], rel=1e-6)
-    assert "without sync_grads=True" in rows["reduction"]["evidence"] and "grad_bugs.py:" in rows["reduction"]["evidence"]
+    assert g["relative"] == pytest.approx(t["relative"], rel=1e-6)
+    assert g["cosine"] == pytest.approx(t["cosine"], rel=1e-6)
+    evidence = rows["reduction"]["evidence"]
+    assert "without sync_grads=True" in evidence and "grad_bugs.py:" in evidence
     assert "self.all_gather(t, sync_grads=True)" in rows["reduction"]["fix"]
     sampler = rows["sampler"]
     assert sampler["bites"] is not True and sampler["effect"] is None, sampler  # not "changes what DDP trains"

@@ -1,4 +1,5 @@
-"""Ground truth for the audit of gradients no automatic fix closes, measured with plain Lightning and torch.distributed (no vae_ddp).
+"""Ground truth for the audit of gradients no automatic fix closes, measured with plain Lightning and
+torch.distributed (no vae_ddp).
 
 Usage: python tests/scripts/grad_bugs_truth.py OUT_JSON MODEL [...]
 

@@ -501,7 +501,8 @@ def _rows(found: dict, manual: dict, contributions: dict, alone: dict, v: dict,
             fixed_alone = alone[other] if f else None
         # what bites is in the user's code, which no automatic fix removes: measured by what is
         # left with every automatic fix on (shared by every such factor)
-        left = (max(grad_steps, default=0.0) if factor in manual and factor not in AUDIT_OWN
+        left = (max(grad_steps, default=0.0) if factor in manual
+                and (factor not in AUDIT_OWN or manual[factor].get("localised"))
                 and not manual[factor].get("unkeyed") else None)
         if factor in manual:
             contribution = None
@@ -652,7 +653,8 @@ def _explain(d: dict, n: int) -> dict:
 def _rank(f: dict) -> tuple:
     """Table order: exposed first; among them what changes what DDP trains, then what is not
     measured or not resolved, then what changes only the luck or nothing
-    ([`effects.rank`][vae_ddp.audit.effects.rank]); within each, what bites and what only the user's code can fix,
+    ([`effects.rank`][vae_ddp.audit.effects.rank]); within each, what changes the model DDP trains by its
+    mechanism ([`exit_rule`][vae_ddp.audit.exit_rule]) first; then what bites and what only the user's code can fix,
     by their measured effect (a contribution; for the latter, what is left with every automatic
     fix on), then such a factor not measured (the floor is not rounding), then what cannot be
     separated, then what does not bite: a factor that needs a code change never ranks below one
@@ -661,7 +663,7 @@ def _rank(f: dict) -> tuple:
     if not f["exposed"]:
         return (1, 0, 0.0)
     if f.get("fix_changes_nothing"):  # never the headline: below every exposed factor whose fix matters
-        return (0, 3, 0, 0.0)
+        return (0, 3, 1, 0, 0.0)
     left = f.get("left_after_fixes")
     if f["bites"] or (not f["automatic_fix"] and left is not None):
         order = 0
@@ -671,7 +673,8 @@ def _rank(f: dict) -> tuple:
         order = 2
     else:
         order = 3
-    return (0, effects.rank(f), order, -((f["contribution"] if left is None else left) or 0.0))
+    another = 0 if f.get("mechanism") == exit_rule.ANOTHER_MODEL else 1
+    return (0, effects.rank(f), another, order, -((f["contribution"] if left is None else left) or 0.0))
 
 
 def _batch_noise(other: Path, single: Path, lag: int) -> list[float]:
