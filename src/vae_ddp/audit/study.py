@@ -456,6 +456,9 @@ def _judge(plan: _Plan, runs: _Runs, notes: list[str]) -> dict:
         + (("gradient",) if local is not None and (local["findings"] or left_unnamed) else ()))
     effects.attach(rows, measured, {f.key: f.ablated_with or f.fixed_by for f in registry.factors()
                                     if f.ablated_with or f.fixed_by})
+    for row in rows:  # rank 0's gradient is not DDP's step when every rank steps on its own: not measured
+        if row["factor"] == "parameters" and (local or {}).get("unreduced") and row["exposed"]:
+            row["effect"] = None
     findings = sorted(rows, key=_rank)
     result = {"devices": n, "steps": base.steps, "dtype": base.dtype, "method": "teacher-forced",
               "floor": v["floor"], "floor_draws": v["floor_draws"], "grad_steps": v["grad_steps"],
