@@ -286,3 +286,19 @@ def test_the_corrected_variants_pass(tmp_path, truth, model):
     code, result, log = run_audit(tmp_path, model, "--effect_batches", "0")
     assert code == 0 and result["within_floor"] and result["localised"] is None, log[-3000:]
     assert not [f for f in result["findings"] if f["exposed"] and not f["automatic_fix"]], result["findings"]
+
+
+def test_an_unexplained_verdict_says_where_the_gradient_differs():
+    """No mechanism named: the verdict localises it, per optimizer, with its scale and cosine."""
+    from vae_ddp.audit import study
+
+    single = _record([[1.0, 2.0, 3.0, 4.0]], [0], [[0, 1]])
+    groups = localise.per_optimizer(_record([[1.0, 2.0, 3.3, 3.1]], [0], [[0, 1]]), single, EPS64, 2)
+    result = {"dtype": "float64", "trainer": {}, "floor": EPS64, "steps": 3, "deterministic": True,
+              "unexplained": True, "gradient_within": False, "localised": {"optimizers": groups},
+              "largest_differences": [{"name": "b.w", "max_abs_diff": 0.1}]}
+    line = study._render_verdict(result, study._Units(result))
+    assert line.startswith("- unexplained: not one of the known factors (more than 2x the floor after every "
+                           "fix); every step from one device's weights, optimizer 0 (over a.w, b.w): DDP's "
+                           "gradient is "), line
+    assert "most in b.w (" in line and "cosine" in line and line.endswith("after 3 steps: b.w (0.1)")

@@ -42,7 +42,6 @@ from vae_ddp.outputs import replacing, write_atomic
 from vae_ddp.probes import StepProbe
 from vae_ddp.ranks import alive, cluster_plugins
 from vae_ddp.utils import close_process_group, quiet
-
 from vae_ddp.workers import make_fork_safe
 
 __all__ = ["build", "main"]
