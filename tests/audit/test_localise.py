@@ -276,7 +276,8 @@ def test_a_gather_without_gradient_is_named_and_the_sampler_is_not_blamed(tmp_pa
     assert "without sync_grads=True" in evidence and "grad_bugs.py:" in evidence
     assert "self.all_gather(t, sync_grads=True)" in rows["reduction"]["fix"]
     sampler = rows["sampler"]
-    assert sampler["bites"] is not True and sampler["effect"] is None, sampler  # not "changes what DDP trains"
+    assert sampler["bites"] is False and sampler["effect"] is None, sampler  # not "changes what DDP trains"
+    assert sampler["fix_changes_nothing"] and ": its fix changes nothing here, from either end" in log
     assert rows["reduction"]["effect"]["kind"] == "different"
 
 
