@@ -107,6 +107,9 @@ class StepProbe(Callback):
             [`count_sketch`][vae_ddp.probes.count_sketch] of ``sketch`` elements: what many steps of
             a large model can hold in memory (the norms and the ranks' distance stay exact).
         label: the run's name, for the error of a gradient that is not finite.
+        ranks_grads: world size > 1: also measure, at every optimizer step, how far the ranks'
+            gradients are apart and their mean (``grads_apart``, ``grads_mean``): all-reduced
+            gradients are the same bits on every rank; one extra all-reduce of the gradient per step.
 
     Attributes:
         grads: per step, the gradient as one float64 vector ``(P,)`` (parameters in
@@ -137,6 +140,12 @@ class StepProbe(Callback):
             rank holds the same values).
         int_buffers: per training batch, the integer and boolean buffers at its end (a queue's
             pointer, a counter) as one int64 vector, in ``int_buffer_names`` order: compared exactly.
+        grad_index: per kept gradient, the indices (into ``param_names``) of the parameters whose
+            gradients it holds, in its order; ``opt_index``: per kept gradient, those of the
+            optimizer that steps on it (a GAN's two optimizers step on their own parameters).
+        grads_apart: with ``ranks_grads``, per kept gradient ``max_r ||g^r - g^0|| / ||g^0||`` over
+            the ranks' gradients (float; None where the ranks hold gradients of other lengths);
+            ``grads_mean``: per kept gradient the ranks' mean gradient ``(P,)`` (float64, or None).
         param_names, buffer_names: the names and element counts (``[[name, numel], ...]``) of
             the entries of ``updates`` and ``buffer_updates``, in their order.
 
@@ -146,8 +155,13 @@ class StepProbe(Callback):
     """
 
     def __init__(self, states: Optional[list[dict[str, Tensor]]] = None, record_states: bool = False,
-                 lag: int = 0, label: str = "", repeat: int = 0, sketch: int = 0) -> None:
+                 lag: int = 0, label: str = "", repeat: int = 0, sketch: int = 0, ranks_grads: bool = False) -> None:
         self.forced = states is not None
+        self.ranks_grads = ranks_grads
+        self.grad_index: list[list[int]] = []
+        self.opt_index: list[list[int]] = []
+        self.grads_apart: list[Optional[float]] = []
+        self.grads_mean: list[Optional[Tensor]] = []
         self.label = label
         self.lag = lag
         self.repeat = repeat
@@ -199,9 +213,16 @@ class StepProbe(Callback):
         self._start_buffers = _flat(b for _, b in pl_module.named_buffers() if b.is_floating_point())
 
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer) -> None:
-        grads = [p.grad.detach().reshape(-1).double().cpu()
-                 for _, p in pl_module.named_parameters() if p.grad is not None]
+        params = [p for _, p in pl_module.named_parameters()]
+        grads = [p.grad.detach().reshape(-1).double().cpu() for p in params if p.grad is not None]
         self.grads.append(torch.cat(grads) if grads else torch.zeros(0, dtype=torch.float64))
+        self.grad_index.append([i for i, p in enumerate(params) if p.grad is not None])
+        own = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        self.opt_index.append([i for i, p in enumerate(params) if id(p) in own])
+        if self.ranks_grads and trainer.world_size > 1:
+            apart, mean = _ranks_grads(self.grads[-1], trainer)
+            self.grads_apart.append(apart)
+            self.grads_mean.append(mean)
         if not bool(torch.isfinite(self.grads[-1]).all()):
             run = f"run '{self.label}': " if self.label else ""
             raise RuntimeError(f"{run}the gradient is not finite (NaN or infinite) at training batch {self._batch - 1} "
@@ -240,7 +261,8 @@ class StepProbe(Callback):
         return {k: getattr(self, k) for k in ("grads", "buffers", "grad_batches", "epochs", "lrs", "updates",
                                               "buffer_updates", "norms", "ranks_apart", "ranks_apart_names",
                                               "param_names", "buffer_names", "buffers_apart", "int_buffers",
-                                              "int_buffer_names")}
+                                              "int_buffer_names", "grad_index", "opt_index", "grads_apart",
+                                              "grads_mean")}
 
 
 _SKETCHES: dict[tuple[int, int], tuple[Tensor, Tensor]] = {}
@@ -288,6 +310,29 @@ def _ranks_apart(flat: Tensor, names: list[list], trainer: Trainer,
     total = total.cpu()
     order = [int(i) for i in torch.argsort(total[1:], descending=True)[:3] if total[1 + int(i)] > 0]
     return float(total[0]), [[names[i][0], float(total[1 + i]), _owner(module, names[i][0])] for i in order]
+
+
+def _ranks_grads(grad: Tensor, trainer: Trainer) -> tuple[Optional[float], Optional[Tensor]]:
+    """``(max_r ||g^r - g^0|| / ||g^0||, the ranks' mean gradient)`` of this rank's gradient ``grad``
+    ``(P,)`` (rank 0's broadcast, the distance all-reduced with MAX, the mean by an all-reduce SUM over
+    the run's process group); ``(None, None)`` when the ranks' gradients have other lengths."""
+    import torch.distributed as dist
+
+    device = trainer.strategy.root_device
+    size = torch.tensor([grad.numel(), -grad.numel()], dtype=torch.float64, device=device)
+    dist.all_reduce(size, op=dist.ReduceOp.MAX)
+    if int(size[0]) != -int(size[1]):  # the ranks' gradients have other lengths
+        return None, None
+    mine = grad.to(device)
+    ref = mine.clone()
+    dist.broadcast(ref, 0)
+    distance = (mine - ref).norm().reshape(1)
+    dist.all_reduce(distance, op=dist.ReduceOp.MAX)
+    total = mine.clone()
+    dist.all_reduce(total)
+    norm = float(ref.norm())
+    apart = float(distance) / norm if norm else (0.0 if float(distance) == 0 else float("inf"))
+    return apart, (total / trainer.world_size).cpu()
 
 
 def _buffers_apart(module: torch.nn.Module, trainer: Trainer) -> list[list]:

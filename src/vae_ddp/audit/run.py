@@ -29,6 +29,7 @@ from pytorch_lightning import Callback, LightningModule, Trainer
 from pytorch_lightning.strategies import Strategy
 from torch.utils.data import DataLoader
 
+from vae_ddp.audit import localise
 from vae_ddp.audit.callback import DDPAudit
 from vae_ddp.audit.draws import KeyedTorchDraws, NoAttentionDropout
 from vae_ddp.audit.spec import AuditRun, failed_marker, import_class
@@ -250,17 +251,19 @@ def _train(runs: list[AuditRun], out: Path) -> int:
         if run.steps_file:
             probe = StepProbe(wait_for_steps(Path(run.steps_file)) if run.teacher_forced else None,
                               record_states=not run.teacher_forced, lag=run.lag, label=run.label,
-                              repeat=run.repeat, sketch=run.sketch)
+                              repeat=run.repeat, sketch=run.sketch, ranks_grads=run.label == localise.RANKS_GRADS)
         model, dm, trainer = build(run, probe)
         try:
-            trainer.fit(model, datamodule=dm)
+            with localise.watch_gathers() as gathers:
+                trainer.fit(model, datamodule=dm)
         except Exception as err:  # the user's code failed under the audit's settings: the error names them
             raise with_settings(err, run)
         if trainer.is_global_zero:
             audit = next(c for c in trainer.callbacks if isinstance(c, DDPAudit))
             with replacing(out / f"{run.label}.pt") as tmp:
                 torch.save({n: t.detach().cpu() for n, t in model.state_dict().items() if t.is_floating_point()}, tmp)
-            info[run.label] = {"findings": audit.state(), "steps": trainer.global_step, "notes": list(NOTES)}
+            info[run.label] = {"findings": audit.state(), "steps": trainer.global_step, "notes": list(NOTES),
+                               "gathers": gathers}
             if probe is not None and probe.forced:  # which of the reference's θ_k each batch started from
                 info[run.label]["weights_of_batch"] = probe.loaded
             if probe is not None:

@@ -48,7 +48,7 @@ from typing import Optional
 
 import torch
 
-from vae_ddp.audit import effects, whole_step
+from vae_ddp.audit import effects, localise, whole_step
 from vae_ddp.audit.spec import AuditRun, failed_marker
 from vae_ddp.fixes import noise, registry
 from vae_ddp.audit import exit_rule
@@ -418,6 +418,18 @@ def _judge(plan: _Plan, runs: _Runs, notes: list[str]) -> dict:
     step = _whole_step(runs, n, v["eps"], v["grad_within"], v["unit"]) if v["deterministic"] else None
     for key, f in (step or {}).get("findings", {}).items():
         manual[key] = found[key] = f
+    # what every fix leaves of the gradient, optimizer by optimizer, named where its mechanism shows (localise)
+    local = (localise.judge(runs.record(localise.RANKS_GRADS), runs.record("single"),
+                            first[localise.RANKS_GRADS][1].get("gathers") or [], v["yardstick"], n)
+             if v["deterministic"] and not v["grad_within"] else None)
+    left_unnamed = local is not None and not manual  # nothing else is left for the user's code
+    for key, f in (local or {}).get("findings", {}).items():
+        if key == "gradient_scale" and key in manual:  # the whole gradient's scale, named already
+            continue
+        if key == "reduction" and key in manual:
+            f = dict(f, evidence=manual[key]["evidence"] + "; " + f["evidence"],
+                     fix=f["fix"] + "; " + manual[key]["fix"])
+        manual[key] = found[key] = f
     # parameters apart from buffers, each against its own floor (never 0: one rounding unit, of bfloat16
     # under bf16-mixed, of the largest value); buffers a permutation moves are judged step by step
     free = whole_step.trajectory(single, one["permuted"][0], fixed, [b for b, _ in runs.record("single")["buffer_names"]],
@@ -431,7 +443,7 @@ def _judge(plan: _Plan, runs: _Runs, notes: list[str]) -> dict:
         manual[noise.FACTOR.key] = found[noise.FACTOR.key] = draws["finding"]
         within = False
     unexplained = v["deterministic"] and not within and not manual
-    rows = _rows(found, manual, contributions, alone, v)
+    rows = _rows(found, manual, contributions, alone, v, none_fixed)
     # the findings behind the rows: the default DDP run's that an automatic fix removes, and those left for the
     # user's code (not the ones the runs cleared: seen, but making no difference here)
     seen_findings = [f for f in first["ddp"][1]["findings"] if not f.get("manual")] + list(manual.values())
@@ -439,9 +451,14 @@ def _judge(plan: _Plan, runs: _Runs, notes: list[str]) -> dict:
         row["mechanism"] = exit_rule.mechanism(row["factor"], seen_findings) if row["exposed"] else None
     measured = effects.measure(runs.record, base, plan.fixes, {  # the same step within 2x the rounding floor
         "gradient": FLOOR_RATIO * v["yardstick"], "buffers": FLOOR_RATIO * (step or {}).get("buffer_floor", v["yardstick"])},
-        residual=("buffers",) if "buffers" in (step or {}).get("findings", {}) else ())
+        # a gradient every fix leaves different, in the user's code alone: each factor's run carries it too
+        residual=(("buffers",) if "buffers" in (step or {}).get("findings", {}) else ())
+        + (("gradient",) if local is not None and (local["findings"] or left_unnamed) else ()))
     effects.attach(rows, measured, {f.key: f.ablated_with or f.fixed_by for f in registry.factors()
                                     if f.ablated_with or f.fixed_by})
+    for row in rows:  # rank 0's gradient is not DDP's step when every rank steps on its own: not measured
+        if row["factor"] == "parameters" and (local or {}).get("unreduced") and row["exposed"]:
+            row["effect"] = None
     findings = sorted(rows, key=_rank)
     result = {"devices": n, "steps": base.steps, "dtype": base.dtype, "method": "teacher-forced",
               "floor": v["floor"], "floor_draws": v["floor_draws"], "grad_steps": v["grad_steps"],
@@ -455,6 +472,7 @@ def _judge(plan: _Plan, runs: _Runs, notes: list[str]) -> dict:
               "unkeyed_draws": None if draws is None else {k: val for k, val in draws.items() if k != "finding"},
               "whole_step": None if step is None else {k: val for k, val in step.items() if k != "findings"},
               "reduction_under_ddp": v["reduction_ddp"],
+              "localised": None if local is None else {k: val for k, val in local.items() if k != "findings"},
               "effect": measured.get("defaults"), "effect_rows": (measured.get("defaults") or {}).get("rows"),
               "findings": findings, "largest_differences": _largest(fixed, single) if unexplained else [],
               # as the user named them (path/to/file.py:Class, not the module the audit made of the file)
@@ -469,8 +487,11 @@ def _judge(plan: _Plan, runs: _Runs, notes: list[str]) -> dict:
     return result
 
 
-def _rows(found: dict, manual: dict, contributions: dict, alone: dict, v: dict) -> list[dict]:
-    """The table's rows, one per factor (the registry's, then the audit's own), unsorted."""
+def _rows(found: dict, manual: dict, contributions: dict, alone: dict, v: dict,
+          none_fixed: Optional[float] = None) -> list[dict]:
+    """The table's rows, one per factor (the registry's, then the audit's own), unsorted. A factor
+    whose fix changes nothing from either end ([`fix_changes_nothing`][vae_ddp.audit.localise.fix_changes_nothing],
+    against ``none_fixed``, DDP with no fix) does not bite, whatever is left."""
     deterministic, grad_steps, batch_noise = v["deterministic"], v["grad_steps"], v["batch_noise"]
     rows = []
     for factor in _factors():
@@ -483,7 +504,8 @@ def _rows(found: dict, manual: dict, contributions: dict, alone: dict, v: dict) 
             fixed_alone = alone[other] if f else None
         # what bites is in the user's code, which no automatic fix removes: measured by what is
         # left with every automatic fix on (shared by every such factor)
-        left = (max(grad_steps, default=0.0) if factor in manual and factor not in AUDIT_OWN
+        left = (max(grad_steps, default=0.0) if factor in manual
+                and (factor not in AUDIT_OWN or manual[factor].get("localised"))
                 and not manual[factor].get("unkeyed") else None)
         if factor in manual:
             contribution = None
@@ -497,10 +519,14 @@ def _rows(found: dict, manual: dict, contributions: dict, alone: dict, v: dict) 
         bites = None if contribution is None else contribution > FLOOR_RATIO * max(v["yardstick"], *grad_steps)
         if bites is False and not v["grad_within"]:
             bites = None
+        nothing = bites is None and localise.fix_changes_nothing(contribution, max(grad_steps, default=0.0),
+                                                                 fixed_alone, none_fixed)
+        if nothing:
+            bites = False
         rows.append({"factor": factor, "exposed": f is not None,
                      "evidence": f["evidence"] if f else _clean(factor),
                      "contribution": contribution, "bites": bites, "left_after_fixes": left,
-                     "fixed_alone": fixed_alone,
+                     "fixed_alone": fixed_alone, "fix_changes_nothing": nothing,
                      "vs_batch_noise": None if batch_noise is None or effect is None else effect / batch_noise,
                      "automatic_fix": f is not None and factor not in manual,
                      "fix": f["fix"] if f else "", "page": _page(factor)})
@@ -630,13 +656,17 @@ def _explain(d: dict, n: int) -> dict:
 def _rank(f: dict) -> tuple:
     """Table order: exposed first; among them what changes what DDP trains, then what is not
     measured or not resolved, then what changes only the luck or nothing
-    ([`effects.rank`][vae_ddp.audit.effects.rank]); within each, what bites and what only the user's code can fix,
+    ([`effects.rank`][vae_ddp.audit.effects.rank]); within each, what changes the model DDP trains by its
+    mechanism ([`exit_rule`][vae_ddp.audit.exit_rule]) first; then what bites and what only the user's code can fix,
     by their measured effect (a contribution; for the latter, what is left with every automatic
     fix on), then such a factor not measured (the floor is not rounding), then what cannot be
     separated, then what does not bite: a factor that needs a code change never ranks below one
-    that does not bite."""
+    that does not bite. A factor whose fix changes nothing from either end (``fix_changes_nothing``)
+    comes after every other exposed one: it is never the headline."""
     if not f["exposed"]:
         return (1, 0, 0.0)
+    if f.get("fix_changes_nothing"):  # never the headline: below every exposed factor whose fix matters
+        return (0, 3, 1, 0, 0.0)
     left = f.get("left_after_fixes")
     if f["bites"] or (not f["automatic_fix"] and left is not None):
         order = 0
@@ -646,7 +676,8 @@ def _rank(f: dict) -> tuple:
         order = 2
     else:
         order = 3
-    return (0, effects.rank(f), order, -((f["contribution"] if left is None else left) or 0.0))
+    another = 0 if f.get("mechanism") == exit_rule.ANOTHER_MODEL else 1
+    return (0, effects.rank(f), another, order, -((f["contribution"] if left is None else left) or 0.0))
 
 
 def _batch_noise(other: Path, single: Path, lag: int) -> list[float]:
@@ -732,7 +763,8 @@ def _render_table(result: dict, u: _Units) -> list[str]:
         a, none = f.get("fixed_alone"), result.get("none_fixed")
         if a is None or none is None:
             return ""
-        return f". With only this fix on: {u.vs_floor(a)}; with no fix: {none:.3g}"
+        return (f". With only this fix on: {u.vs_floor(a)}; with no fix: {none:.3g}"
+                + (": its fix changes nothing here, from either end" if f.get("fix_changes_nothing") else ""))
 
     rows = [[_name(f["factor"]), "yes" if f["exposed"] else "no", contribution(f), vs_noise(f)]
             for f in result["findings"]]
@@ -815,8 +847,10 @@ def _render_verdict(result: dict, u: _Units) -> str:
                 else f"every step from one device's weights matches it, but after {u.steps_text} DDP with every fix "
                      f"is {result['trajectory_ratio']:.3g}x the {u.steps}-step floor: something the single steps do "
                      "not carry (the optimizer's state, the module's own counters)")
-        return (f"- unexplained: not one of the known factors ({what}); the parameters and buffers that differ "
-                f"most after {u.steps_text}: {names}")
+        where = localise.describe((result.get("localised") or {}).get("optimizers") or [], u.yardstick)
+        return (f"- unexplained: not one of the known factors ({what})"
+                + (f"; every step from one device's weights, {where}" if where else "")
+                + f"; the parameters and buffers that differ most after {u.steps_text}: {names}")
     if not result["within_floor"]:
         manual = [_name(f["factor"]) for f in result["findings"] if f["exposed"] and not f["automatic_fix"]]
         first = ((result.get("whole_step") or {}).get("differences") or [None])[0]
