@@ -34,7 +34,11 @@ from typing import Iterator, Optional
 import torch
 from torch import Tensor
 
-from vae_ddp.studies.equivalence import FLOOR_FACTOR
+from vae_ddp.fixes.reduction import FACTOR as _REDUCTION_FACTOR
+from vae_ddp.harness.permutation import FLOOR_FACTOR
+
+#: The factor a gather without gradient is named under (the mean reduction's: a loss coupled across ranks)
+REDUCTION = _REDUCTION_FACTOR.key
 
 __all__ = ["RANKS_GRADS", "SCALE_TOLERANCE", "fix_changes_nothing", "per_optimizer", "world_fraction", "unreduced",
            "findings", "describe", "judge", "watch_gathers"]
@@ -104,7 +108,7 @@ def per_optimizer(ddp: dict, single: dict, yardstick: float, n: int) -> list[dic
         n: the world size.
 
     Returns:
-        One dict per optimizer, in the order they step within a batch: ``{"optimizer": i,
+        One dict per optimizer, in the order they step within a batch: ``{"index": i,
         "parameters": [name, ...], "steps", "relative" (the largest relative difference),
         "scale" and "cosine" (at that step), "residual" (the largest ``||a - s b|| / ||b||``),
         "within" (``relative <= FLOOR_FACTOR * yardstick``), "fraction" (``[k, n]`` when every
@@ -142,7 +146,7 @@ def per_optimizer(ddp: dict, single: dict, yardstick: float, n: int) -> list[dic
                 if name not in per_param or c["relative"] > per_param[name]["relative"]:
                     per_param[name] = dict(c, name=name)
         largest = sorted(per_param.values(), key=lambda c: -c["relative"])[:3]
-        out.append({"optimizer": i, "parameters": [m for m in steps[0] if m != "*"], "steps": len(whole),
+        out.append({"index": i, "parameters": [m for m in steps[0] if m != "*"], "steps": len(whole),
                     "relative": worst["relative"], "scale": worst["scale"], "cosine": worst["cosine"],
                     "residual": max(c["residual"] for c in whole),
                     "within": worst["relative"] <= FLOOR_FACTOR * yardstick,
@@ -168,7 +172,7 @@ def unreduced(ddp: dict, single: dict, yardstick: float) -> Optional[dict]:
 
 def _optimizer_words(g: dict) -> str:
     params = ", ".join(g["parameters"][:4]) + (", ..." if len(g["parameters"]) > 4 else "")
-    return f"optimizer {g['optimizer']}" + (f" (over {params})" if params else "")
+    return f"optimizer {g['index']}" + (f" (over {params})" if params else "")
 
 
 def describe(groups: list[dict], yardstick: float) -> str:
@@ -213,8 +217,8 @@ def findings(groups: list[dict], reduce: Optional[dict], gathers: list[str], yar
                    "optimisation return the loss and let Lightning call backward); then rerun the audit"}
     if gathers and differ:
         sites = ", ".join(gathers[:3])
-        out["reduction"] = {
-            "factor": "reduction", "manual": True, "localised": True,
+        out[REDUCTION] = {
+            "factor": REDUCTION, "manual": True, "localised": True,
             "evidence": f"{sites} gathers a tensor that requires a gradient with self.all_gather without "
                         "sync_grads=True: under DDP the gathered rows carry no gradient, where on one device "
                         f"all_gather returns the tensor itself with its gradient, so the loss over them is coupled "
@@ -222,7 +226,7 @@ def findings(groups: list[dict], reduce: Optional[dict], gathers: list[str], yar
             "fix": "gather with the gradient: self.all_gather(t, sync_grads=True) (the audit cannot switch it from "
                    "outside your code: try it and rerun the audit)"}
     scaled = [g for g in differ if g["fraction"]]
-    if scaled and reduce is None and "reduction" not in out:
+    if scaled and reduce is None and REDUCTION not in out:
         clauses = []
         for g in scaled:
             k, m = g["fraction"]

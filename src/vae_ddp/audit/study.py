@@ -426,7 +426,7 @@ def _judge(plan: _Plan, runs: _Runs, notes: list[str]) -> dict:
     for key, f in (local or {}).get("findings", {}).items():
         if key == "gradient_scale" and key in manual:  # the whole gradient's scale, named already
             continue
-        if key == "reduction" and key in manual:
+        if key == localise.REDUCTION and key in manual:
             f = dict(f, evidence=manual[key]["evidence"] + "; " + f["evidence"],
                      fix=f["fix"] + "; " + manual[key]["fix"])
         manual[key] = found[key] = f
