@@ -311,8 +311,8 @@ def draws_verdict(attention: list[str], torch_draws: list[str], default_findings
     in ``__getitem__``, ``items``: [`loader_draws.verdict`][vae_ddp.audit.loader_draws.verdict] of
     what the ranks' loaders drew): are they the same on every rank under Lightning's defaults (the
     ``ddp`` run's noise check: the ranks' generators alike, and the step draws; the ranks' loaders
-    reading the same samples; not measured counts as the same)? ``{"attention", "torch", "dataset",
-    "repeated", "finding"}``, the finding being the noise factor's row (``default_findings``: the
+    reading the same samples; not measured counts as the same)? ``{"attention", "torch", "dataset"
+    (with ``items`` only), "repeated", "finding"}``, the finding being the noise factor's row (``default_findings``: the
     ``ddp`` run's ``DDPAudit`` findings, as dicts)."""
     from vae_ddp.fixes import noise
 
@@ -342,5 +342,6 @@ def draws_verdict(attention: list[str], torch_draws: list[str], default_findings
                                                "step is compared with each sample's draws keyed to its index): "
                                                + items["state"])
         fixes += ("; for the dataset's draws: " if step else "") + items["fix"]
-    return {"attention": attention, "torch": torch_draws, "dataset": items, "repeated": repeated, "finding": {
-        "factor": noise.FACTOR.key, "manual": True, "unkeyed": True, "evidence": evidence, "fix": fixes}}
+    finding = {"factor": noise.FACTOR.key, "manual": True, "unkeyed": True, "evidence": evidence, "fix": fixes}
+    return {"attention": attention, "torch": torch_draws, **({"dataset": items} if items else {}), "repeated": repeated,
+            "finding": finding}
