@@ -35,8 +35,9 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 __all__ = ["KeyedItems", "keyed_items", "measure", "verdict", "PROBE_SAMPLES"]
 
-#: how many samples every rank reads alike in the probe
-PROBE_SAMPLES = 8
+#: how many samples every rank reads alike in the probe, and through at most how many of its workers
+#: (worker w of every rank against worker w of the others: a loader's workers are seeded one way)
+PROBE_SAMPLES, PROBE_WORKERS = 8, 2
 
 
 class KeyedItems(Dataset):
@@ -98,14 +99,14 @@ def _is_random(dataset: Any) -> bool:
 
 def measure(loaders: Any, samples: int = PROBE_SAMPLES) -> Optional[dict]:
     """Call in every rank: the first training loader whose map-style dataset draws anew on every
-    read is copied (its dataset, ``num_workers``, ``worker_init_fn``, ``multiprocessing_context``,
-    ``generator``; one sample a fetch, samples ``0 .. samples - 1`` in order) and read once, inside
-    ``torch.random.fork_rng`` (the rank's generator is left where it was); the ranks all-gather what
-    each sample came out as.
+    read is copied (its dataset, ``worker_init_fn``, ``multiprocessing_context`` and ``generator``,
+    ``num_workers`` up to ``PROBE_WORKERS``; one sample a fetch, samples ``0 .. samples - 1`` in
+    order) and read once, inside ``torch.random.fork_rng`` (the rank's generator, and the loader's
+    own, are left where they were); the ranks all-gather what each sample came out as.
 
-    Returns ``None`` when no loader draws so, else ``{"ranks", "samples", "workers", "worker_init_fn"
-    (its name, or None), "distinct" (distinct draws among the ranks' ``ranks * samples``), "shared"
-    (samples some other rank drew alike with rank 0)}``.
+    Returns ``None`` when no loader draws so, else ``{"ranks", "samples", "workers" (the probe's),
+    "worker_init_fn" (its name, or None), "distinct" (distinct draws among the ranks' ``ranks *
+    samples``), "shared" (samples some other rank drew alike with rank 0)}``.
     """
     from vae_ddp.fixes.factor import gather_objects, loader_list
 
@@ -114,10 +115,10 @@ def measure(loaders: Any, samples: int = PROBE_SAMPLES) -> Optional[dict]:
             continue
         if not _is_random(dl.dataset):
             continue
-        k = min(samples, len(dl.dataset))
-        probe = DataLoader(dl.dataset, batch_size=None, sampler=list(range(k)), num_workers=dl.num_workers,
+        k, workers = min(samples, len(dl.dataset)), min(dl.num_workers, PROBE_WORKERS)
+        probe = DataLoader(dl.dataset, batch_size=None, sampler=list(range(k)), num_workers=workers,
                            worker_init_fn=dl.worker_init_fn, generator=dl.generator,
-                           multiprocessing_context=dl.multiprocessing_context if dl.num_workers else None)
+                           multiprocessing_context=dl.multiprocessing_context if workers else None)
         own = dl.generator.get_state() if dl.generator is not None else None  # the loader's own, left too
         with torch.random.fork_rng(devices=[]):
             mine = [_digest(s) for s in probe]
@@ -126,7 +127,7 @@ def measure(loaders: Any, samples: int = PROBE_SAMPLES) -> Optional[dict]:
         every = gather_objects(mine)
         fn = dl.worker_init_fn
         name = getattr(getattr(fn, "func", fn), "__name__", type(fn).__name__) if fn is not None else None
-        return {"ranks": len(every), "samples": k, "workers": dl.num_workers, "worker_init_fn": name,
+        return {"ranks": len(every), "samples": k, "workers": workers, "worker_init_fn": name,
                 "distinct": len({d for rank in every for d in rank}),
                 "shared": sum(any(rank[j] == every[0][j] for rank in every[1:]) for j in range(k))}
     return None
