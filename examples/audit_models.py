@@ -94,6 +94,27 @@ class Weighted(Regression):
                           sampler=WeightedRandomSampler(weights, num_samples=self.n, replacement=True))
 
 
+class RankSeededWorkers(Regression):
+    """`Regression(augment=True)`'s jittered samples read by DataLoader workers seeded by rank and
+    worker: the `worker_init_fn` Lightning gives a loader after `seed_everything(seed, workers=True)`
+    (`pl_worker_init_function`), with this rank's global rank as Lightning passes it. Every rank's
+    workers draw their own jitter: independent draws, as one device's samples have."""
+
+    def __init__(self, batch_size: int = 16, n: int = 64, shuffle: bool = True, num_workers: int = 1,
+                 augment: bool = True) -> None:
+        super().__init__(batch_size, n, shuffle, num_workers, augment)
+
+    def train_dataloader(self) -> DataLoader:
+        from functools import partial
+
+        from lightning_fabric.utilities.seed import pl_worker_init_function
+
+        rank = self.trainer.global_rank if self.trainer is not None else 0
+        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=self.shuffle,
+                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
+                          worker_init_fn=partial(pl_worker_init_function, rank=rank))
+
+
 class Jitter(Dataset):
     """Random augmentation drawn from torch's global generator in `__getitem__` (as torchvision's transforms do)."""
 

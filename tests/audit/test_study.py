@@ -308,7 +308,15 @@ def test_augmentation_with_workers(tmp_path):
     assert result["effect"] is None and result["effect_rows"] is None and "What each exposed factor" not in log
     assert all(g["effect"] is None for g in result["findings"])
     assert f["noise"]["exposed"] and "augmentation" in f["noise"]["evidence"], log[-3000:]
-    assert code == 1 and not result["unexplained"]
+    assert code == 1 and not result["unexplained"] and "noise" in result["exit_why"]
+    # the ranks' draws measured (#48 item 5), as plain Lightning measures them (tests/scripts/loader_draws_truth.py)
+    t = json.loads((ROOT / "tests/scripts/loader_draws_truth.json").read_text())["augment"]
+    d = result["unkeyed_draws"]["dataset"]
+    assert d["repeated"] and f"{t['distinct'][0]} distinct draws of {t['ranks'] * t['per_rank']}" in d["state"], d
+    assert "the same augmentation as rank 0's" in f["noise"]["evidence"] and f["noise"]["mechanism"] == "another model"
+    assert "seed_everything(seed, workers=True)" in f["noise"]["fix"]
+    # the rest of the step, each sample's draws keyed to its index: one device's
+    assert result["gradient_within"] and result["trajectory_within"], log[-3000:]
     # the user's loader forks its worker from a rank that runs threads: the audit says so and
     # starts it from a forkserver instead (a forked worker hung 1 audit in 7)
     assert any("forkserver" in n and "threads" in n for n in result["notes"]), result["notes"]

@@ -34,7 +34,7 @@ from torch.overrides import TorchFunctionMode
 from vae_ddp.fixes.factor import batch_tensors
 from vae_ddp.fixes.randomness import GlobalBatchStream
 
-__all__ = ["unkeyed_draws", "KeyedTorchDraws", "NoAttentionDropout", "TORCH_DRAWS"]
+__all__ = ["unkeyed_draws", "draws_verdict", "KeyedTorchDraws", "NoAttentionDropout", "TORCH_DRAWS"]
 
 
 @contextlib.contextmanager
@@ -302,3 +302,46 @@ class NoAttentionDropout(Callback):
         for m, p in self._saved:
             m.dropout = p
         self._saved = []
+
+
+def draws_verdict(attention: list[str], torch_draws: list[str], default_findings: list[dict],
+                  items: Optional[dict] = None) -> dict:
+    """The second part of the verdict of a module whose draws no fix keys to a sample (dropout inside
+    ``scaled_dot_product_attention``; torch's random functions in the step; a dataset's augmentation
+    in ``__getitem__``, ``items``: [`loader_draws.verdict`][vae_ddp.audit.loader_draws.verdict] of
+    what the ranks' loaders drew): are they the same on every rank under Lightning's defaults (the
+    ``ddp`` run's noise check: the ranks' generators alike, and the step draws; the ranks' loaders
+    reading the same samples; not measured counts as the same)? ``{"attention", "torch", "dataset"
+    (with ``items`` only), "repeated", "finding"}``, the finding being the noise factor's row (``default_findings``: the
+    ``ddp`` run's ``DDPAudit`` findings, as dicts)."""
+    from vae_ddp.fixes import noise
+
+    step = bool(attention or torch_draws)
+    step_repeated = step and any(f["factor"] == noise.FACTOR.key and not f.get("manual") for f in default_findings)
+    repeated = step_repeated or bool(items and items["repeated"] is not False)
+    state = ("every rank draws the same numbers (Lightning's seed_everything gives the ranks one generator)"
+             if step_repeated else "the ranks draw different numbers")
+    what, fix = [], []
+    if attention:
+        what.append(f"dropout inside scaled_dot_product_attention in {', '.join(attention)} draws its masks for the "
+                    "whole attention matrix from torch's generator, which no fix can deal to the ranks as one "
+                    "device's rows: the rest of the step is compared with it off")
+        fix.append("apply the attention dropout as an nn.Dropout on the attention weights, which the fix serves")
+    if torch_draws:
+        verb = "draws" if len(torch_draws) == 1 else "draw"
+        what.append(f"{', '.join(torch_draws)} {verb} from torch's generator in call order, not per sample: the rest "
+                    "of the step is compared with those draws keyed to the samples")
+        fix.append("draw them per sample with vae_ddp.fixes.global_batch_draw (e.g. global_batch_draw(torch.randn, "
+                   "x.shape, x.dtype, x.device) for torch.randn_like(x)) under vae_ddp.fixes.GlobalBatchRandomness")
+    evidence = "; ".join(what) + (f"; under Lightning's defaults {state}" if step else "")
+    fixes = ("seed each rank's generator differently (vae_ddp.fixes.PerRankSeed, or seed_everything(seed + "
+             "self.global_rank) in setup): the ranks' draws are then independent, as one device's rows are; or "
+             + "; or ".join(fix)) if step else ""
+    if items:
+        evidence += ("; " if step else "") + ("the dataset draws random augmentation in __getitem__ (the rest of the "
+                                               "step is compared with each sample's draws keyed to its index): "
+                                               + items["state"])
+        fixes += ("; for the dataset's draws: " if step else "") + items["fix"]
+    finding = {"factor": noise.FACTOR.key, "manual": True, "unkeyed": True, "evidence": evidence, "fix": fixes}
+    return {"attention": attention, "torch": torch_draws, **({"dataset": items} if items else {}), "repeated": repeated,
+            "finding": finding}

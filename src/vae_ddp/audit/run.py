@@ -32,6 +32,7 @@ from torch.utils.data import DataLoader
 from vae_ddp.audit import localise
 from vae_ddp.audit.callback import DDPAudit
 from vae_ddp.audit.draws import KeyedTorchDraws, NoAttentionDropout
+from vae_ddp.audit.loader_draws import keyed_items, measure
 from vae_ddp.audit.spec import AuditRun, failed_marker, import_class
 from vae_ddp import heartbeat
 from vae_ddp.fixes import registry
@@ -60,6 +61,17 @@ class EvalModeSteps(Callback):
         pl_module.train()
 
 
+class LoaderDraws(Callback):
+    """At the start of training, every rank reads the same samples through a copy of its training
+    loader and the ranks compare their draws ([`measure`][vae_ddp.audit.loader_draws.measure]):
+    ``measured``."""
+
+    measured: Optional[dict] = None
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.measured = measure(trainer.train_dataloader)
+
+
 def build(run: AuditRun,
           probe: Optional[StepProbe] = None) -> tuple[LightningModule, pl.LightningDataModule, Trainer]:
     """Seed, build the user's module and datamodule (per-device batch size) and the Trainer with
@@ -82,6 +94,8 @@ def build(run: AuditRun,
         callbacks.append(NoAttentionDropout())
     if run.keyed_draws:
         callbacks.append(KeyedTorchDraws(run.seed * 1009 + 17))
+    if run.probe_items:
+        callbacks.append(LoaderDraws())
     callbacks.append(DDPAudit(warn=False))
     callbacks += heartbeat.callbacks()  # the guard's watchdog sees the run's progress
     plugins = parts.plugins + cluster_plugins()  # cluster_plugins: a forked rank (the environment vae_ddp.ranks set)
@@ -92,7 +106,8 @@ def build(run: AuditRun,
     if max_epochs is None:
         max_epochs = DEFAULT_MAX_EPOCHS
     precision = user.pop("precision", None) or ("64-true" if run.dtype == "float64" else "32-true")
-    strategy = audit_strategy(run, user.pop("strategy", None) or "ddp", parts.loaders)
+    loaders = parts.loaders + ([lambda dl, _: keyed_items(dl, run.seed)] if run.keyed_items else [])
+    strategy = audit_strategy(run, user.pop("strategy", None) or "ddp", loaders)
     trainer = Trainer(
         accelerator=run.accelerator, devices=run.devices, strategy=strategy, **user,
         max_steps=run.steps, max_epochs=max_epochs, limit_val_batches=0, num_sanity_val_steps=0, logger=False,
@@ -264,6 +279,9 @@ def _train(runs: list[AuditRun], out: Path) -> int:
                 torch.save({n: t.detach().cpu() for n, t in model.state_dict().items() if t.is_floating_point()}, tmp)
             info[run.label] = {"findings": audit.state(), "steps": trainer.global_step, "notes": list(NOTES),
                                "gathers": gathers}
+            drawn = next((c for c in trainer.callbacks if isinstance(c, LoaderDraws)), None)
+            if drawn is not None:  # what the ranks' loaders drew for the same samples
+                info[run.label]["loader_draws"] = drawn.measured
             if probe is not None and probe.forced:  # which of the reference's θ_k each batch started from
                 info[run.label]["weights_of_batch"] = probe.loaded
             if probe is not None:

@@ -177,6 +177,11 @@ class AuditRun:
         keyed_draws: True: torch's random functions called in the training step keyed to the samples
             ([`KeyedTorchDraws`][vae_ddp.audit.draws.KeyedTorchDraws]), for the compared runs of a
             module that draws with them.
+        keyed_items: True: the training dataset's draws in ``__getitem__`` keyed to the sample's index
+            ([`KeyedItems`][vae_ddp.audit.loader_draws.KeyedItems]), for the compared runs of a dataset
+            that draws anew on every read.
+        probe_items: True: the ranks compare what their loaders draw for the same samples
+            ([`measure`][vae_ddp.audit.loader_draws.measure]), in the run with Lightning's defaults.
     """
 
     model: dict
@@ -203,6 +208,8 @@ class AuditRun:
     dealt_to: int = 1
     attention_dropout: bool = True
     keyed_draws: bool = False
+    keyed_items: bool = False
+    probe_items: bool = False
 
     @property
     def world_size(self) -> int:

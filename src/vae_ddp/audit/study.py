@@ -48,7 +48,8 @@ from typing import Optional
 
 import torch
 
-from vae_ddp.audit import effects, localise, whole_step
+from vae_ddp.audit import effects, loader_draws, localise, whole_step
+from vae_ddp.audit.draws import draws_verdict
 from vae_ddp.audit.spec import AuditRun, failed_marker
 from vae_ddp.fixes import noise, registry
 from vae_ddp.audit import exit_rule
@@ -228,6 +229,7 @@ class _Plan:
     attention: list[str]  # layers whose attention dropout no run can key to a sample (turned off)
     torch_draws: list[str]  # torch's random functions called in the step (keyed to the samples)
     static: list[dict]  # the one-process checks' findings
+    items: bool = False  # the dataset draws in __getitem__ (keyed to the index; the ranks' draws measured)
 
 
 def _plan(base: AuditRun, out_dir: Path, static: list[dict]) -> _Plan:
@@ -237,8 +239,12 @@ def _plan(base: AuditRun, out_dir: Path, static: list[dict]) -> _Plan:
     # draws themselves, is judged from Lightning's defaults, which keep them as the user draws them)
     attention = [layer for f in static for layer in f.get("attention_layers", [])]
     torch_draws = [site for f in static for site in f.get("torch_draws", [])]
-    static = [f for f in static if not (f.get("attention_layers") or f.get("torch_draws"))]
-    base = base.replace(dealt_to=n, attention_dropout=not attention, keyed_draws=bool(torch_draws))
+    # the dataset's draws in __getitem__ likewise: keyed to the index in every compared run, and
+    # what the ranks' loaders draw for the same samples measured under Lightning's defaults
+    items = any(f.get("loader_draws") == "dataset" for f in static)
+    static = [f for f in static if not (f.get("attention_layers") or f.get("torch_draws")
+                                        or f.get("loader_draws") == "dataset")]
+    base = base.replace(dealt_to=n, attention_dropout=not attention, keyed_draws=bool(torch_draws), keyed_items=items)
     fixes = list(registry.audit_fixable())
     runs_dir = out_dir / "runs"
     for folder in (runs_dir, runs_dir / "one-device", runs_dir / "ddp"):
@@ -262,7 +268,8 @@ def _plan(base: AuditRun, out_dir: Path, static: list[dict]) -> _Plan:
     # launch for every fixable factor; only the factors found exposed below are reported (a
     # launch costs more than a few short runs). The teacher-forced runs go last: they wait for
     # the one-device run's weights.
-    ddp = [base.replace(label="ddp", devices=n, fixes=[], attention_dropout=True, keyed_draws=False),
+    ddp = [base.replace(label="ddp", devices=n, fixes=[], attention_dropout=True, keyed_draws=False, keyed_items=False,
+                        probe_items=items),
            base.replace(label="ddp+fixed", devices=n, fixes=fixes),
            base.replace(label="ddp+fixed-forced", devices=n, **forced),
            *(base.replace(label=f"ddp-{f}", devices=n, **dict(forced, fixes=[g for g in fixes if g != f]))
@@ -281,7 +288,7 @@ def _plan(base: AuditRun, out_dir: Path, static: list[dict]) -> _Plan:
         ddp.append(base.replace(label="ddp+fixed-eval", devices=n, eval_mode=True, **forced))
     more = effects.plan(base, fixes, str(steps_file))  # each factor's bias and noise ratio: many batches, last
     one_device, ddp = one_device + more[0], ddp + more[1]
-    return _Plan(base, fixes, one_device, ddp, lag, recheck, attention, torch_draws, static)
+    return _Plan(base, fixes, one_device, ddp, lag, recheck, attention, torch_draws, static, items)
 
 
 class _Runs:
@@ -437,8 +444,9 @@ def _judge(plan: _Plan, runs: _Runs, notes: list[str]) -> dict:
     trajectory_floor, div_fixed, trajectory_unit, trajectory_ratio = (free[k] for k in ("floor", "divergence", "unit",
                                                                                          "ratio"))
     within = v["grad_within"] and not (step or {}).get("differences") and trajectory_ratio <= TRAJECTORY_RATIO
-    draws = (_unkeyed_draws(plan.attention, plan.torch_draws, first["ddp"][1]["findings"])
-             if plan.attention or plan.torch_draws else None)
+    items = loader_draws.verdict(first["ddp"][1].get("loader_draws")) if plan.items else None
+    draws = (draws_verdict(plan.attention, plan.torch_draws, first["ddp"][1]["findings"], items)
+             if plan.attention or plan.torch_draws or items else None)
     if draws is not None and draws["repeated"]:  # else independent draws of one distribution: the line says so
         manual[noise.FACTOR.key] = found[noise.FACTOR.key] = draws["finding"]
         within = False
@@ -542,35 +550,6 @@ def rounding_unit(dtype: str, precision: Optional[str] = None) -> float:
     if str(precision or "").startswith("16"):
         return torch.finfo(torch.float16).eps
     return torch.finfo(torch.float64 if dtype == "float64" else torch.float32).eps
-
-
-def _unkeyed_draws(attention: list[str], torch_draws: list[str], default_findings: list[dict]) -> dict:
-    """The second part of the verdict of a module whose draws no fix keys to a sample (dropout inside
-    ``scaled_dot_product_attention``; torch's random functions in the step): are they the same on every
-    rank under Lightning's defaults (the ``ddp`` run's noise check: the ranks' generators alike, and
-    the step draws)? ``{"attention", "torch", "repeated", "finding"}``, the finding being the noise
-    factor's row."""
-    repeated = any(f["factor"] == noise.FACTOR.key and not f.get("manual") for f in default_findings)
-    state = ("every rank draws the same numbers (Lightning's seed_everything gives the ranks one generator)"
-             if repeated else "the ranks draw different numbers")
-    what, fix = [], []
-    if attention:
-        what.append(f"dropout inside scaled_dot_product_attention in {', '.join(attention)} draws its masks for the "
-                    "whole attention matrix from torch's generator, which no fix can deal to the ranks as one "
-                    "device's rows: the rest of the step is compared with it off")
-        fix.append("apply the attention dropout as an nn.Dropout on the attention weights, which the fix serves")
-    if torch_draws:
-        verb = "draws" if len(torch_draws) == 1 else "draw"
-        what.append(f"{', '.join(torch_draws)} {verb} from torch's generator in call order, not per sample: the rest "
-                    "of the step is compared with those draws keyed to the samples")
-        fix.append("draw them per sample with vae_ddp.fixes.global_batch_draw (e.g. global_batch_draw(torch.randn, "
-                   "x.shape, x.dtype, x.device) for torch.randn_like(x)) under vae_ddp.fixes.GlobalBatchRandomness")
-    return {"attention": attention, "torch": torch_draws, "repeated": repeated, "finding": {
-        "factor": noise.FACTOR.key, "manual": True, "unkeyed": True,
-        "evidence": "; ".join(what) + f"; under Lightning's defaults {state}",
-        "fix": "seed each rank's generator differently (vae_ddp.fixes.PerRankSeed, or seed_everything(seed + "
-               "self.global_rank) in setup): the ranks' draws are then independent, as one device's rows are; or "
-               + "; or ".join(fix)}}
 
 
 def _whole_step(runs: "_Runs", n: int, eps: float, grad_within: bool, unit: float) -> dict:
@@ -816,11 +795,15 @@ def _render_measures(result: dict, u: _Units) -> list[str]:
         parts = ([f"the dropout inside scaled_dot_product_attention in {', '.join(draws['attention'])} (off in every "
                   "compared run)"] if draws["attention"] else [])
         parts += ([f"{', '.join(draws['torch'])} (keyed to the samples in every compared run)"] if draws["torch"] else [])
+        parts += (["the dataset's draws in __getitem__ (keyed to each sample's index in every compared run)"]
+                  if draws.get("dataset") else [])
         lines.append(f"- in two parts, for draws no run can key to a sample as your code makes them, {' and '.join(parts)}: "
                      "the rest of the step is judged here; the draws themselves are "
                      + ("the same on every rank under Lightning's defaults: not one device's independent rows (see "
                         f"{_name(noise.FACTOR.key)})" if draws["repeated"] else
-                        "different on every rank: independent draws, as one device's rows are"))
+                        "different on every rank: independent draws, as one device's rows are")
+                     + (f" (the dataset's: {draws['dataset']['short' if draws['repeated'] else 'state']})"
+                        if draws.get("dataset") else ""))
     return lines
 
 

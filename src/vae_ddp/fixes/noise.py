@@ -227,8 +227,9 @@ def collate_is_random(dm: Any, samples: int = 4) -> bool:
 
 #: what the one-process checks say of random draws in the loader: (evidence, fix)
 _LOADER_DRAWS = {
-    "dataset": ("the dataset draws random augmentation in __getitem__: the same draws on every rank (worker seeds "
-                "derive from the same base seed) and a different draw per sample for every world size",
+    "dataset": ("the dataset draws random augmentation in __getitem__ (two reads of a sample differ): a draw per "
+                "sample that depends on the world size and on which process reads it (the audit measures whether "
+                "the ranks draw alike: vae_ddp.audit.loader_draws)",
                 "draw each sample's augmentation from generators seeded with (seed, epoch, index): "
                 "vae_ddp.fixes.SeededAugmentation(dataset, transform)"),
     "collate_fn": ("the DataLoader's collate_fn draws random numbers (e.g. batch-level mixup): every rank draws the "
@@ -244,7 +245,7 @@ def _before(model: Any, datamodule: Any, batches: list, n: int) -> list[Finding]
     """The one-process checks of `vae-ddp audit`: random draws in the dataset and in the loader's ``collate_fn``."""
     seen = [where for where, is_random in (("dataset", dataset_is_random), ("collate_fn", collate_is_random))
             if is_random(datamodule)]
-    return [Finding(FACTOR.key, *_LOADER_DRAWS[where], manual=True) for where in seen]
+    return [Finding(FACTOR.key, *_LOADER_DRAWS[where], manual=True, details={"loader_draws": where}) for where in seen]
 
 
 FACTOR = Factor(
