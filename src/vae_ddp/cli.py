@@ -157,10 +157,11 @@ def _import_or_end_at_ctrl_c(argv: list[str]) -> None:
     lost in them and leave a module half-initialised: numpy's, whose ``__getattr__`` then recursed
     until a RecursionError with a traceback and exit code 1 (2 runs of 25, Ctrl-C 0.9-1.0 s after the
     start, measured). Nothing needs cleaning yet: no folder, no process is made before these imports.
-    A SIGINT ignored by whoever started the command stays ignored; ``vae-ddp -h`` imports none of them."""
+    A SIGINT ignored by whoever started the command stays ignored; a ``-h`` or ``--help`` imports none of them
+    (``vae-ddp audit -h`` answers without torch)."""
     import signal
 
-    if argv in (["-h"], ["--help"]) or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+    if {"-h", "--help"} & set(argv) or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         return
 
     def interrupted(signum, frame):

@@ -677,7 +677,9 @@ def test_help_answers_without_torch():
     its parser takes the class paths as plain strings (benchmarks/audit_time.py times it)."""
     import subprocess
 
-    code = ("import sys; from vae_ddp.cli import main; rc = main(['audit', '--help']); "
+    # through the command's entry (``vae-ddp`` is ``vae_ddp.cli:entry``), which may import before main runs
+    code = ("import sys; from vae_ddp.cli import entry; sys.argv = ['vae-ddp', 'audit', '--help']\n"
+            "try:\n    entry()\nexcept SystemExit as e:\n    rc = e.code\n"
             "print(rc, sorted(m for m in ('torch', 'pytorch_lightning', 'lightning') if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0 and proc.stdout.splitlines()[-1] == "0 []", proc.stdout[-2000:] + proc.stderr[-2000:]
