@@ -74,8 +74,13 @@ def main(argv=None) -> dict:
               "pytest": "`pytest` of `assert_ddp_matches_one_device`"}
     for k, v in times.items():
         lines.append(f"| {labels[k]} | {med[k]:.1f} | {', '.join(f'{x:.1f}' for x in v)} |")
+    # each repeat's pytest over the audit run just before it (the same load): the ratio a loaded machine still pairs
+    paired = [t / a for t, a in zip(times["pytest"], times["audit"])]
+    med["pytest_over_audit_paired"] = statistics.median(paired)
     lines += ["", f"Beside its two imports of Lightning the audit takes {med['audit'] - 2 * med['import']:.1f} s; "
-              f"a user's test of the same model takes {med['pytest'] / med['audit']:.2f}x the command."]
+              f"a user's test of the same model takes {med['pytest'] / med['audit']:.2f}x the command (ratio of the "
+              f"medians), {med['pytest_over_audit_paired']:.2f}x as the median of the paired runs' ratios "
+              f"({', '.join(f'{r:.2f}' for r in paired)})."]
     text = "\n".join(lines)
     print(text)
     result = {"repeats": args.repeats, "steps": args.steps, "times": times, "median": med}
