@@ -30,7 +30,8 @@ def test_a_clean_mlps_sampler_is_the_same_distribution(tmp_path):
     assert sampler["exposed"] and sampler["contribution"] > 0.1  # one step: other samples, another gradient
     e = sampler["effect"]
     assert set(e) >= KEYS and e["kind"] == "same distribution", e
-    assert e["bias_ci"][1] < BIAS_MARGIN and 1 / RATIO_MARGIN < e["variance_ratio_ci"][0] <= 1 <= e["variance_ratio_ci"][1]
+    assert (e["bias_ci"][1] < BIAS_MARGIN
+            and 1 / RATIO_MARGIN < e["variance_ratio_ci"][0] <= 1 <= e["variance_ratio_ci"][1])
     assert result["effect_rows"] == effects.ROWS and result["effect"]["kind"] == "same distribution"
     assert all(f["effect"] is None for f in result["findings"] if not f["exposed"])
     assert "| Sampler and data order | only which samples or draws |" in log
@@ -62,11 +63,14 @@ def test_what_changes_what_ddp_trains_ranks_first():
     assert [r["factor"] for r in sorted(rows, key=_rank)] == ["model", "unresolved", "yours", "luck", "same"]
 
 
-@pytest.mark.parametrize("kind, words", [("different", "what DDP trains"), ("same distribution", "only which samples or draws"),
+@pytest.mark.parametrize("kind, words", [("different", "what DDP trains"),
+                                         ("same distribution", "only which samples or draws"),
                                          ("exact", "nothing: the same step"), ("inconclusive", "not resolved")])
 def test_the_table_words_each_kind(kind, words):
-    e = dict(kind=kind, bias=0.1, bias_ci=[0, 0.2], variance_ratio=1.0, variance_ratio_ci=[0.8, 1.2], quantity="gradient")
+    e = dict(kind=kind, bias=0.1, bias_ci=[0, 0.2], variance_ratio=1.0, variance_ratio_ci=[0.8, 1.2],
+             quantity="gradient")
     result = {"findings": [dict(factor="sampler", effect=e)], "effect": None, "effect_rows": 32}
     lines = effects.render(result, str)
-    assert f"| sampler | {words} " in "\n".join(lines) and lines[-1] == "- sampler: bias 0.1 [0, 0.2] sd, noise ratio 1 [0.8, 1.2], on the gradient"
+    assert (f"| sampler | {words} " in "\n".join(lines)
+            and lines[-1] == "- sampler: bias 0.1 [0, 0.2] sd, noise ratio 1 [0.8, 1.2], on the gradient")
     assert effects.render({"findings": [dict(factor="sampler", effect=None)]}, str) == []

@@ -206,7 +206,8 @@ def test_per_rank_padding_is_named_not_the_reduction(tmp_path):
     assert "differ in shape" in f["sampler"]["evidence"] and "max_length=L" in f["sampler"]["fix"]
     assert "needs your code" in log and "(see docs/factors/sampler.md)" in log  # no published site here
     # measured too: what is left with every automatic fix on, ranked by it among what bites
-    assert f["sampler"]["left_after_fixes"] == max(result["grad_steps"]) and result["findings"][0]["factor"] == "sampler"
+    assert (f["sampler"]["left_after_fixes"] == max(result["grad_steps"])
+            and result["findings"][0]["factor"] == "sampler")
     # every finding carries its effect: what only the user's code fixes, by DDP with every automatic fix on;
     # the optimizer (Adam under the shared dropout masks) by the noise's run, whose fix removes it
     exposed = {k: g for k, g in f.items() if g["exposed"]}
@@ -342,8 +343,10 @@ def test_augmentation_with_workers(tmp_path):
     (["--model", f"{M}.Plain", "--dtype", "float16"], "unknown --dtype 'float16': use one of float64, float32"),
     (["--model", f"{M}.Plain", "--trainer.gradient_clip_val", "abc"],
      "--trainer.gradient_clip_val: expected "),  # Trainer's own type (int, float, null: jsonargparse's order varies)
-    (["--model", f"{M}.Plain", "--model.init_args.hidden", "4"], "--model.init_args.hidden: Plain has no init argument 'hidden'"),
-    (["--model", f"{M}.Plain", "--data.init_args.batch_size", "x"], "--data.init_args.batch_size: expected int, got 'x'"),
+    (["--model", f"{M}.Plain", "--model.init_args.hidden", "4"],
+     "--model.init_args.hidden: Plain has no init argument 'hidden'"),
+    (["--model", f"{M}.Plain", "--data.init_args.batch_size", "x"],
+     "--data.init_args.batch_size: expected int, got 'x'"),
     (["--model", "examples/audit_models.py:Plain", "--model.init_args.hidden=4"],
      "--model.init_args.hidden: Plain has no init argument 'hidden'"),
     (["--model", f"{M}.Plain", "--trainer.precision", "16"],
@@ -419,7 +422,8 @@ def test_print_config_of_a_class_in_a_file_reads_back(tmp_path, capsys, monkeypa
     code = main(["audit", "--config", str(tmp_path / "c.yaml"), "--steps", "0", "--out", str(tmp_path / "a")])
     assert code == 2 and capsys.readouterr().err.strip() == "vae-ddp audit: error: --steps must be at least 1, got 0"
     (tmp_path / "c.yaml").write_text("model:\n  class_path: nowhere.py:Net\n")
-    code = main(["audit", "--config", str(tmp_path / "c.yaml"), "--data", f"{M}.Regression", "--out", str(tmp_path / "a")])
+    code = main(["audit", "--config", str(tmp_path / "c.yaml"), "--data", f"{M}.Regression",
+                 "--out", str(tmp_path / "a")])
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1 and "nowhere.py does not exist" in err, err
 
@@ -635,7 +639,8 @@ def test_the_reduction_check_is_not_fooled_by_draws_in_the_step(monkeypatch):
                    global_batch_size=16)
     findings, notes = check(run, Regression, NoisyStep)
     # the draw itself is named for the compared runs to key (not a finding of a factor)
-    assert findings == [{"attention_layers": [], "torch_draws": ["torch.randn_like in the LightningModule (NoisyStep)"]}]
+    assert findings == [{"attention_layers": [],
+                         "torch_draws": ["torch.randn_like in the LightningModule (NoisyStep)"]}]
     assert len(notes) == 1 and "changes with torch's seed" in notes[0], (findings, notes)
 
 

@@ -31,7 +31,8 @@ def record(updates, buffers=None, lrs=None, ranks=None, names=None, norms=None) 
             "grad_batches": list(range(n)), "norms": norms or [[1.0, 1.0]] * n,
             "ranks_apart": ranks if ranks is not None else [0.0] * n,
             "ranks_apart_names": names or [[] for _ in range(n)],
-            "param_names": [["w", len(updates[0])]], "buffer_names": [["b", len(buffers[0])]] if len(buffers[0]) else []}
+            "param_names": [["w", len(updates[0])]],
+            "buffer_names": [["b", len(buffers[0])]] if len(buffers[0]) else []}
 
 
 def vec(*values) -> torch.Tensor:
@@ -233,7 +234,8 @@ def test_bf16_mixed_is_judged_against_a_floor_that_is_never_zero(tmp_path):
     assert rounding_unit("float64", None) == EPS64 and rounding_unit("float32", "32-true") == torch.finfo().eps
     code, result, log = run_audit(tmp_path, "Plain", "--trainer.precision", "bf16-mixed")
     assert code == 0 and result["within_floor"] and result["dtype"] == "float32", log[-3000:]
-    assert result["rounding_unit"] == torch.finfo(torch.bfloat16).eps and result["trainer"] == {"precision": "bf16-mixed"}
+    assert (result["rounding_unit"] == torch.finfo(torch.bfloat16).eps
+            and result["trainer"] == {"precision": "bf16-mixed"})
     assert 0 < max(result["grad_steps"]) < result["rounding_unit"], result["grad_steps"]  # DDP differs, below one unit
     assert result["whole_step"]["update_floor"] >= result["rounding_unit"] and result["trajectory_within"]
     assert not result["whole_step"]["update_judged"] and "not judged under bf16-mixed" in log

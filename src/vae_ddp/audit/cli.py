@@ -31,7 +31,8 @@ DESCRIPTION = ("Train your LightningModule on one device and with DDP from the s
                "find which factor makes them differ.")
 EPILOG = ("exit codes: 0 DDP, as you run it, trains one device's model: it computes one device's step, "
           "or differs only in which samples or independent draws it takes (Lightning's shuffling DistributedSampler) "
-          "or in what it logs; 1 it does not: a factor whose mechanism changes what DDP trains (the same draws on every rank, "
+          "or in what it logs; 1 it does not: a factor whose mechanism changes what DDP trains "
+          "(the same draws on every rank, "
           "per-rank BatchNorm statistics, a loss reduced per rank, a stream every rank reads whole, buffers or "
           "parameters that part), even where the audit's fix closes it (the fix is the advice), or with every fix "
           "DDP's step is not within 2x the one-device floor, or it could not be judged; 2 bad input; "
@@ -103,7 +104,8 @@ def build_parser() -> AuditParser:
     p.add_argument("--trainer", type=Optional[dict[str, Any]], default=None, metavar="NAME VALUE", help=(
         "your Trainer's arguments as LightningCLI spells them, --trainer.NAME VALUE, the same in every run: "
         + "; ".join(f"--trainer.{k}: {text}" for k, text in TRAINER_ARGS.items())
-        + "; any other Trainer argument, except those the audit sets: " + ", ".join(f"--trainer.{k} ({v})" for k, v in TRAINER_SET.items())))
+        + "; any other Trainer argument, except those the audit sets: "
+        + ", ".join(f"--trainer.{k} ({v})" for k, v in TRAINER_SET.items())))
     return p
 
 

@@ -108,7 +108,8 @@ def unkeyed_draws(module: nn.Module, step: Any) -> tuple[list[str], list[str]]:
     ``scaled_dot_product_attention`` with ``dropout_p > 0`` as ``["name (Class, dropout_p=p)", ...]``
     and the calls of torch's random functions without a ``generator=`` as
     ``["torch.randn_like in name (Class)", ...]`` ("the LightningModule" for a call outside any
-    submodule's ``forward``; none inside the dropout and drop-path layers the fixes serve). Found by forward hooks that track the innermost module running (the
+    submodule's ``forward``; none inside the dropout and drop-path layers the fixes serve). Found by
+    forward hooks that track the innermost module running (the
     attention call goes through ``torch.nn.functional``'s attribute, as PyTorch's and Hugging
     Face's code make it) and a ``TorchFunctionMode`` that sees torch's functions."""
     names = {id(m): n for n, m in module.named_modules()}

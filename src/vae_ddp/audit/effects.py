@@ -5,7 +5,8 @@ cannot tell DDP taking other samples or draws (``DistributedSampler``'s order: t
 other luck) from DDP computing another step (per-rank BatchNorm statistics: another model). This
 module measures the difference as a distribution
 ([`vae_ddp.harness.effect`][vae_ddp.harness.effect]): one device and DDP each take ``effect_batches``
-global batches (``ROWS`` by default), ``effect_batches / points`` of them from each of the reference's first ``points`` weights
+global batches (``ROWS`` by default), ``effect_batches / points`` of them from each of the
+reference's first ``points`` weights
 θ_0, θ_1 (``AuditRun.repeat``; ``points`` = ``min(POINTS, steps)``), every batch from those
 weights, the batches and draws following on as training takes them:
 
@@ -140,7 +141,8 @@ def measure(record: Callable[[str], dict], base: AuditRun, fixes: list[str], flo
             if quantity in residual and key not in ("defaults", "fixed"):
                 continue
             try:
-                parts[quantity] = stats.decompose(**_pairs(reference, run, repeat, quantity, sampler.FACTOR.key not in fixed),
+                parts[quantity] = stats.decompose(**_pairs(reference, run, repeat, quantity,
+                                                           sampler.FACTOR.key not in fixed),
                                                   floor=floor[quantity])
             except ValueError:  # no such rows (no buffers), or too few
                 continue
@@ -204,7 +206,8 @@ def render(result: dict, name: Callable[[str], str]) -> list[str]:
              "changes: what DDP trains (a bias or a noise ratio shown at 95%), only which samples or draws (both "
              f"shown within their margins at 95%: a bias below {stats.BIAS_MARGIN:g} sd, a noise ratio within "
              f"{1 / stats.RATIO_MARGIN:g}-{stats.RATIO_MARGIN:g}), nothing (every batch gives one device's step within "
-             f"{FLOOR_WORDS}), or not resolved (neither shown). bias: DDP's mean step off one device's, in one device's "
+             f"{FLOOR_WORDS}), or not resolved (neither shown). bias: DDP's mean step off one device's, "
+             "in one device's "
              "step-to-step standard deviations at the same weights; noise ratio: DDP's step-to-step variance over one "
              "device's. Measured on the gradient and on what each batch writes into the buffers (DDP keeps rank 0's), "
              "the more serious of the two shown. The batches and their draws are those training takes, one device's "

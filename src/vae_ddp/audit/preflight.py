@@ -56,7 +56,8 @@ class _ByName(abc.ABC):
 
     @classmethod
     def __subclasshook__(cls, other: type) -> Any:
-        return any(f"{k.__module__}.{k.__qualname__}" == cls.BASE for k in getattr(other, "__mro__", ())) or NotImplemented
+        return (any(f"{k.__module__}.{k.__qualname__}" == cls.BASE for k in getattr(other, "__mro__", ()))
+                or NotImplemented)
 
 
 class LightningModule(_ByName):
@@ -220,7 +221,8 @@ def audit_run(cfg: dict) -> tuple[Any, type, type]:
 
 
 def writable(out: str) -> Path:
-    """``--out`` as a ``Path`` once it is a folder that can be written ([`check_writable`][vae_ddp.utils.check_writable]).
+    """``--out`` as a ``Path`` once it is a folder that can be written
+    ([`check_writable`][vae_ddp.utils.check_writable]).
 
     Raises:
         UserError: it is a file, or cannot be created or written.
@@ -254,7 +256,8 @@ def check(run, data_cls: type, model_cls: type, cost: Optional[list] = None) -> 
     from vae_ddp.harness.resources import audit_cost
 
     if run.devices < 2:
-        raise UserError(f"--devices must be at least 2 (the DDP world size to compare with one device), got {run.devices}")
+        raise UserError("--devices must be at least 2 (the DDP world size to compare with one device), "
+                        f"got {run.devices}")
     if run.accelerator == "cpu":
         audit_cost(run.devices)  # the processes alone: refused before anything is built
     if run.steps < 1:

@@ -131,7 +131,9 @@ def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, pr
         ``effect`` (of a finding; at the top, of Lightning's defaults as a whole): what the factor changes
         over ``effect_rows`` global batches, a dict with the keys ``kind``, ``bias``, ``bias_ci``,
         ``variance_ratio``, ``variance_ratio_ci``, ``quantity`` and ``rows`` (see
-        ``vae_ddp.audit.effects``), None where not measured (a factor not exposed, logging; ``--effect_batches 0``); a factor only the user's code fixes: DDP with every automatic fix on, what is left for that code. The verdict: ``grad_steps`` (per
+        ``vae_ddp.audit.effects``), None where not measured (a factor not exposed, logging;
+        ``--effect_batches 0``); a factor only the user's code fixes: DDP with every automatic fix on,
+        what is left for that code. The verdict: ``grad_steps`` (per
         optimizer step, ``||g_ddp - g_single|| / ||g_single||`` from the same weights),
         ``floor`` (the largest of ``floor_draws``, the same for one device with the samples
         permuted) and ``ratio_to_floor`` (the largest DDP step over ``max(floor, eps)``);
@@ -356,7 +358,8 @@ def _gradient_verdict(plan: _Plan, runs: _Runs) -> dict:
             "grad_steps": grad_steps, "eps": eps, "unit": unit, "floor": floor, "yardstick": yardstick,
             "ratio": ratio, "deterministic": deterministic, "grad_within": deterministic and ratio <= FLOOR_RATIO,
             "reduction_ddp": reduction_ddp,
-            "reduced_globally": bool(deterministic and reduction_ddp and reduction_ddp["ratio_to_floor"] <= FLOOR_RATIO)}
+            "reduced_globally": bool(deterministic and reduction_ddp
+                                     and reduction_ddp["ratio_to_floor"] <= FLOOR_RATIO)}
 
 
 def _exposures(plan: _Plan, runs: _Runs, v: dict) -> tuple[dict, dict, list[str]]:
@@ -405,7 +408,8 @@ def _exposures(plan: _Plan, runs: _Runs, v: dict) -> tuple[dict, dict, list[str]
                            "fix the gradient matches one device's at every step: it makes no difference here")
             continue
         if key in manual:
-            f = dict(f, evidence=manual[key]["evidence"] + "; " + f["evidence"], fix=manual[key]["fix"] + "; " + f["fix"])
+            f = dict(f, evidence=manual[key]["evidence"] + "; " + f["evidence"],
+                     fix=manual[key]["fix"] + "; " + f["fix"])
         manual[key] = found[key] = f
     return found, manual, cleared
 
@@ -439,7 +443,8 @@ def _judge(plan: _Plan, runs: _Runs, notes: list[str]) -> dict:
         manual[key] = found[key] = f
     # parameters apart from buffers, each against its own floor (never 0: one rounding unit, of bfloat16
     # under bf16-mixed, of the largest value); buffers a permutation moves are judged step by step
-    free = whole_step.trajectory(single, one["permuted"][0], fixed, [b for b, _ in runs.record("single")["buffer_names"]],
+    free = whole_step.trajectory(single, one["permuted"][0], fixed,
+                                 [b for b, _ in runs.record("single")["buffer_names"]],
                                  v["unit"], tuple((step or {}).get("order_buffers") or ()))
     trajectory_floor, div_fixed, trajectory_unit, trajectory_ratio = (free[k] for k in ("floor", "divergence", "unit",
                                                                                          "ratio"))
@@ -458,7 +463,8 @@ def _judge(plan: _Plan, runs: _Runs, notes: list[str]) -> dict:
     for row in rows:  # what each exposed factor does to the model DDP trains (vae_ddp.audit.exit_rule)
         row["mechanism"] = exit_rule.mechanism(row["factor"], seen_findings) if row["exposed"] else None
     measured = effects.measure(runs.record, base, plan.fixes, {  # the same step within 2x the rounding floor
-        "gradient": FLOOR_RATIO * v["yardstick"], "buffers": FLOOR_RATIO * (step or {}).get("buffer_floor", v["yardstick"])},
+        "gradient": FLOOR_RATIO * v["yardstick"],
+        "buffers": FLOOR_RATIO * (step or {}).get("buffer_floor", v["yardstick"])},
         # a gradient every fix leaves different, in the user's code alone: each factor's run carries it too
         residual=(("buffers",) if "buffers" in (step or {}).get("findings", {}) else ())
         + (("gradient",) if local is not None and (local["findings"] or left_unnamed) else ()))
@@ -475,7 +481,8 @@ def _judge(plan: _Plan, runs: _Runs, notes: list[str]) -> dict:
               "deterministic": v["deterministic"], "within_floor": within, "unexplained": unexplained,
               "trajectory_floor": trajectory_floor, "divergence_default": div_default, "divergence_fixed": div_fixed,
               "trajectory_ratio": trajectory_ratio, "trajectory_within": trajectory_ratio <= TRAJECTORY_RATIO,
-              "trajectory_unit": trajectory_unit, "trajectory_kind": free["kind"], "trajectory_left_out": free["left_out"],
+              "trajectory_unit": trajectory_unit, "trajectory_kind": free["kind"],
+              "trajectory_left_out": free["left_out"],
               "gradient_within": v["grad_within"], "rounding_unit": v["unit"],
               "unkeyed_draws": None if draws is None else {k: val for k, val in draws.items() if k != "finding"},
               "whole_step": None if step is None else {k: val for k, val in step.items() if k != "findings"},
@@ -748,7 +755,8 @@ def _render_table(result: dict, u: _Units) -> list[str]:
     rows = [[_name(f["factor"]), "yes" if f["exposed"] else "no", contribution(f), vs_noise(f)]
             for f in result["findings"]]
     batch_noise = result.get("batch_noise")
-    title = (f"Audit of {result.get('model_name') or result['model']['class_path']} on {result['devices']} devices vs one, "
+    title = (f"Audit of {result.get('model_name') or result['model']['class_path']} "
+             f"on {result['devices']} devices vs one, "
              f"global batch {result['global_batch_size']}, {u.steps_text}, {u.dtype}"
              + "".join(f", {k}={v}" for k, v in (result.get("trainer") or {}).items()))
     lines = [format_table(["factor", "exposed", "contribution", "vs another batch"], rows, title=title), "",
@@ -794,10 +802,12 @@ def _render_measures(result: dict, u: _Units) -> list[str]:
     if draws:
         parts = ([f"the dropout inside scaled_dot_product_attention in {', '.join(draws['attention'])} (off in every "
                   "compared run)"] if draws["attention"] else [])
-        parts += ([f"{', '.join(draws['torch'])} (keyed to the samples in every compared run)"] if draws["torch"] else [])
+        parts += ([f"{', '.join(draws['torch'])} (keyed to the samples in every compared run)"]
+                  if draws["torch"] else [])
         parts += (["the dataset's draws in __getitem__ (keyed to each sample's index in every compared run)"]
                   if draws.get("dataset") else [])
-        lines.append(f"- in two parts, for draws no run can key to a sample as your code makes them, {' and '.join(parts)}: "
+        lines.append("- in two parts, for draws no run can key to a sample as your code makes them, "
+                     f"{' and '.join(parts)}: "
                      "the rest of the step is judged here; the draws themselves are "
                      + ("the same on every rank under Lightning's defaults: not one device's independent rows (see "
                         f"{_name(noise.FACTOR.key)})" if draws["repeated"] else
@@ -857,8 +867,9 @@ def _render_verdict(result: dict, u: _Units) -> str:
                 f"rate, {judged}the buffers and every rank's parameters, each within {FLOOR_RATIO:g}x its floor")
     two = ("in two parts: with the draws named above made alike in both runs, " if result.get("unkeyed_draws")
            else "")
-    return (f"- passed{',' if two else ':'} {two}with the fixes, DDP computes one device's whole step at every step: the gradient, "
-            f"the learning rate, {judged}the buffers and every rank's parameters, each within {FLOOR_RATIO:g}x its floor"
+    return (f"- passed{',' if two else ':'} {two}with the fixes, DDP computes one device's whole step at every step: "
+            f"the gradient, the learning rate, {judged}the buffers and every rank's parameters, "
+            f"each within {FLOOR_RATIO:g}x its floor"
             + (f"; the factors whose fix makes that difference: {', '.join(bite)}" if bite
                else "; none of the exposed factors changes the gradient here")
             + ("; and the draws differ across ranks, independent as one device's rows are" if two else ""))
@@ -868,7 +879,8 @@ def _render_trajectory(result: dict, u: _Units) -> str:
     """The free-running K steps: DDP with every fix judged against the K-step floor, Lightning's defaults as context."""
     judged = result.get("trajectory_ratio")
     return (f"- after {u.steps_text}, each run on its own, the largest "
-            f"{ {'parameters': 'parameter', 'buffers': 'buffer'}.get(result.get('trajectory_kind'), 'parameter or buffer')} "
+            f"""{ {'parameters': 'parameter', 'buffers': 'buffer'}.get(result.get('trajectory_kind'),
+                                                                       'parameter or buffer')} """
             "difference to one device (parameters and buffers each against their own floor): "
             f"DDP with every fix {result['divergence_fixed']:.3g}"
             + ("" if judged is None else

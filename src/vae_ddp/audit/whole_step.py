@@ -339,12 +339,14 @@ def explain_buffers(d: dict, after: str) -> dict:
         parts.append("integer buffers differ (compared exactly): " + ", ".join(
             f"{name} {a} under DDP vs {b} on one device" for name, a, b in integers))
     if ranks:
-        parts.append("the ranks' buffers differ after the step: " + ", ".join(f"{name} ({v:.3g})" for name, v, _ in ranks))
+        parts.append("the ranks' buffers differ after the step: "
+                     + ", ".join(f"{name} ({v:.3g})" for name, v, _ in ranks))
     evidence = "the step writes per-rank values into buffers: " + "; ".join(parts) + (
         ". DDP broadcasts rank 0's buffers before each forward, so the model keeps what rank 0's share of the batch "
         "wrote")
     if order:
-        evidence += (f"; {', '.join(order)} depends on the order of the batch's rows (a permuted batch moves it by more "
+        evidence += (f"; {', '.join(order)} depends on the order of the batch's rows "
+                     "(a permuted batch moves it by more "
                      "than rounding), so it is compared with one device's rows in one device's order, to rounding")
     g = detail.get("gradient_ratio")
     if g is not None and g > FLOOR_FACTOR:
