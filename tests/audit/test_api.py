@@ -79,6 +79,9 @@ def test_an_instance_without_its_init_args_is_refused():
     (dict(effect_batches=2), ValueError, "effect_batches must be 0 (skip) or at least 4"),
     (dict(model_args=[1]), TypeError, "model_args must be a dict"),
     (dict(model_args={"sync_dist": object()}), TypeError, "model_args: the audit's runs are processes of their own"),
+    # a misspelled init argument (jsonargparse said "model: expected null, got ...")
+    (dict(model_args={"sync_dsit": True}), ValueError, "model_args['sync_dsit']: Plain has no init argument"),
+    (dict(data_args={"batch_sise": 16}), ValueError, "data_args['batch_sise']: Regression has no init argument"),
 ])
 @pytest.mark.timeout(120)
 def test_bad_input_is_one_error_naming_the_argument(tmp_path, kwargs, error, words):

@@ -245,6 +245,7 @@ def audit(model: Classish, datamodule: Classish, *, model_args: Optional[dict] =
             any training; the message names the Python argument and what to do.
         AuditRunFailed: a training run failed (the command's exit code 3).
     """
+    __tracebackhide__ = True  # pytest shows a bad input's one line, not this function's source
     _check_types(devices=(devices, int), steps=(steps, int), seed=(seed, int), effect_batches=(effect_batches, int),
                  progress=(progress, bool))
     _check_choice("dtype", dtype, ("float64", "float32"))
@@ -295,12 +296,14 @@ def python_names(text: str) -> str:
 
 
 def _check_types(**given: tuple) -> None:
+    __tracebackhide__ = True
     for name, (value, kind) in given.items():
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise TypeError(f"{name} must be {kind.__name__}, got {type(value).__name__} {value!r}")
 
 
 def _check_choice(name: str, value: Any, choices: tuple) -> None:
+    __tracebackhide__ = True
     if value not in choices:
         raise AuditInputError(f"{name}={value!r} is not one the audit runs: give one of "
                               f"{', '.join(map(repr, choices))}")
@@ -318,6 +321,7 @@ def _is_sub(cls: type, base: str) -> bool:
 def _class_cfg(key: str, obj: Any, args: Optional[dict]) -> dict:
     """``{"class_path", "init_args"}`` of ``obj`` (a class and ``args``, or an instance), the class path
     one the runs import ([`class_arg`][vae_ddp.audit.preflight.class_arg]: a file's registered)."""
+    __tracebackhide__ = True
     from vae_ddp.audit import preflight
 
     base, name, args_name, base_name = _BASE[key]
@@ -328,6 +332,7 @@ def _class_cfg(key: str, obj: Any, args: Optional[dict]) -> dict:
             raise TypeError(f"{name}={obj.__qualname__} is not a {base_name} subclass: give your {base_name} "
                             "class (its __init__ arguments in " + args_name + ") or an instance")
         cls, init_args = obj, dict(args or {})
+        _check_init_args(cls, init_args, args_name)
     elif _is_sub(type(obj), base):
         if args:
             raise TypeError(f"{args_name} is for a class; {name} is an instance, built with its own arguments: give "
@@ -347,9 +352,25 @@ def _class_cfg(key: str, obj: Any, args: Optional[dict]) -> dict:
     return {"class_path": path, "init_args": init_args}
 
 
+def _check_init_args(cls: type, init_args: dict, args_name: str) -> None:
+    """Refuse a key of ``init_args`` that ``cls.__init__`` does not take (unless it takes ``**kwargs``), in the
+    command line's words (``--model.init_args.hiden: Classifier has no init argument 'hiden'``); jsonargparse
+    said only ``model: expected null, got "{...}"`` for it."""
+    __tracebackhide__ = True
+    params = inspect.signature(cls.__init__).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return
+    taken = [n for n, p in params.items() if n != "self" and p.kind is not p.VAR_POSITIONAL]
+    unknown = [k for k in init_args if k not in taken]
+    if unknown:
+        raise AuditInputError(f"{args_name}['{unknown[0]}']: {cls.__qualname__} has no init argument "
+                              f"'{unknown[0]}' (it takes: {', '.join(taken) or 'none'})")
+
+
 def _init_args(obj: Any, name: str, args_name: str) -> dict:
     """The init arguments an instance was built with: its ``hparams_initial`` when they name every
     parameter of its class's ``__init__``, ``{}`` for an ``__init__`` without parameters."""
+    __tracebackhide__ = True
     cls = type(obj)
     params = [p for p in inspect.signature(cls.__init__).parameters.values()
               if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
@@ -368,6 +389,7 @@ def _init_args(obj: Any, name: str, args_name: str) -> dict:
 def _where(cls: type, name: str) -> str:
     """How the runs import ``cls``: its dotted path when a new interpreter finds its module by that name
     (on this process's ``sys.path``) as the same file, else ``path/to/file.py:Class``."""
+    __tracebackhide__ = True
     if "." in cls.__qualname__ or "<" in cls.__qualname__:
         raise AuditInputError(f"{name}={cls.__qualname__} is defined inside a function or class: the audit's runs "
                               "import it, so define it at the top level of a module or file")
@@ -408,6 +430,7 @@ def _found(name: str) -> Any:
 
 def _parse(given: dict) -> Any:
     """The audit parser's namespace of ``given`` (the command line's keys), as ``vae-ddp audit`` parses it."""
+    __tracebackhide__ = True
     from vae_ddp.audit.cli import build_parser
     from vae_ddp.errors import one_line
 
