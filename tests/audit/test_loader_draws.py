@@ -9,7 +9,6 @@ committed as `tests/scripts/loader_draws_truth.json`, one case of which is rerun
 
 from __future__ import annotations
 
-import ast
 import json
 import random
 import sys
@@ -22,7 +21,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from vae_ddp import guard
 from vae_ddp.audit.draws import draws_verdict
 from vae_ddp.audit.loader_draws import KeyedItems, keyed_items, measure, verdict
-from helpers import ROOT
+from helpers import ROOT, imported_modules
 
 TRUTH = ROOT / "tests/scripts/loader_draws_truth.json"
 SCRIPT = ROOT / "tests/scripts/loader_draws_truth.py"
@@ -129,9 +128,7 @@ def test_measure_reads_the_same_samples_and_leaves_the_generator():
 
 
 def test_the_ground_truth_script_does_not_use_vae_ddp():
-    tree = ast.parse(SCRIPT.read_text())
-    top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
-    names = [a.name for n in top for a in n.names] + [n.module or "" for n in top if isinstance(n, ast.ImportFrom)]
+    names = imported_modules(SCRIPT.relative_to(ROOT))
     assert names and not [m for m in names if m.startswith("vae_ddp")], names
 
 

@@ -9,9 +9,7 @@ variant) against ground truth measured by `tests/scripts/grad_bugs_truth.py` (pl
 
 from __future__ import annotations
 
-import ast
 import json
-import math
 import sys
 
 import pytest
@@ -19,7 +17,7 @@ import torch
 
 from vae_ddp import guard
 from vae_ddp.audit import localise
-from helpers import ROOT
+from helpers import ROOT, imported_modules, same_measurement
 
 EPS64 = torch.finfo(torch.float64).eps
 TRUTH = ROOT / "tests/scripts/grad_bugs_truth.json"
@@ -33,9 +31,7 @@ def truth() -> dict:
 
 def test_the_ground_truth_script_does_not_use_vae_ddp():
     for script in ("tests/scripts/grad_bugs_truth.py", MODELS):
-        tree = ast.parse((ROOT / script).read_text())
-        top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
-        names = [a.name for n in top for a in n.names] + [n.module or "" for n in top if isinstance(n, ast.ImportFrom)]
+        names = imported_modules(script)
         assert names and not [m for m in names if m.startswith("vae_ddp")], (script, names)
 
 
@@ -48,14 +44,7 @@ def test_the_committed_truth_is_what_the_script_measures(tmp_path, truth):
     assert proc.returncode == 0, proc.stderr[-3000:]
     new, old = json.loads(out.read_text())["HeadOverRanks"], truth["HeadOverRanks"]
 
-    def close(a, b):
-        if isinstance(a, dict):
-            return a.keys() == b.keys() and all(close(a[k], b[k]) for k in a)
-        if isinstance(a, list):
-            return len(a) == len(b) and all(close(x, y) for x, y in zip(a, b))
-        return a == b if not isinstance(a, float) else math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-15)
-
-    assert close(new, old), (new, old)
+    assert same_measurement(new, old), (new, old)
 
 
 def test_the_truth_shows_each_mechanism(truth):
