@@ -100,10 +100,11 @@ def per_optimizer(ddp: dict, single: dict, yardstick: float, n: int) -> list[dic
     """DDP's gradient against one device's, per optimizer and per parameter.
 
     Args:
-        ddp, single: [`StepProbe.record()`][vae_ddp.probes.StepProbe.record] of DDP with every fix
-            (rank 0, every step from one device's weights) and of one device: ``grads``,
-            ``grad_batches``, ``param_names`` and, where recorded, ``grad_index`` and ``opt_index``
-            (without them, one group over the whole gradient).
+        ddp: [`StepProbe.record()`][vae_ddp.probes.StepProbe.record] of DDP with every fix
+            (rank 0, every step from one device's weights): ``grads``, ``grad_batches``,
+            ``param_names`` and, where recorded, ``grad_index`` and ``opt_index`` (without them, one
+            group over the whole gradient).
+        single: the same record of one device.
         yardstick: the gradient's floor (relative), never below one rounding unit.
         n: the world size.
 
