@@ -429,18 +429,7 @@ def _judge(plan: _Plan, runs: _Runs, notes: list[str]) -> dict:
     step = _whole_step(runs, n, v["eps"], v["grad_within"], v["unit"]) if v["deterministic"] else None
     for key, f in (step or {}).get("findings", {}).items():
         manual[key] = found[key] = f
-    # what every fix leaves of the gradient, optimizer by optimizer, named where its mechanism shows (localise)
-    local = (localise.judge(runs.record(localise.RANKS_GRADS), runs.record("single"),
-                            first[localise.RANKS_GRADS][1].get("gathers") or [], v["yardstick"], n)
-             if v["deterministic"] and not v["grad_within"] else None)
-    left_unnamed = local is not None and not manual  # nothing else is left for the user's code
-    for key, f in (local or {}).get("findings", {}).items():
-        if key == "gradient_scale" and key in manual:  # the whole gradient's scale, named already
-            continue
-        if key == localise.REDUCTION and key in manual:
-            f = dict(f, evidence=manual[key]["evidence"] + "; " + f["evidence"],
-                     fix=f["fix"] + "; " + manual[key]["fix"])
-        manual[key] = found[key] = f
+    local, left_unnamed = _localised(runs, v, n, found, manual)
     # parameters apart from buffers, each against its own floor (never 0: one rounding unit, of bfloat16
     # under bf16-mixed, of the largest value); buffers a permutation moves are judged step by step
     free = whole_step.trajectory(single, one["permuted"][0], fixed,
@@ -500,6 +489,26 @@ def _judge(plan: _Plan, runs: _Runs, notes: list[str]) -> dict:
     exit_ = exit_rule.decide(result)
     result["exit_code"], result["exit_why"] = exit_["code"], exit_["why"]
     return result
+
+
+def _localised(runs: "_Runs", v: dict, n: int, found: dict, manual: dict) -> tuple[Optional[dict], bool]:
+    """What every fix leaves of the gradient, optimizer by optimizer ([`localise`][vae_ddp.audit.localise]),
+    where the step is deterministic and the gradient not within its floor: its findings join ``found`` and
+    ``manual`` (a reduction finding merged with the one already there). Returns the localisation (None
+    where not run) and whether nothing else was left for the user's code before it."""
+    if not v["deterministic"] or v["grad_within"]:
+        return None, False
+    local = localise.judge(runs.record(localise.RANKS_GRADS), runs.record("single"),
+                           runs.first[localise.RANKS_GRADS][1].get("gathers") or [], v["yardstick"], n)
+    left_unnamed = not manual  # nothing else is left for the user's code
+    for key, f in local.get("findings", {}).items():
+        if key == "gradient_scale" and key in manual:  # the whole gradient's scale, named already
+            continue
+        if key == localise.REDUCTION and key in manual:
+            f = dict(f, evidence=manual[key]["evidence"] + "; " + f["evidence"],
+                     fix=f["fix"] + "; " + manual[key]["fix"])
+        manual[key] = found[key] = f
+    return local, left_unnamed
 
 
 def _rows(found: dict, manual: dict, contributions: dict, alone: dict, v: dict,
