@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import select
@@ -21,7 +22,9 @@ from helpers import ROOT
 
 
 def alive(marker: str) -> list[int]:
-    """Live (not zombie) processes whose command line contains ``marker``, this one excepted."""
+    """Live (not zombie) processes whose command line or stderr's path contains ``marker``, this one
+    excepted (a launch forked from a zygote keeps the zygote's command line; its stderr is the
+    launch's log)."""
     found = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit() or int(d.name) == os.getpid():
@@ -31,9 +34,19 @@ def alive(marker: str) -> list[int]:
             state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
+        with contextlib.suppress(OSError):
+            cmdline += " " + os.readlink(d / "fd" / "2")
         if marker in cmdline and state not in ("Z", "X"):
             found.append(int(d.name))
     return found
+
+
+def _not_leader(pid: int) -> bool:
+    """Whether ``pid`` runs and does not lead its session (a guard does: ``os.setsid``)."""
+    try:
+        return os.getsid(pid) != pid
+    except OSError:
+        return False
 
 
 def unique() -> str:
@@ -183,9 +196,9 @@ def test_guard_ends_the_tree_when_its_parent_is_killed(tmp_path):
 
 IN_FORK = textwrap.dedent("""
     import os, signal, subprocess, sys
-    from vae_ddp import guard
+    from vae_ddp import guard, zygote
 
-    if sys.argv[1] == "command":  # the forked command: python in_fork.py command HOW STARTED
+    if __name__ == "__main__" and sys.argv[1] == "command":  # the command: python in_fork.py command HOW STARTED
         how, started = sys.argv[2:4]
         subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()", MARKER])  # a process of its own
         with open(started, "w") as f:
@@ -195,46 +208,58 @@ IN_FORK = textwrap.dedent("""
         if how == "exit":
             sys.exit(7)
         signal.pause()  # "timeout", "killed": never ends by itself
-    how, started = sys.argv[1:3]  # the marker is in the command line of every fork of this process
-    env = dict(os.environ, SEEN="env-given")
-    try:
-        code = guard.run([sys.executable, __file__, "command", how, started], fork=True, env=env,
-                         timeout=4 if how == "timeout" else None, grace=2).returncode
-    except subprocess.TimeoutExpired:
-        code = "timed out"
-    print(code, flush=True)
+    elif __name__ == "__main__":  # the caller: python in_fork.py HOW STARTED MARKER
+        how, started = sys.argv[1:3]  # the marker is in the command line of every fork of this process
+        env = dict(os.environ, SEEN="env-given")
+        # MODE "zygote": the zygote imports this file as a module (the marker is its name) and runs it as -m
+        cmd = [__file__] if MODE == "fork" else ["-m", MARKER]
+        try:
+            code = guard.run([sys.executable, *cmd, "command", how, started], fork=MODE == "fork" or zygote.start,
+                             env=env, timeout=4 if how == "timeout" else None, grace=2).returncode
+        except subprocess.TimeoutExpired:
+            code = "timed out"
+        print(code, flush=True)
 """)
 
 
-def in_fork(tmp_path: Path, marker: str) -> Path:
-    script = tmp_path / "in_fork.py"
-    script.write_text(f"MARKER = {marker!r}\n" + IN_FORK)
+def in_fork(tmp_path: Path, marker: str, mode: str = "fork") -> Path:
+    """The script of the forked-command tests; in ``mode`` "zygote" its name is ``marker`` (a
+    zygote's forks carry the zygote's command line, which names the module)."""
+    script = tmp_path / ("in_fork.py" if mode == "fork" else f"{marker}.py")
+    script.write_text(f"MARKER = {marker!r}\nMODE = {mode!r}\n" + IN_FORK)
     return script
 
 
+def marker_of(mode: str, name: str) -> str:
+    """A marker for ``mode``'s processes: a module's name for a zygote's (no hyphen)."""
+    return f"{name}-{unique()}" if mode == "fork" else f"z{unique()}"
+
+
+@pytest.mark.parametrize("mode", ["fork", "zygote"])
 @pytest.mark.parametrize("how, printed", [("exit", "7"), ("raise", "1"), ("timeout", "timed out")])
-def test_a_command_forked_under_a_guard_ends_with_its_tree(tmp_path, how, printed):
+def test_a_command_forked_under_a_guard_ends_with_its_tree(tmp_path, how, printed, mode):
     """``guard.run(fork=True)``: the command is a fork of the caller that runs ``python ARGS`` with
     the ``argv`` and the environment it was given; its exit code (1 when it raised, with the
-    traceback) comes back, and on exit or timeout nothing it started outlives it."""
-    marker = f"in-fork-{unique()}"
-    script = in_fork(tmp_path, marker)
+    traceback) comes back, and on exit or timeout nothing it started outlives it. The same with
+    ``fork="zygote"`` (a fork of the caller's zygote of the module, ``vae_ddp.zygote``)."""
+    marker = marker_of(mode, "in-fork")
+    script = in_fork(tmp_path, marker, mode)
     proc = subprocess.run([sys.executable, str(script), how, str(tmp_path / "started"), marker],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.stdout.strip() == printed, proc.stderr[-3000:]
     assert (tmp_path / "started").read_text() == f"command {how} {tmp_path / 'started'} env-given"
     assert ("ValueError: the command failed on purpose" in proc.stderr) == (how == "raise"), proc.stderr[-3000:]
     assert not wait_gone(alive(marker), 15) and not alive(marker), "a process outlived the forked command"
 
 
-def caller_of_a_forked_command(tmp_path: Path, marker: str) -> tuple[subprocess.Popen, int]:
+def caller_of_a_forked_command(tmp_path: Path, marker: str, mode: str = "fork") -> tuple[subprocess.Popen, int]:
     """A process whose forked command (under a forked guard) runs until it is killed, once the
     command has started; and the descriptor the command said so on (to close)."""
-    script = in_fork(tmp_path, marker)
+    script = in_fork(tmp_path, marker, mode)
     started = tmp_path / "started"
     os.mkfifo(started)
     ready = os.open(started, os.O_RDONLY | os.O_NONBLOCK)
-    caller = subprocess.Popen([sys.executable, str(script), "killed", str(started), marker])
+    caller = subprocess.Popen([sys.executable, str(script), "killed", str(started), marker], cwd=tmp_path)
     if not (select.select([ready], [], [], 60)[0] and os.read(ready, 64).startswith(b"command")):
         caller.kill()
         os.close(ready)
@@ -242,10 +267,12 @@ def caller_of_a_forked_command(tmp_path: Path, marker: str) -> tuple[subprocess.
     return caller, ready
 
 
-def test_a_command_forked_under_a_guard_ends_when_its_caller_is_killed(tmp_path):
-    """SIGKILL of the caller of ``guard.run(fork=True)``: the guard (its fork) ends the tree."""
-    marker = f"in-fork-orphan-{unique()}"
-    caller, ready = caller_of_a_forked_command(tmp_path, marker)
+@pytest.mark.parametrize("mode", ["fork", "zygote"])
+def test_a_command_forked_under_a_guard_ends_when_its_caller_is_killed(tmp_path, mode):
+    """SIGKILL of the caller of ``guard.run(fork=True)``: the guard (its fork) ends the tree. With
+    ``fork="zygote"`` the zygote dies with its caller and its guard ends the tree."""
+    marker = marker_of(mode, "in-fork-orphan")
+    caller, ready = caller_of_a_forked_command(tmp_path, marker, mode)
     try:
         pids = alive(marker)
         assert len(pids) >= 3  # the guard, the command and the process it started
@@ -257,15 +284,18 @@ def test_a_command_forked_under_a_guard_ends_when_its_caller_is_killed(tmp_path)
         caller.kill()
 
 
-def test_a_forked_command_dies_with_its_guard(tmp_path):
+@pytest.mark.parametrize("mode", ["fork", "zygote"])
+def test_a_forked_command_dies_with_its_guard(tmp_path, mode):
     """A guard killed outright (``run_all`` sends SIGKILL to one that did not end its tree in time)
     takes its forked command with it (``PR_SET_PDEATHSIG``) instead of leaving it to init."""
     import psutil
 
-    marker = f"in-fork-guard-killed-{unique()}"
-    caller, ready = caller_of_a_forked_command(tmp_path, marker)
+    marker = marker_of(mode, "in-fork-guard-killed")
+    caller, ready = caller_of_a_forked_command(tmp_path, marker, mode)
     try:
         (guard_process,) = psutil.Process(caller.pid).children()
+        if mode == "zygote":  # the caller's child is its zygote, whose child is the guard
+            (guard_process,) = guard_process.children()
         command = [p.pid for p in guard_process.children() if p.cmdline() == guard_process.cmdline()]
         assert len(command) == 1, command
         guard_process.kill()
@@ -388,9 +418,8 @@ def test_no_process_of_an_audit_outlives_its_top_process(tmp_path, sig):
     finally:
         signal.signal(signal.SIGINT, previous)
     try:
-        def ranks() -> list[int]:  # the launch's processes (not its guard): 2 ranks and the one-device runs
-            return [p for p in alive(str(out / "runs"))
-                    if b"vae_ddp.guard" not in Path(f"/proc/{p}/cmdline").read_bytes()]
+        def ranks() -> list[int]:  # the launch's processes (not its guard, a session's leader): 2 ranks, one device's
+            return [p for p in alive(str(out / "runs")) if _not_leader(p)]
 
         assert wait_for(lambda: len(ranks()) >= 3, events, 300), "the audit's DDP ranks did not start"
         assert alive(str(out))

@@ -96,7 +96,7 @@ def guarded(cmd: Sequence[str], timeout: Optional[float] = None, stall: Optional
 
 # --------------------------------------------------------------------------- the caller's side
 def run_all(cmds: Sequence[Sequence[str]], timeout: Optional[float] = None, stall: Optional[float] = None,
-            grace: float = 10.0, startup: Optional[float] = None, fork: bool = False,
+            grace: float = 10.0, startup: Optional[float] = None, fork: "bool | Callable[..., Any]" = False,
             **popen: Any) -> list[subprocess.CompletedProcess]:
     """``subprocess.run`` for ``cmds`` at the same time, each a process tree under a guard of its
     own: on ``timeout`` (for all together), an exception or KeyboardInterrupt every tree is ended
@@ -109,7 +109,9 @@ def run_all(cmds: Sequence[Sequence[str]], timeout: Optional[float] = None, stal
     command line would, in a fork of this process (the guard a fork too): nothing is imported
     again. ``popen`` may then give only ``env``, ``stdout`` and ``stderr`` (None, ``DEVNULL``, a
     descriptor or a file). Only where [`can_fork`][vae_ddp.guard.can_fork] holds (or the caller
-    knows its other threads hold no lock: an idle BLAS pool).
+    knows its other threads hold no lock: an idle BLAS pool). ``fork=vae_ddp.zygote.start``: the
+    same, in a fork of this process's zygote of ``MODULE`` ([`start`][vae_ddp.zygote.start]; a new
+    interpreter where it returns None).
 
     Raises:
         subprocess.TimeoutExpired: ``timeout`` passed (every tree has been ended).
@@ -131,8 +133,10 @@ def run_all(cmds: Sequence[Sequence[str]], timeout: Optional[float] = None, stal
     try:
         for cmd, (out, err) in zip(cmds, files):
             streams = dict(popen, **(dict(stdout=out, stderr=err) if capture else {}))
-            procs.append(psutil.Process(_in_fork(list(map(str, cmd)), stall, grace, startup, **streams)) if fork else
-                         psutil.Popen(guarded(cmd, stall=stall, grace=grace, startup=startup), **streams))
+            zygoted = fork(list(map(str, cmd)), stall, grace, startup, **streams) if callable(fork) else None
+            procs.append(zygoted or (psutil.Process(_in_fork(list(map(str, cmd)), stall, grace, startup, **streams))
+                                     if fork is True else
+                                     psutil.Popen(guarded(cmd, stall=stall, grace=grace, startup=startup), **streams)))
         if psutil.wait_procs(procs, timeout)[1]:
             raise subprocess.TimeoutExpired(list(cmds[0]), timeout)
     except BaseException:  # a timeout, an exception or KeyboardInterrupt: each guard ends its tree first
@@ -158,7 +162,8 @@ def run_all(cmds: Sequence[Sequence[str]], timeout: Optional[float] = None, stal
 
 
 def run(cmd: Sequence[str], timeout: Optional[float] = None, stall: Optional[float] = None, grace: float = 10.0,
-        startup: Optional[float] = None, fork: bool = False, **popen: Any) -> subprocess.CompletedProcess:
+        startup: Optional[float] = None, fork: "bool | Callable[..., Any]" = False,
+        **popen: Any) -> subprocess.CompletedProcess:
     """[`run_all`][vae_ddp.guard.run_all] of one command: ``subprocess.run(cmd, timeout=...)`` for
     a process tree.
 
@@ -233,24 +238,34 @@ def _in_fork(cmd: list[str], stall: Optional[float], grace: float, startup: Opti
     ``fork``); return the guard's pid. ``stdout``, ``stderr``: None, ``subprocess.DEVNULL``, a
     descriptor or a file."""
     parent, env = os.getpid(), dict(os.environ if env is None else env)
+    return fork(lambda: guard_forked(cmd, stall, grace, startup, parent, env, stdout, stderr))
 
-    def guard() -> int:
-        null = os.open(os.devnull, os.O_RDWR)
-        for fd, target in ((0, null), (1, stdout), (2, stderr)):
-            target = null if target == subprocess.DEVNULL else target
-            if target is not None:
-                os.dup2(target if isinstance(target, int) else target.fileno(), fd)
-        if null > 2:
-            os.close(null)
-        for sig in (signal.SIGINT, signal.SIGALRM, signal.SIGUSR1):
-            signal.signal(sig, signal.SIG_DFL)
-        os.environ.clear()
-        os.environ.update(env)
-        # the command dies with its guard, even when the guard is killed (run_all's SIGKILL after the grace)
-        start = lambda guard_env: fork(lambda: _python(cmd[1:], guard_env), parent_death=signal.SIGKILL)  # noqa: E731
-        return _Guard(cmd, None, default_stall() if stall is None else stall, grace, startup, parent, start).main()
 
-    return fork(guard)
+def guard_forked(cmd: list[str], stall: Optional[float], grace: float, startup: Optional[float], parent: int,
+                 env: dict, stdout: Any = None, stderr: Any = None) -> int:
+    """Be, in this process (a fork of ``parent`` that imported what ``cmd`` needs: ``run_all``'s
+    ``fork``, a [zygote][vae_ddp.zygote]), the guard of ``python cmd[1:]`` run in a fork of it;
+    return its exit code. ``stdout``, ``stderr``: None (this process's), ``subprocess.DEVNULL``, a
+    descriptor or a file. The forks keep the forked process's command line (``ps``); their stderr
+    is the launch's log."""
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd, target in ((0, null), (1, stdout), (2, stderr)):
+        target = null if target == subprocess.DEVNULL else target
+        if target is not None:
+            os.dup2(target if isinstance(target, int) else target.fileno(), fd)
+    for fd in {null, *(t for t in (stdout, stderr) if isinstance(t, int) and t > 2 and t != subprocess.DEVNULL)}:
+        if fd > 2:  # a descriptor given (a zygote's copy) is the command's 1 or 2 now
+            os.close(fd)
+    for sig in (signal.SIGINT, signal.SIGALRM, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_DFL)
+    os.environ.clear()
+    os.environ.update(env)
+    tempfile.tempdir = None  # from this environment's TMPDIR (the forked process may have cached another's)
+
+    def start(guard_env: dict) -> int:  # the command dies with its guard, even a killed one (run_all's SIGKILL)
+        return fork(lambda: _python(cmd[1:], guard_env), parent_death=signal.SIGKILL)
+
+    return _Guard(cmd, None, default_stall() if stall is None else stall, grace, startup, parent, start).main()
 
 
 def _python(argv: list[str], env: dict) -> int:
@@ -271,10 +286,13 @@ def _python(argv: list[str], env: dict) -> int:
     module = argv[1] if argv[0] == "-m" else None
     sys.argv = list(argv[1:] if module else argv)
     sys.path[0] = os.getcwd() if module else os.path.dirname(os.path.abspath(argv[0]))
+    # a new interpreter's PYTHONPATH entries follow sys.path[0] (the caller's, when it set another than the fork's)
+    sys.path[1:1] = [d for d in env.get("PYTHONPATH", "").split(os.pathsep) if d and d not in sys.path]
     threads = os.environ.get("OMP_NUM_THREADS", "")
     if "torch" in sys.modules and threads.isdigit() and int(threads) > 0:
         sys.modules["torch"].set_num_threads(int(threads))
     if module:
+        sys.modules.pop(module, None)  # imported by a zygote: run afresh as __main__, as a new interpreter runs it
         runpy.run_module(module, run_name="__main__", alter_sys=True)
     else:
         runpy.run_path(argv[0], run_name="__main__")

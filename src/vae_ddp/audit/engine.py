@@ -25,12 +25,15 @@ def run_config(cfg: Any, out: Path, command: str, progress: bool = True, cwd: Op
     Raises:
         UserError: bad input, before any training. RunFailed: a run failed or hung.
     """
+    from vae_ddp import zygote
     from vae_ddp.audit import preflight
     from vae_ddp.audit.study import audit as study_audit
     from vae_ddp.utils import out_folder_lock
 
     cwd = cwd or os.getcwd()
     run, model_cls, data_cls = preflight.audit_run(cfg.as_dict() if hasattr(cfg, "as_dict") else cfg)
+    if run.accelerator == "cpu":  # the runs' process imports torch and Lightning beside the checks below
+        zygote.warm("vae_ddp.audit.run")
     cost: list[str] = []
     static, notes = preflight.check(run, data_cls, model_cls, cost)
     if progress:

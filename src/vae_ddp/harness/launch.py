@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from vae_ddp import guard
+from vae_ddp import guard, zygote
 from vae_ddp.errors import RunFailed
 from vae_ddp.harness.resources import check_memory, space_needed
 from vae_ddp.outputs import write_atomic
@@ -132,7 +132,7 @@ def launch(spec: Job, out_dir: Path, timeout: Optional[float] = None, quiet: boo
     log.unlink(missing_ok=True)  # a new file of this run's (O_EXCL): never a link or file someone else put there
     with os.fdopen(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "w") as err:
         try:  # under a guard: its own process group, a watchdog, nothing left behind (vae_ddp.guard)
-            code = guard.run(cmd, timeout=timeout, stall=stall, fork=_forkable(cmd, spec), env=env, stderr=err,
+            code = guard.run(cmd, timeout=timeout, stall=stall, fork=_how(cmd, spec), env=env, stderr=err,
                              stdout=subprocess.DEVNULL if quiet else None).returncode
         except subprocess.TimeoutExpired:
             code = None
@@ -287,6 +287,16 @@ def _forkable(cmd: list[str], spec) -> bool:
     ([`guard.can_fork`][vae_ddp.guard.can_fork]: not in a shell or notebook whose torch computed)."""
     return (cmd[:2] == [sys.executable, "-m"] and cmd[2] in _FORKED_MODULES and spec.accelerator == "cpu"
             and "pytorch_lightning" in sys.modules and os.environ.get(_LAUNCH_ENV) != "exec" and guard.can_fork())
+
+
+def _how(cmd: list[str], spec) -> "bool | Callable[..., Any]":
+    """How the launch of ``cmd`` starts its child: a fork of this process where
+    [`_forkable`][vae_ddp.harness.launch] holds, else on CPU a fork of this process's zygote of
+    the module ([`vae_ddp.zygote`][vae_ddp.zygote]: torch and Lightning imported once per
+    caller), else (GPUs: Lightning's launcher re-runs the command line) a new interpreter."""
+    if _forkable(cmd, spec):
+        return True
+    return zygote.start if spec.accelerator == "cpu" and zygote.usable(cmd) else False
 
 
 def group_folder(world_size: int, accelerator: str) -> str:

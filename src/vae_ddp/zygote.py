@@ -1,0 +1,208 @@
+"""A zygote: a process that imported a launch's child module once and forks each launch of it.
+
+A launch's child ([`launch`][vae_ddp.harness.launch.launch]) is ``python -m MODULE JOB_FILE OUT_DIR``;
+most of a short run's time is that interpreter importing torch and Lightning (5-9 s here). Where
+the caller may not fork it itself (a process that computed with several threads: pytest, a
+notebook; an audit, whose process imported the user's modules), the launch asks this module's
+zygote of ``MODULE``: ``python -m vae_ddp.zygote MODULE``, started once per caller process
+([`warm`][vae_ddp.zygote.warm]: the audit starts it before its own checks, so that the import runs
+beside them), imports ``MODULE`` and nothing of the caller, and for each launch forks a guard
+([`guard_forked`][vae_ddp.guard.guard_forked]) whose command is a fork of it that runs the module as
+``__main__``: the same guard, watchdog and process tree as a new interpreter under
+[`guard.run`][vae_ddp.guard.run], without the imports. The streams travel as descriptors
+(``SCM_RIGHTS``), the environment and folder with the request; the launch's exit code comes back.
+
+The zygote dies with its caller, even by SIGKILL (``PR_SET_PDEATHSIG``), and its guards with it
+(they end their trees); it ignores SIGINT (a terminal's Ctrl-C is the caller's to handle). It
+never computes: its only threads are OpenBLAS's idle pool, as in the ranks it forks
+([`vae_ddp.ranks`][vae_ddp.ranks]). ``VAE_DDP_LAUNCH=exec`` turns zygotes off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from typing import Any, Optional
+
+from vae_ddp import guard
+
+__all__ = ["warm", "start", "usable"]
+
+_ZYGOTES: dict[tuple[int, str], "_Zygote"] = {}
+_LOCK = threading.Lock()
+#: the seconds a zygote may take to import its module before the launch starts an interpreter instead
+_READY_S = 600.0
+
+
+def usable(cmd: list[str]) -> bool:
+    """Whether ``cmd`` may run in a fork of a zygote: ``[sys.executable, "-m", "vae_ddp...", ...]``
+    (this project's launch children, which import nothing of the caller at their top), on Linux,
+    ``$VAE_DDP_LAUNCH`` not ``exec``."""
+    return (sys.platform.startswith("linux") and cmd[:2] == [sys.executable, "-m"] and len(cmd) > 2
+            and cmd[2].startswith("vae_ddp.") and os.environ.get("VAE_DDP_LAUNCH") != "exec")
+
+
+def warm(module: str) -> None:
+    """Start this process's zygote of ``module`` (if none runs and [`usable`][vae_ddp.zygote.usable]
+    holds for its command) without waiting for its imports."""
+    if usable([sys.executable, "-m", module]):
+        _zygote(module, wait=False)
+
+
+def start(cmd: list[str], stall: Optional[float], grace: float, startup: Optional[float],
+          env: Optional[dict] = None, stdout: Any = None, stderr: Any = None) -> Optional["Launched"]:
+    """``cmd`` ([`usable`][vae_ddp.zygote.usable]) under a guard forked by the zygote of its module:
+    what [`guard.run_all`][vae_ddp.guard.run_all] waits for (``pid``, ``wait``, ``terminate``,
+    ``kill``, ``returncode``, as a ``psutil.Process``). ``stdout``, ``stderr``: None (this process's),
+    ``subprocess.DEVNULL``, a descriptor or a file. None when no zygote could start or import the
+    module (the caller then starts an interpreter, which reports the error)."""
+    z = _zygote(cmd[2], wait=True)
+    if z is None:
+        return None
+    request = {"cmd": list(map(str, cmd)), "env": dict(os.environ if env is None else env), "cwd": os.getcwd(),
+               "stall": stall, "grace": grace, "startup": startup}
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        fds = [theirs.fileno()] + [null if s == subprocess.DEVNULL else fd if s is None else
+                                   s if isinstance(s, int) else s.fileno() for s, fd in ((stdout, 1), (stderr, 2))]
+        with z.lock:
+            socket.send_fds(z.sock, [json.dumps(request).encode()], fds)
+    except OSError:
+        mine.close()
+        return None
+    finally:
+        theirs.close()
+        os.close(null)
+    reply = mine.recv(4096)
+    if not reply:  # the zygote died
+        mine.close()
+        return None
+    return Launched(json.loads(reply)["pid"], mine)
+
+
+class Launched:
+    """A guard forked by a zygote, waited for as ``psutil.wait_procs`` waits for a process: its exit
+    code arrives from the zygote (its parent) on ``sock``."""
+
+    def __init__(self, pid: int, sock: socket.socket) -> None:
+        self.pid, self.sock = pid, sock
+        self.returncode: Optional[int] = None
+        self._code: Optional[int] = None
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        import psutil
+
+        if self._code is None:
+            self.sock.settimeout(timeout)
+            try:
+                reply = self.sock.recv(4096)
+            except (TimeoutError, BlockingIOError):  # BlockingIOError: timeout 0
+                raise psutil.TimeoutExpired(timeout, pid=self.pid) from None
+            # no reply: the zygote died (killed with its guards, or the caller is going): as SIGKILL
+            self._code = json.loads(reply)["code"] if reply else 128 + signal.SIGKILL
+            self.sock.close()
+        return self._code
+
+    def is_running(self) -> bool:
+        return self._code is None
+
+    def _signal(self, sig: int) -> None:
+        if self._code is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self._signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self._signal(signal.SIGKILL)
+
+
+class _Zygote:
+    def __init__(self, module: str) -> None:
+        import psutil
+
+        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.lock = threading.Lock()
+        self.ready: Optional[bool] = None
+        with theirs:
+            # the zygote's own streams: this process's stderr (an import's warning), no stdin
+            self.proc = psutil.Popen([sys.executable, "-m", "vae_ddp.zygote", module, str(theirs.fileno()),
+                                      str(os.getpid())], pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL)
+
+    def wait_ready(self) -> bool:
+        if self.ready is None:
+            readable = select.select([self.sock], [], [], _READY_S)[0]
+            self.ready = bool(readable) and self.sock.recv(16) == b"ready"
+            if not self.ready:
+                self.proc.kill()
+        return self.ready
+
+
+def _zygote(module: str, wait: bool) -> Optional[_Zygote]:
+    key = (os.getpid(), module)  # a fork of this process starts its own
+    with _LOCK:
+        z = _ZYGOTES.get(key)
+        if z is None or z.proc.poll() is not None:
+            try:
+                z = _ZYGOTES[key] = _Zygote(module)
+            except OSError:
+                return None
+    return z if not wait or z.wait_ready() else None
+
+
+# --------------------------------------------------------------------------- the zygote's side
+def serve(module: str, fd: int, caller: int) -> int:
+    """The zygote: import ``module``, say ``ready`` on the socket ``fd``, then for each request
+    fork a guard of its command and send back the guard's pid, later its exit code; end when
+    ``caller`` (the parent) dies or closes the socket."""
+    import importlib
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    guard._prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != caller:
+        return 1
+    sock = socket.socket(fileno=fd)
+    importlib.import_module(module)
+    sock.send(b"ready")
+    waiting: dict[int, socket.socket] = {}
+    while True:
+        with contextlib.suppress(ChildProcessError):
+            while (ended := os.waitpid(-1, os.WNOHANG))[0]:
+                reply = waiting.pop(ended[0], None)
+                if reply is not None:
+                    with contextlib.suppress(OSError), reply:
+                        reply.send(json.dumps({"code": os.waitstatus_to_exitcode(ended[1])}).encode())
+        if not select.select([sock], [], [], 0.1)[0]:
+            continue
+        message, fds, _, _ = socket.recv_fds(sock, 1 << 22, 3)
+        if not message:  # the caller closed its end: it is going
+            return 0
+        request, (reply_fd, out, err) = json.loads(message), fds
+        reply = socket.socket(fileno=reply_fd)
+
+        def guard_of(r: dict = request, o: int = out, e: int = err) -> int:
+            for s in (sock, reply, *waiting.values()):  # the other launches' sockets are not this one's
+                s.close()
+            os.chdir(r["cwd"])
+            return guard.guard_forked(r["cmd"], r["stall"], r["grace"], r["startup"], os.getppid(), r["env"], o, e)
+
+        pid = guard.fork(guard_of)
+        os.close(out)
+        os.close(err)
+        with contextlib.suppress(OSError):
+            reply.send(json.dumps({"pid": pid}).encode())
+        waiting[pid] = reply
+
+
+if __name__ == "__main__":
+    sys.exit(serve(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])))
