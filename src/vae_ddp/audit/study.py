@@ -329,6 +329,9 @@ def _measure(plan: _Plan, runs_dir: Path) -> _Runs:
     one, first = ({s.label: (torch.load(where[tag] / f"{s.label}.pt"), launched[tag][s.label], where[tag])
                    for s in specs}
                   for tag, specs in (("one-device", plan.one_device), ("ddp", plan.ddp)))
+    if localise.SYNC_GRADS in launched["ddp"]:  # the ranks checked the sync_grads advice (a gather seen)
+        first[localise.SYNC_GRADS] = (torch.load(where["ddp"] / f"{localise.SYNC_GRADS}.pt"),
+                                      launched["ddp"][localise.SYNC_GRADS], where["ddp"])
     return _Runs(one, first)
 
 
@@ -498,8 +501,13 @@ def _localised(runs: "_Runs", v: dict, n: int, found: dict, manual: dict) -> tup
     where not run) and whether nothing else was left for the user's code before it."""
     if not v["deterministic"] or v["grad_within"]:
         return None, False
-    local = localise.judge(runs.record(localise.RANKS_GRADS), runs.record("single"),
-                           runs.first[localise.RANKS_GRADS][1].get("gathers") or [], v["yardstick"], n)
+    synced = runs.record(localise.SYNC_GRADS) if localise.SYNC_GRADS in runs.first else None
+    try:
+        local = localise.judge(runs.record(localise.RANKS_GRADS), runs.record("single"),
+                               runs.first[localise.RANKS_GRADS][1].get("gathers") or [], v["yardstick"], n, synced)
+    except (ValueError, RuntimeError) as err:  # the check's steps do not line up with one device's
+        raise RunFailed(f"run '{localise.SYNC_GRADS}' cannot be compared with one device's step by step: {err}") \
+            from None
     left_unnamed = not manual  # nothing else is left for the user's code
     for key, f in local.get("findings", {}).items():
         if key == "gradient_scale" and key in manual:  # the whole gradient's scale, named already
