@@ -75,3 +75,34 @@ def test_buffers_that_follow_from_the_draws_are_not_named_a_cause(tmp_path, trut
     assert "follows from Random streams per rank, BatchNorm statistics" in log
     verdict = next(ln for ln in log.splitlines() if ln.startswith("- not passed"))
     assert "only a change in your code fixes it: Random streams per rank (" in verdict, verdict
+
+
+def test_a_row_that_follows_is_worded_so_and_never_first():
+    """The rules on rows whose answer is known (no process started): a buffers row marked as following
+    from the draws ranks after every other exposed row, says so in the table, and the verdict's list of
+    what only your code fixes leaves it out; an ordinary buffers row stays "your code"."""
+    from vae_ddp.audit import study
+
+    v = {"deterministic": True, "grad_steps": [0.5], "batch_noise": 0.8, "yardstick": EPS64, "grad_within": False}
+    noise = {"evidence": "z repeats", "fix": "global_batch_draw", "manual": True}
+    follows = {"evidence": "follows from ...", "fix": "none of its own", "manual": True, "follows": ["noise"],
+               "mechanism": "follows"}
+    own = dict(follows, follows=None, mechanism=None, evidence="per-rank values", fix="all-reduce")
+    for buffers, first in ((follows, "noise"), (own, None)):
+        found = {"noise": noise, "buffers": buffers}
+        rows = study._rows(found, dict(found), {}, {}, v)
+        for r in rows:
+            r["effect"] = None
+        ranked = [r for r in sorted(rows, key=study._rank) if r["exposed"]]
+        by = {r["factor"]: r for r in rows}
+        result = {"findings": ranked, "deterministic": True, "unexplained": False, "within_floor": False,
+                  "dtype": "float64", "trainer": {}, "floor": EPS64, "steps": 3, "global_batch_size": 8,
+                  "devices": 2, "model": {"class_path": "M"}, "batch_noise": None, "batch_noise_steps": []}
+        table = "\n".join(study._render_table(result, study._Units(result)))
+        verdict = study._render_verdict(result, study._Units(result))
+        if first:
+            assert by["buffers"]["follows"] == ["noise"] and ranked[-1]["factor"] == "buffers", ranked
+            assert "follows from Random streams per rank" in table and "Buffers after the step" not in verdict
+        else:
+            assert by["buffers"]["follows"] is None and "follows from" not in table
+            assert "Buffers after the step" in verdict, verdict

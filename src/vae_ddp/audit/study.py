@@ -146,6 +146,11 @@ def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, pr
         this factor's fix on, beside ``none_fixed``, with no fix (None where the floor is not
         rounding or no automatic fix applies). Context, not the verdict: ``divergence_*`` and
         ``trajectory_floor``, the largest parameter or buffer difference after ``steps`` steps.
+        ``buffers_check``: None, or where the buffers row stood beside draws no automatic fix serves,
+        ``{"rows", "closed", "buffer_ratio", "gradient"}`` of one device and DDP trained again with those
+        draws keyed to the samples (``closed``: the row then ``follows`` ``rows``); ``localised["sync_grads"]``:
+        None, or where a gather without gradient was seen, DDP's gradient with ``sync_grads=True`` forced
+        there (``{"steps", "relative", "ratio", "within"}``, relative to one device's and over the floor).
         ``notes``: ``notes`` given (what the one-process checks could not do), flags the DDP runs
         cleared, and what the runs noticed beside the factors, e.g. DataLoader workers forked
         from a multithreaded process, which the audit started with ``forkserver`` instead.
