@@ -491,6 +491,40 @@ class TargetNormaliser(Base):
         return F.mse_loss(self(x), (y - self.target_mean) / self.target_var.sqrt())
 
 
+class NoiseBatchNorm(LightningModule):
+    """A generator-like module (the gallery's DCGAN in small): a noise vector `z: (b, 4)` drawn with
+    `torch.randn` in a method the training step calls, through a generator with BatchNorm, a critic
+    that scores the generated rows and the real ones (each loss a mean over the samples), under
+    manual optimization as a GAN's. Under DDP every rank draws the same `z` rows (same seed), not its
+    share of one device's, and BatchNorm's running statistics follow from those rows and the per-rank
+    statistics: with the audit's fixes for both (draws keyed to the samples, global BatchNorm) they
+    are one device's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.generator = nn.Sequential(nn.Linear(4, 16), nn.BatchNorm1d(16), nn.Tanh(), nn.Linear(16, 8))
+        self.critic = nn.Linear(8, 1)
+
+    def draw_z(self, x):
+        return torch.randn(len(x), 4, dtype=x.dtype, device=x.device)
+
+    def loss(self, x, z):
+        fake = self.generator(z)
+        return ((self.critic(fake) - 1) ** 2).mean() + (self.critic(x) ** 2).mean()
+
+    def training_step(self, batch, batch_idx):
+        x, _ = batch
+        opt = self.optimizers()
+        loss = self.loss(x, self.draw_z(x))
+        opt.zero_grad()
+        self.manual_backward(loss)
+        opt.step()
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=1e-2)
+
+
 class RenormalisedEmbedding(LightningModule):
     """`nn.Embedding(max_norm=1.0)`: `forward` renormalises, in place, the rows it looks up (on
     each rank, the rows of that rank's share of the batch)."""

@@ -138,7 +138,17 @@ def test_a_gather_without_gradient_is_named_with_sync_grads():
     rows = localise.findings(groups, None, ["model.py:12 in training_step"], EPS64, 2)
     assert list(rows) == ["reduction"]
     assert rows["reduction"]["evidence"].startswith("model.py:12 in training_step gathers a tensor that requires")
-    assert "sync_grads=True" in rows["reduction"]["fix"] and "try it and rerun the audit" in rows["reduction"]["fix"]
+    assert "sync_grads=True" in rows["reduction"]["fix"] and "not checked by the audit: try it and rerun the audit" \
+        in rows["reduction"]["fix"]
+    # the audit's check of the advice, in the fix's words: closed, or not
+    closed = {"steps": [2e-16], "relative": 2e-16, "ratio": 2e-16 / EPS64, "within": True}
+    fix = localise.findings(groups, None, ["x"], EPS64, 2, closed)["reduction"]["fix"]
+    assert "checked: with sync_grads=True DDP's gradient is one device's (0.901x the floor" in fix, fix
+    assert "try it" not in fix
+    left = {"steps": [0.2], "relative": 0.2, "ratio": 0.2 / EPS64, "within": False}
+    fix = localise.findings(groups, None, ["x"], EPS64, 2, left)["reduction"]["fix"]
+    assert "checked: sync_grads=True does not close it: DDP's gradient then differs from one device's by 0.2 " \
+           "relative" in fix and "one device's (" not in fix, fix
     # nothing differs: nothing named, whatever was gathered
     assert localise.findings(localise.per_optimizer(single, single, EPS64, 2), None, ["x"], EPS64, 2) == {}
     # what no mechanism names is still localised in words
@@ -264,6 +274,15 @@ def test_a_gather_without_gradient_is_named_and_the_sampler_is_not_blamed(tmp_pa
     evidence = rows["reduction"]["evidence"]
     assert "without sync_grads=True" in evidence and "grad_bugs.py:" in evidence
     assert "self.all_gather(t, sync_grads=True)" in rows["reduction"]["fix"]
+    # the advice checked: DDP's step again with sync_grads=True forced there, which plain Lightning
+    # measures as one device's gradient (UngradGatherFixed's truth)
+    fixed = truth["UngradGatherFixed"]["optimizers"][0]["relative"]
+    check = result["localised"]["sync_grads"]
+    assert check["within"] and check["relative"] < 10 * EPS64 and fixed < 10 * EPS64, (check, fixed)
+    assert len(check["steps"]) == 3 and check["ratio"] <= 2, check
+    assert (f"checked: with sync_grads=True DDP's gradient is one device's ({check['ratio']:.3g}x the floor"
+            in rows["reduction"]["fix"]), rows["reduction"]["fix"]
+    assert "try it" not in rows["reduction"]["fix"]
     sampler = rows["sampler"]
     assert sampler["bites"] is False and sampler["effect"] is None, sampler  # not "changes what DDP trains"
     assert sampler["fix_changes_nothing"] and ": its fix changes nothing here, from either end" in log
@@ -276,6 +295,10 @@ def test_the_corrected_variants_pass(tmp_path, truth, model):
     code, result, log = run_audit(tmp_path, model, "--effect_batches", "0")
     assert code == 0 and result["within_floor"] and result["localised"] is None, log[-3000:]
     assert not [f for f in result["findings"] if f["exposed"] and not f["automatic_fix"]], result["findings"]
+    # no gather without gradient: the sync_grads check is not trained, and the report says nothing of it
+    ran = json.loads((tmp_path / "audit/runs/run.json").read_text())["ddp"]
+    assert localise.RANKS_GRADS in ran and localise.SYNC_GRADS not in ran, list(ran)
+    assert "checked" not in log and "sync_grads" not in log, log[-3000:]
 
 
 def test_an_unexplained_verdict_says_where_the_gradient_differs():

@@ -230,6 +230,8 @@ def test_a_queue_of_keys_per_rank_fails_and_is_named(tmp_path, truth):
     d = result["whole_step"]["differences"][0]
     assert d["part"] == "buffers" and d["detail"]["order"] == ["queue"] and d["detail"]["integers"][0][0] == "ptr", d
     assert [r[0] for r in d["detail"]["ranks"]] == ["queue"] and "self.all_gather(keys)" in rows["buffers"]["fix"]
+    # a cause of its own (no draws beside it for the buffers to follow from): no check, no "follows"
+    assert rows["buffers"]["follows"] is None and result["buffers_check"] is None, rows["buffers"]
     # the parameters' drift, judged on the parameters alone
     assert result["trajectory_kind"] == "parameters" and result["trajectory_ratio"] > 1e3, result["trajectory_ratio"]
     assert result["trajectory_left_out"] == ["queue"] and result["trajectory_floor"] <= 10 * EPS64
@@ -259,6 +261,7 @@ def test_a_normaliser_updated_before_use_names_the_buffers_and_the_coupled_loss(
     assert rows["buffers"]["exposed"] and "all-reduce the sums and counts" in rows["buffers"]["fix"], rows["buffers"]
     assert {x["name"] for x in result["whole_step"]["differences"][0]["names"]} == {"target_mean", "target_var"}
     assert "the gradient differs too" in rows["buffers"]["evidence"]
+    assert rows["buffers"]["follows"] is None and result["buffers_check"] is None, rows["buffers"]
     assert rows["reduction"]["exposed"] and "depends on the other samples of its batch" in rows["reduction"]["evidence"]
     assert "training_step writes target_mean, target_var" in rows["reduction"]["evidence"]
     assert "changes with torch's seed" not in log and "the same buffers as one device" not in log

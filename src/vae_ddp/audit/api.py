@@ -109,6 +109,8 @@ class Finding:
         vs_batch_noise: as in ``audit.json``.
         automatic_fix: the audit's own fix removes it.
         effect: what it changes ([`Effect`][vae_ddp.audit.api.Effect]), None where not measured.
+        follows: the keys of the factors it follows from, whose fixes the audit measured to close it
+            (a ``buffers`` row beside draws no automatic fix serves), else None.
     """
 
     factor: str
@@ -125,6 +127,7 @@ class Finding:
     vs_batch_noise: Optional[float]
     automatic_fix: bool
     effect: Optional[Effect]
+    follows: Optional[tuple[str, ...]] = None
 
 
 @dataclass(frozen=True)
@@ -186,9 +189,10 @@ class AuditResult:
 
         raw = json.dumps(result)
         d = json.loads(raw)
-        keys = [f.name for f in dataclasses.fields(Finding) if f.name not in ("name", "effect", "mechanism")]
+        keys = [f.name for f in dataclasses.fields(Finding) if f.name not in ("name", "effect", "mechanism", "follows")]
         findings = tuple(Finding(name=_name(f["factor"]), mechanism=f.get("mechanism"),
-                                 effect=Effect.of(f.get("effect")), **{k: f[k] for k in keys}) for f in d["findings"])
+                                 effect=Effect.of(f.get("effect")), **{k: f[k] for k in keys},
+                                 follows=tuple(f["follows"]) if f.get("follows") else None) for f in d["findings"])
         return cls(verdict="passed" if d["exit_code"] == 0 else "failed", exit_code=d["exit_code"],
                    exit_why=tuple(d["exit_why"]), devices=d["devices"], steps=d["steps"], dtype=d["dtype"],
                    global_batch_size=d["global_batch_size"], floor=d["floor"], ratio_to_floor=d["ratio_to_floor"],

@@ -16,7 +16,8 @@ One rule for every factor (unit-tested in ``tests/audit/test_exit_rule.py``; sta
 - **0** where DDP computes one device's step, or differs only in which samples or independent draws
   it takes from one device's distribution (Lightning's shuffling ``DistributedSampler``, its padding
   of the last batch), in what it plots (``logging``), or in what follows from another row
-  (``optimizer``: Adam's step sizes under shared noise, named by ``noise``).
+  (``optimizer``: Adam's step sizes under shared noise, named by ``noise``; ``buffers`` that the audit
+  measured to follow from draws no automatic fix serves, a finding marked ``mechanism: "follows"``).
 
 The effect sizes (a bias, a noise ratio) are what each cause costs, shown beside it; they do not
 decide the code.

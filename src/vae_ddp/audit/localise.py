@@ -19,8 +19,11 @@ mechanisms with the change that closes each:
   DDP run): on one device ``all_gather`` returns the tensor itself, with its gradient; under DDP the
   gathered tensor has none.
 
-None of these is a switch the audit can turn from outside the user's code, so each fix is worded as
-what to change and to rerun the audit after. A factor whose own fix changes nothing from either end
+The first two are no switch the audit can turn from outside the user's code: their fix is worded as
+what to change and to rerun the audit after. The third is: where such a gather was seen, the audit
+trains DDP's step once more with ``sync_grads=True`` forced on those calls (``SYNC_GRADS``,
+:func:`watch_gathers` with ``force``) and its fix says, measured, whether that gives one device's
+gradient (:func:`sync_grads_check`). A factor whose own fix changes nothing from either end
 (:func:`fix_changes_nothing`) is never the headline of what is left.
 """
 
@@ -40,12 +43,16 @@ from vae_ddp.harness.permutation import FLOOR_FACTOR
 #: The factor a gather without gradient is named under (the mean reduction's: a loss coupled across ranks)
 REDUCTION = _REDUCTION_FACTOR.key
 
-__all__ = ["RANKS_GRADS", "SCALE_TOLERANCE", "fix_changes_nothing", "per_optimizer", "world_fraction", "unreduced",
-           "findings", "describe", "judge", "watch_gathers"]
+__all__ = ["RANKS_GRADS", "SYNC_GRADS", "SCALE_TOLERANCE", "fix_changes_nothing", "per_optimizer", "world_fraction",
+           "unreduced", "findings", "describe", "judge", "watch_gathers", "sync_grads_check"]
 
 #: The audit's run whose ranks' gradients the probe measures (``StepProbe(ranks_grads=True)``): DDP with
 #: every fix, every step from one device's weights.
 RANKS_GRADS = "ddp+fixed-forced"
+
+#: The audit's check of its ``sync_grads`` advice: ``RANKS_GRADS`` trained again with ``sync_grads=True``
+#: forced on the gathers :func:`watch_gathers` saw there (run only when it saw one).
+SYNC_GRADS = "ddp+fixed-forced+sync_grads"
 
 #: A gradient is one device's times ``s`` exactly when ``||g_ddp - s g_one|| / ||g_one||`` is within this.
 SCALE_TOLERANCE = 1e-3
@@ -191,11 +198,14 @@ def describe(groups: list[dict], yardstick: float) -> str:
     return "; ".join(parts)
 
 
-def findings(groups: list[dict], reduce: Optional[dict], gathers: list[str], yardstick: float, n: int) -> dict:
+def findings(groups: list[dict], reduce: Optional[dict], gathers: list[str], yardstick: float, n: int,
+             checked: Optional[dict] = None) -> dict:
     """The audit's rows for the mechanisms named above, ``{factor: {"factor", "evidence", "fix",
     "manual": True, "localised": True}}``: ``parameters`` for gradients never averaged (``reduce``,
     :func:`unreduced`), ``reduction`` for a gather without gradient (``gathers``: where
-    ``self.all_gather`` was called so, :func:`watch_gathers`), ``gradient_scale`` for an optimizer
+    ``self.all_gather`` was called so, :func:`watch_gathers`; ``checked``: DDP's gradient with
+    ``sync_grads=True`` forced there, :func:`sync_grads_check`, which its fix reports, or None where
+    not measured: then the fix is worded as what to try), ``gradient_scale`` for an optimizer
     whose gradient is an exact k/N of one device's (``groups``, :func:`per_optimizer`). Empty when
     every optimizer's gradient is within the floor."""
     differ = [g for g in groups if not g["within"]]
@@ -224,8 +234,7 @@ def findings(groups: list[dict], reduce: Optional[dict], gathers: list[str], yar
                         "sync_grads=True: under DDP the gathered rows carry no gradient, where on one device "
                         f"all_gather returns the tensor itself with its gradient, so the loss over them is coupled "
                         f"across ranks without its gradient ({where})",
-            "fix": "gather with the gradient: self.all_gather(t, sync_grads=True) (the audit cannot switch it from "
-                   "outside your code: try it and rerun the audit)"}
+            "fix": "gather with the gradient: self.all_gather(t, sync_grads=True) " + _checked_words(checked)}
     scaled = [g for g in differ if g["fraction"]]
     if scaled and reduce is None and REDUCTION not in out:
         clauses = []
@@ -248,12 +257,43 @@ def findings(groups: list[dict], reduce: Optional[dict], gathers: list[str], yar
     return out
 
 
+def _checked_words(checked: Optional[dict]) -> str:
+    """The ``reduction`` fix's clause on what the audit measured of it (:func:`sync_grads_check`)."""
+    if checked is None:
+        return "(not checked by the audit: try it and rerun the audit)"
+    if checked["within"]:
+        return (f"(checked: with sync_grads=True DDP's gradient is one device's ({checked['ratio']:.3g}x the floor, "
+                f"{checked['relative']:.3g} relative at most, every step from one device's weights))")
+    return (f"(checked: sync_grads=True does not close it: DDP's gradient then differs from one device's by "
+            f"{checked['relative']:.3g} relative, {checked['ratio']:.3g}x the floor; something else is left: rerun "
+            "the audit after the change)")
+
+
+def sync_grads_check(ddp: dict, single: dict, yardstick: float) -> dict:
+    """What forcing ``sync_grads=True`` on the gathers leaves of DDP's gradient: ``{"steps": [relative
+    difference per optimizer step], "relative": the largest, "ratio": relative / yardstick, "within":
+    ratio <= FLOOR_FACTOR}``. ``ddp``: the [`StepProbe`][vae_ddp.probes.StepProbe] record of the
+    ``SYNC_GRADS`` run (rank 0, every step from one device's weights); ``single``: one device's;
+    ``yardstick``: the gradient's floor (relative, never below one rounding unit).
+
+    Raises:
+        ValueError: the two records' steps or gradients do not line up.
+    """
+    from vae_ddp.probes import per_step_differences
+
+    steps = per_step_differences(ddp["grads"], single["grads"])
+    relative = max(steps, default=0.0)
+    return {"steps": steps, "relative": relative, "ratio": relative / yardstick,
+            "within": relative <= FLOOR_FACTOR * yardstick}
+
+
 @contextlib.contextmanager
-def watch_gathers() -> Iterator[list[str]]:
+def watch_gathers(force: bool = False) -> Iterator[list[str]]:
     """Within the block, note every call of ``LightningModule.all_gather`` (pytorch_lightning's) with
     ``sync_grads=False`` on a tensor that requires a gradient while gradients are enabled: the list
     it yields gets ``"file:line in function"`` of each such call site (once each), outside this
-    package and Lightning. The method is restored on exit."""
+    package and Lightning. ``force``: those calls gather with ``sync_grads=True`` instead (the
+    audit's check of its advice; every other call as made). The method is restored on exit."""
     import os
 
     import pytorch_lightning
@@ -273,6 +313,7 @@ def watch_gathers() -> Iterator[list[str]]:
             site = f"{os.path.basename(frame.filename)}:{frame.lineno} in {frame.name}" if frame else "a call"
             if site not in sites:
                 sites.append(site)
+            sync_grads = force
         return original(self, data, group=group, sync_grads=sync_grads)
 
     LightningModule.all_gather = all_gather
@@ -293,11 +334,19 @@ def _tensors(data) -> Iterator:
             yield from _tensors(v)
 
 
-def judge(ddp: dict, single: dict, gathers: list[str], yardstick: float, n: int) -> dict:
+def judge(ddp: dict, single: dict, gathers: list[str], yardstick: float, n: int,
+          synced: Optional[dict] = None) -> dict:
     """Everything above for one audit: ``{"optimizers": per_optimizer(...), "unreduced": unreduced(...),
-    "gathers": gathers, "findings": findings(...)}`` (see each; ``ddp``: the record of
-    ``RANKS_GRADS``, ``single``: one device's, ``gathers``: what :func:`watch_gathers` saw in that run)."""
+    "gathers": gathers, "sync_grads": sync_grads_check(...) or None, "findings": findings(...)}`` (see
+    each; ``ddp``: the record of ``RANKS_GRADS``, ``single``: one device's, ``gathers``: what
+    :func:`watch_gathers` saw in that run, ``synced``: the record of ``SYNC_GRADS``, or None where it
+    did not run).
+
+    Raises:
+        ValueError: ``synced``'s steps do not line up with one device's.
+    """
     groups = per_optimizer(ddp, single, yardstick, n)
     reduce = unreduced(ddp, single, yardstick)
-    return {"optimizers": groups, "unreduced": reduce, "gathers": list(gathers),
-            "findings": findings(groups, reduce, gathers, yardstick, n)}
+    checked = sync_grads_check(synced, single, yardstick) if synced is not None and gathers else None
+    return {"optimizers": groups, "unreduced": reduce, "gathers": list(gathers), "sync_grads": checked,
+            "findings": findings(groups, reduce, gathers, yardstick, n, checked)}

@@ -10,7 +10,10 @@ Rank 0 writes, in its group's folder ``OUT_DIR/TAG/``, ``<label>.pt`` (the final
 parameters and buffers of each run), ``<label>.steps.pt`` (per-step gradients, for a run with a ``steps_file``) and
 ``run.json``: ``{label: {"findings": [...], "steps": int, "notes": [...]}}``, the
 findings being what [`DDPAudit`][vae_ddp.audit.callback.DDPAudit] saw. A teacher-forced run
-waits until the reference run (in the process beside it) has written its weights.
+waits until the reference run (in the process beside it) has written its weights. Where the run
+``localise.RANKS_GRADS`` saw a ``self.all_gather`` without ``sync_grads=True`` on a tensor that
+requires a gradient (on any rank), the ranks train it again with ``sync_grads=True`` forced there,
+as ``localise.SYNC_GRADS``, right after it: the audit's check of its advice.
 """
 
 from __future__ import annotations
@@ -258,6 +261,7 @@ def _train(runs: list[AuditRun], out: Path) -> int:
     quiet()
     out.mkdir(parents=True, exist_ok=True)
     info = {}
+    runs = list(runs)
     for run in runs:
         # which run each process trains, in the log: a rank that dies is named with its run (launch)
         _CURRENT[:] = [run.label]
@@ -269,10 +273,13 @@ def _train(runs: list[AuditRun], out: Path) -> int:
                               repeat=run.repeat, sketch=run.sketch, ranks_grads=run.label == localise.RANKS_GRADS)
         model, dm, trainer = build(run, probe)
         try:
-            with localise.watch_gathers() as gathers:
+            with localise.watch_gathers(force=run.sync_grads) as gathers:
                 trainer.fit(model, datamodule=dm)
         except Exception as err:  # the user's code failed under the audit's settings: the error names them
             raise with_settings(err, run)
+        if run.label == localise.RANKS_GRADS and run.devices > 1 and trainer.strategy.reduce_boolean_decision(
+                bool(gathers), all=False):  # a gather without gradient on any rank: its advice checked, next
+            runs.insert(runs.index(run) + 1, run.replace(label=localise.SYNC_GRADS, sync_grads=True))
         if trainer.is_global_zero:
             audit = next(c for c in trainer.callbacks if isinstance(c, DDPAudit))
             with replacing(out / f"{run.label}.pt") as tmp:

@@ -182,6 +182,11 @@ class AuditRun:
             that draws anew on every read.
         probe_items: True: the ranks compare what their loaders draw for the same samples
             ([`measure`][vae_ddp.audit.loader_draws.measure]), in the run with Lightning's defaults.
+        sync_grads: True: every ``self.all_gather`` of a tensor that requires a gradient gathers with
+            ``sync_grads=True``, whatever the call says ([`watch_gathers`][vae_ddp.audit.localise.watch_gathers]
+            with ``force``): the audit's check of its ``sync_grads`` advice
+            ([`SYNC_GRADS`][vae_ddp.audit.localise.SYNC_GRADS], trained only after the run of
+            [`RANKS_GRADS`][vae_ddp.audit.localise.RANKS_GRADS] saw such a gather).
     """
 
     model: dict
@@ -210,6 +215,7 @@ class AuditRun:
     keyed_draws: bool = False
     keyed_items: bool = False
     probe_items: bool = False
+    sync_grads: bool = False
 
     @property
     def world_size(self) -> int:

@@ -146,6 +146,11 @@ def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, pr
         this factor's fix on, beside ``none_fixed``, with no fix (None where the floor is not
         rounding or no automatic fix applies). Context, not the verdict: ``divergence_*`` and
         ``trajectory_floor``, the largest parameter or buffer difference after ``steps`` steps.
+        ``buffers_check``: None, or where the buffers row stood beside draws no automatic fix serves,
+        ``{"rows", "closed", "buffer_ratio", "gradient"}`` of one device and DDP trained again with those
+        draws keyed to the samples (``closed``: the row then ``follows`` ``rows``); ``localised["sync_grads"]``:
+        None, or where a gather without gradient was seen, DDP's gradient with ``sync_grads=True`` forced
+        there (``{"steps", "relative", "ratio", "within"}``, relative to one device's and over the floor).
         ``notes``: ``notes`` given (what the one-process checks could not do), flags the DDP runs
         cleared, and what the runs noticed beside the factors, e.g. DataLoader workers forked
         from a multithreaded process, which the audit started with ``forkserver`` instead.
@@ -329,6 +334,9 @@ def _measure(plan: _Plan, runs_dir: Path) -> _Runs:
     one, first = ({s.label: (torch.load(where[tag] / f"{s.label}.pt"), launched[tag][s.label], where[tag])
                    for s in specs}
                   for tag, specs in (("one-device", plan.one_device), ("ddp", plan.ddp)))
+    if localise.SYNC_GRADS in launched["ddp"]:  # the ranks checked the sync_grads advice (a gather seen)
+        first[localise.SYNC_GRADS] = (torch.load(where["ddp"] / f"{localise.SYNC_GRADS}.pt"),
+                                      launched["ddp"][localise.SYNC_GRADS], where["ddp"])
     return _Runs(one, first)
 
 
@@ -429,6 +437,7 @@ def _judge(plan: _Plan, runs: _Runs, notes: list[str]) -> dict:
     step = _whole_step(runs, n, v["eps"], v["grad_within"], v["unit"]) if v["deterministic"] else None
     for key, f in (step or {}).get("findings", {}).items():
         manual[key] = found[key] = f
+    buffers_check = _buffers_follow(plan, runs, v, found, manual) if "buffers" in manual else None
     local, left_unnamed = _localised(runs, v, n, found, manual)
     # parameters apart from buffers, each against its own floor (never 0: one rounding unit, of bfloat16
     # under bf16-mixed, of the largest value); buffers a permutation moves are judged step by step
@@ -462,6 +471,8 @@ def _judge(plan: _Plan, runs: _Runs, notes: list[str]) -> dict:
     for row in rows:  # rank 0's gradient is not DDP's step when every rank steps on its own: not measured
         if row["factor"] == "parameters" and (local or {}).get("unreduced") and row["exposed"]:
             row["effect"] = None
+        if row.get("follows"):  # what every fix leaves is the rows it follows from: not its own effect
+            row["effect"] = None
     findings = sorted(rows, key=_rank)
     result = {"devices": n, "steps": base.steps, "dtype": base.dtype, "method": "teacher-forced",
               "floor": v["floor"], "floor_draws": v["floor_draws"], "grad_steps": v["grad_steps"],
@@ -476,6 +487,7 @@ def _judge(plan: _Plan, runs: _Runs, notes: list[str]) -> dict:
               "unkeyed_draws": None if draws is None else {k: val for k, val in draws.items() if k != "finding"},
               "whole_step": None if step is None else {k: val for k, val in step.items() if k != "findings"},
               "reduction_under_ddp": v["reduction_ddp"],
+              "buffers_check": buffers_check,
               "localised": None if local is None else {k: val for k, val in local.items() if k != "findings"},
               "effect": measured.get("defaults"), "effect_rows": (measured.get("defaults") or {}).get("rows"),
               "findings": findings, "largest_differences": _largest(fixed, single) if unexplained else [],
@@ -491,6 +503,64 @@ def _judge(plan: _Plan, runs: _Runs, notes: list[str]) -> dict:
     return result
 
 
+#: The audit's check of a buffers row beside draws its fixes do not serve: one device and DDP with every
+#: fix and those draws keyed to the samples, every step from one device's weights (``_buffers_follow``).
+KEYED = ("single+keyed", "ddp+fixed-forced+keyed")
+
+
+def _buffers_follow(plan: _Plan, runs: "_Runs", v: dict, found: dict, manual: dict) -> Optional[dict]:
+    """Whether the buffers that differ with every fix follow from the draws no automatic fix serves
+    (torch's random functions in the step, named under ``noise``; per-rank BatchNorm statistics, when
+    exposed, are fixed in every compared run): one device and DDP are trained once more, every fix on
+    and those draws keyed to the samples ([`KeyedTorchDraws`][vae_ddp.audit.draws.KeyedTorchDraws]), and
+    their buffers compared as [`whole_step.compare`][vae_ddp.audit.whole_step.compare] does (against the
+    floor draws' buffers). Only where the deterministic step's ``buffers`` row stands beside such draws
+    and the compared runs did not key them already; else None (nothing run).
+
+    Returns:
+        ``{"rows": [factor keys], "closed": bool (the buffers within 2x their floor at every step),
+        "buffer_ratio": float (the largest, over the floor), "gradient": float (the largest relative
+        difference of DDP's gradient from one device's)}``; when ``closed``, ``found`` and ``manual``'s
+        ``buffers`` row says it follows from ``rows`` (``follows``, ``mechanism: "follows"``, no fix of its own).
+
+    Raises:
+        RunFailed: a run failed, or its steps do not line up with one device's.
+    """
+    draws = manual.get(noise.FACTOR.key)
+    if not v["deterministic"] or draws is None or draws.get("unkeyed") or plan.base.keyed_draws:
+        return None
+    forced = next(s for s in plan.ddp if s.label == localise.RANKS_GRADS)
+    one = forced.replace(label=KEYED[0], devices=1, keyed_draws=True)
+    ddp = forced.replace(label=KEYED[1], keyed_draws=True)
+    out = runs.first["ddp"][2].parent / "buffers-check"
+    for folder in (out, out / "one-device", out / "ddp"):
+        own_folder(folder)
+    launch(Job({"one-device": [one], "ddp": [ddp]}, together=True), out, quiet=True,
+           entry=[sys.executable, "-m", "vae_ddp.audit.run"])
+    single = torch.load(out / "one-device" / f"{KEYED[0]}.steps.pt")
+    keyed = torch.load(out / "ddp" / f"{KEYED[1]}.steps.pt")
+    floors = [runs.record(f"floor-{k}") for k in range(1, FLOOR_DRAWS + 1)]
+    try:
+        step = whole_step.compare(keyed, single, floors, v["eps"], v["unit"] if v["unit"] > v["eps"] else 0.0)
+        gradient = max(per_step_differences(keyed["grads"], single["grads"]), default=0.0)
+    except (ValueError, RuntimeError) as err:
+        raise RunFailed(f"run '{KEYED[1]}' cannot be compared with one device's step by step: {err}") from None
+    rows = [noise.FACTOR.key] + [k for k in ("batchnorm",) if k in found and k not in manual]
+    closed = not any(d["part"] == "buffers" for d in step["differences"])
+    check = {"rows": rows, "closed": closed, "buffer_ratio": step["buffer_ratio"], "gradient": gradient}
+    if closed:
+        names = " and ".join(_name(k) for k in rows)
+        f = manual["buffers"]
+        manual["buffers"] = found["buffers"] = dict(
+            f, follows=rows, mechanism="follows",
+            evidence=f"follows from {names}, not a cause of its own: with the audit's fixes for them (the draws "
+                     "keyed to the samples, and every automatic fix on), DDP's buffers are one device's at every "
+                     f"step ({step['buffer_ratio']:.2g}x their floor at most, every step from one device's "
+                     f"weights; the gradient {gradient:.3g} relative); without the draws' fix: " + f["evidence"],
+            fix=f"none of its own: the fixes above for {names}")
+    return check
+
+
 def _localised(runs: "_Runs", v: dict, n: int, found: dict, manual: dict) -> tuple[Optional[dict], bool]:
     """What every fix leaves of the gradient, optimizer by optimizer ([`localise`][vae_ddp.audit.localise]),
     where the step is deterministic and the gradient not within its floor: its findings join ``found`` and
@@ -498,8 +568,13 @@ def _localised(runs: "_Runs", v: dict, n: int, found: dict, manual: dict) -> tup
     where not run) and whether nothing else was left for the user's code before it."""
     if not v["deterministic"] or v["grad_within"]:
         return None, False
-    local = localise.judge(runs.record(localise.RANKS_GRADS), runs.record("single"),
-                           runs.first[localise.RANKS_GRADS][1].get("gathers") or [], v["yardstick"], n)
+    synced = runs.record(localise.SYNC_GRADS) if localise.SYNC_GRADS in runs.first else None
+    try:
+        local = localise.judge(runs.record(localise.RANKS_GRADS), runs.record("single"),
+                               runs.first[localise.RANKS_GRADS][1].get("gathers") or [], v["yardstick"], n, synced)
+    except (ValueError, RuntimeError) as err:  # the check's steps do not line up with one device's
+        raise RunFailed(f"run '{localise.SYNC_GRADS}' cannot be compared with one device's step by step: {err}") \
+            from None
     left_unnamed = not manual  # nothing else is left for the user's code
     for key, f in local.get("findings", {}).items():
         if key == "gradient_scale" and key in manual:  # the whole gradient's scale, named already
@@ -553,6 +628,7 @@ def _rows(found: dict, manual: dict, contributions: dict, alone: dict, v: dict,
                      "fixed_alone": fixed_alone, "fix_changes_nothing": nothing,
                      "vs_batch_noise": None if batch_noise is None or effect is None else effect / batch_noise,
                      "automatic_fix": f is not None and factor not in manual,
+                     "follows": (f or {}).get("follows"),
                      "fix": f["fix"] if f else "", "page": _page(factor)})
     return rows
 
@@ -662,6 +738,8 @@ def _rank(f: dict) -> tuple:
         return (1, 0, 0.0)
     if f.get("fix_changes_nothing"):  # never the headline: below every exposed factor whose fix matters
         return (0, 3, 1, 0, 0.0)
+    if f.get("follows"):  # what follows from other rows is never the headline either
+        return (0, 3, 1, 0, 0.0)
     left = f.get("left_after_fixes")
     if f["bites"] or (not f["automatic_fix"] and left is not None):
         order = 0
@@ -742,6 +820,8 @@ class _Units:
 def _render_table(result: dict, u: _Units) -> list[str]:
     """The ranked table, what its columns mean, and each factor's evidence and fix."""
     def contribution(f: dict) -> str:
+        if f.get("follows"):
+            return "follows from " + ", ".join(_name(k) for k in f["follows"])
         c, left = f["contribution"], f.get("left_after_fixes")
         if left is not None:
             return f"your code: {u.vs_floor(left).replace(' (', ' left (', 1)}"
@@ -854,7 +934,8 @@ def _render_verdict(result: dict, u: _Units) -> str:
                 + (f"; every step from one device's weights, {where}" if where else "")
                 + f"; the parameters and buffers that differ most after {u.steps_text}: {names}")
     if not result["within_floor"]:
-        manual = [_name(f["factor"]) for f in result["findings"] if f["exposed"] and not f["automatic_fix"]]
+        manual = [_name(f["factor"]) for f in result["findings"]
+                  if f["exposed"] and not f["automatic_fix"] and not f.get("follows")]
         first = ((result.get("whole_step") or {}).get("differences") or [None])[0]
         if first is not None and result.get("gradient_within"):
             where = (f"DDP's gradient is one device's, but its step first differs in the {first['part']} at step "
