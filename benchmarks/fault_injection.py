@@ -323,12 +323,13 @@ class RaisesOnRank1(Plain):
 
 def _report(out: Path) -> "dict | None":
     """The report in ``out`` when it is whole (``tables.md`` the rendering of ``audit.json``), else None."""
-    from vae_ddp.audit.study import render
+    from vae_ddp.audit.render import render
+    from vae_ddp.audit.verdict import Verdict
 
     try:
         result = json.loads((out / "audit.json").read_text())
-        return result if (out / "tables.md").read_text() == render(result) + "\n" else None
-    except (OSError, ValueError, KeyError):
+        return result if (out / "tables.md").read_text() == render(Verdict.from_dict(result)) + "\n" else None
+    except (OSError, ValueError, KeyError, TypeError):  # TypeError: not every key of a Verdict
         return None
 
 

@@ -81,7 +81,8 @@ def test_a_row_that_follows_is_worded_so_and_never_first():
     """The rules on rows whose answer is known (no process started): a buffers row marked as following
     from the draws ranks after every other exposed row, says so in the table, and the verdict's list of
     what only your code fixes leaves it out; an ordinary buffers row stays "your code"."""
-    from vae_ddp.audit import study
+    from vae_ddp.audit import judge, render
+    from vae_ddp.audit.verdict import Verdict
 
     v = {"deterministic": True, "grad_steps": [0.5], "batch_noise": 0.8, "yardstick": EPS64, "grad_within": False}
     noise = {"evidence": "z repeats", "fix": "global_batch_draw", "manual": True}
@@ -90,16 +91,19 @@ def test_a_row_that_follows_is_worded_so_and_never_first():
     own = dict(follows, follows=None, mechanism=None, evidence="per-rank values", fix="all-reduce")
     for buffers, first in ((follows, "noise"), (own, None)):
         found = {"noise": noise, "buffers": buffers}
-        rows = study._rows(found, dict(found), {}, {}, v)
+        rows = judge._rows(found, dict(found), {}, {}, v)
         for r in rows:
             r["effect"] = None
-        ranked = [r for r in sorted(rows, key=study._rank) if r["exposed"]]
+        ranked = [r for r in sorted(rows, key=judge._rank) if r["exposed"]]
         by = {r["factor"]: r for r in rows}
-        result = {"findings": ranked, "deterministic": True, "unexplained": False, "within_floor": False,
-                  "dtype": "float64", "trainer": {}, "floor": EPS64, "steps": 3, "global_batch_size": 8,
-                  "devices": 2, "model": {"class_path": "M"}, "batch_noise": None, "batch_noise_steps": []}
-        table = "\n".join(study._render_table(result, study._Units(result)))
-        verdict = study._render_verdict(result, study._Units(result))
+        result = Verdict(findings=ranked, deterministic=True, unexplained=False, within_floor=False,
+                         dtype="float64", trainer={}, floor=EPS64, steps=3, global_batch_size=8, devices=2,
+                         model={"class_path": "M"}, batch_noise=None, batch_noise_steps=[],
+                         # what the table and the verdict's line do not read
+                         floor_draws=[], grad_steps=[], ratio_to_floor=0.0, trajectory_floor=0.0,
+                         divergence_default=0.0, divergence_fixed=0.0, largest_differences=[])
+        table = "\n".join(render._render_table(result, render._Units(result)))
+        verdict = render._render_verdict(result, render._Units(result))
         if first:
             assert by["buffers"]["follows"] == ["noise"] and ranked[-1]["factor"] == "buffers", ranked
             assert "follows from Random streams per rank" in table and "Buffers after the step" not in verdict

@@ -52,7 +52,7 @@ def test_per_rank_batchnorm_changes_what_ddp_trains(generated):
 def test_what_changes_what_ddp_trains_ranks_first():
     """Among the exposed rows: a difference in what DDP trains above a factor not measured, above
     one that changes only the luck, whatever their one-step contributions."""
-    from vae_ddp.audit.study import _rank
+    from vae_ddp.audit.judge import _rank
 
     def f(name, kind=None, contribution=None, bites=None, automatic=True):
         return dict(factor=name, exposed=True, automatic_fix=automatic, contribution=contribution, bites=bites,

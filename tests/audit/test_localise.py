@@ -180,22 +180,22 @@ def test_gathers_without_gradient_are_seen_where_they_are_called():
 def test_a_factor_whose_fix_changes_nothing_is_never_the_headline():
     """The issue's sampler: not separable, 0.5 with and without its fix; a bug only the user's code
     fixes is what is left."""
-    from vae_ddp.audit import study
+    from vae_ddp.audit import judge
 
     v = {"deterministic": True, "grad_steps": [0.5, 0.49], "batch_noise": 0.8, "yardstick": EPS64,
          "grad_within": False}
     found = {"sampler": {"evidence": "interleaved rows", "fix": "contiguous chunks"},
              "gradient_scale": {"evidence": "optimizer 1 is 1/2", "fix": "remove it", "manual": True}}
     manual = {"gradient_scale": found["gradient_scale"]}
-    rows = study._rows(found, manual, {"sampler": 0.5}, {"sampler": 0.5}, v, none_fixed=0.5)
+    rows = judge._rows(found, manual, {"sampler": 0.5}, {"sampler": 0.5}, v, none_fixed=0.5)
     by = {r["factor"]: r for r in rows}
     assert by["sampler"]["bites"] is False and by["sampler"]["fix_changes_nothing"]
     for r in rows:
         r["effect"] = {"kind": "different"} if r["factor"] == "sampler" else None  # even a contaminated effect
-    ranked = [r["factor"] for r in sorted(rows, key=study._rank) if r["exposed"]]
+    ranked = [r["factor"] for r in sorted(rows, key=judge._rank) if r["exposed"]]
     assert ranked == ["gradient_scale", "sampler"], ranked
     # a fix that halves the difference by itself still cannot be told apart: not separable, as before
-    halves = {r["factor"]: r for r in study._rows(found, manual, {"sampler": 0.5}, {"sampler": 0.2}, v, none_fixed=0.5)}
+    halves = {r["factor"]: r for r in judge._rows(found, manual, {"sampler": 0.5}, {"sampler": 0.2}, v, none_fixed=0.5)}
     assert halves["sampler"]["bites"] is None and not halves["sampler"]["fix_changes_nothing"]
 
 
@@ -303,14 +303,19 @@ def test_the_corrected_variants_pass(tmp_path, truth, model):
 
 def test_an_unexplained_verdict_says_where_the_gradient_differs():
     """No mechanism named: the verdict localises it, per optimizer, with its scale and cosine."""
-    from vae_ddp.audit import study
+    from vae_ddp.audit import render
+    from vae_ddp.audit.verdict import Verdict
 
     single = _record([[1.0, 2.0, 3.0, 4.0]], [0], [[0, 1]])
     groups = localise.per_optimizer(_record([[1.0, 2.0, 3.3, 3.1]], [0], [[0, 1]]), single, EPS64, 2)
-    result = {"dtype": "float64", "trainer": {}, "floor": EPS64, "steps": 3, "deterministic": True,
-              "unexplained": True, "gradient_within": False, "localised": {"optimizers": groups},
-              "largest_differences": [{"name": "b.w", "max_abs_diff": 0.1}]}
-    line = study._render_verdict(result, study._Units(result))
+    verdict = Verdict(dtype="float64", trainer={}, floor=EPS64, steps=3, deterministic=True, unexplained=True,
+                      gradient_within=False, localised={"optimizers": groups},
+                      largest_differences=[{"name": "b.w", "max_abs_diff": 0.1}],
+                      # what the verdict's line does not read
+                      devices=2, floor_draws=[], grad_steps=[], ratio_to_floor=0.0, batch_noise_steps=[],
+                      within_floor=False, trajectory_floor=0.0, divergence_default=0.0, divergence_fixed=0.0,
+                      findings=[])
+    line = render._render_verdict(verdict, render._Units(verdict))
     assert line.startswith("- unexplained: not one of the known factors (more than 2x the floor after every "
                            "fix); every step from one device's weights, optimizer 0 (over a.w, b.w): DDP's "
                            "gradient is "), line

@@ -226,7 +226,8 @@ def test_the_table_fits_100_columns(generated):
     """The widest cells the audit writes (the longest factor name, a value and its ratio to the
     floor both with exponents, each verdict) keep every row of the table within 100 columns;
     the rest (evidence, fixes) is a list below it."""
-    from vae_ddp.audit.study import render
+    from vae_ddp.audit.render import render
+    from vae_ddp.audit.verdict import Verdict
 
     result = json.loads(json.dumps(generated("audit_batchnorm", "audit.json")))
     result["floor"] = 1.23456e-300
@@ -240,17 +241,31 @@ def test_the_table_fits_100_columns(generated):
     for f in result["findings"]:
         f["effect"] = widest
     result["effect"] = widest
-    rows = [line for line in render(result).splitlines() if line.startswith("|")]
+    rows = [line for line in render(Verdict.from_dict(result)).splitlines() if line.startswith("|")]
     assert len(rows) == 2 * len(result["findings"]) + 5 and "your code: 1.23e-05 left (5.6e+10x floor)" in "".join(rows)
     assert "| only which samples or draws (buffers) |" in "".join(rows)
     assert max(len(r) for r in rows) <= 100, "\n".join(r for r in rows if len(r) > 100)
+
+
+def test_audit_json_is_the_verdict_and_renders_its_report(generated):
+    """audit.json is a Verdict as it is: read back, the same keys in the same order and the same values,
+    and it renders the tables.md written beside it (which benchmarks/fault_injection.py relies on)."""
+    from vae_ddp.audit.render import render
+    from vae_ddp.audit.verdict import Verdict
+
+    result = generated("audit_batchnorm", "audit.json")
+    verdict = Verdict.from_dict(result)
+    assert json.dumps(verdict.to_dict(), indent=1) == json.dumps(result, indent=1)
+    assert render(verdict) + "\n" == (ROOT / "docs" / "generated" / "audit_batchnorm" / "tables.md").read_text()
+    with pytest.raises(TypeError):  # a key that is no field of the verdict
+        Verdict.from_dict(dict(result, unknown=1))
 
 
 def test_the_table_ranks_by_measured_effect():
     """The order of the audit's rows, from made-up findings: what bites and what needs the
     user's code by their measured effect; a factor that needs a code change never below one
     that does not bite or cannot be separated; the unexposed last."""
-    from vae_ddp.audit.study import _rank
+    from vae_ddp.audit.judge import _rank
 
     def f(name, exposed=True, automatic=True, contribution=None, bites=None, left=None):
         return dict(factor=name, exposed=exposed, automatic_fix=automatic, contribution=contribution, bites=bites,
@@ -498,6 +513,8 @@ def test_out_is_where_the_command_started_whatever_the_module_does(tmp_path, cap
     """A module whose __init__ calls os.chdir('/') made a relative --out resolve under /: exit 0 and
     the report in /out/..., without a word. --out is resolved when the command starts, the runs
     start in that folder, and the output says where the report was written."""
+    from types import SimpleNamespace
+
     from vae_ddp.audit import study
     from vae_ddp.cli import main
 
@@ -510,8 +527,9 @@ def test_out_is_where_the_command_started_whatever_the_module_does(tmp_path, cap
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", [str(ROOT), *sys.path])
     monkeypatch.setattr(study, "_measure", measured)
-    monkeypatch.setattr(study, "_judge", lambda plan, runs, notes: {"within_floor": True, "exit_code": 0})
-    monkeypatch.setattr(study, "render", lambda result: "the table")
+    verdict = SimpleNamespace(to_dict=lambda: {"within_floor": True, "exit_code": 0})  # what _audit reads of one
+    monkeypatch.setattr(study, "_judge", lambda plan, runs, notes: verdict)
+    monkeypatch.setattr(study, "render", lambda verdict: "the table")
     stray = Path("/", f"t51-out-{os.getpid()}")
     try:
         code = main(["audit", "--model", str(ROOT / "tests/scripts/changes_folder.py:ChangesFolder"), "--data",

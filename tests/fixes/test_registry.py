@@ -106,7 +106,7 @@ def test_a_new_factor_needs_only_its_registry_entry_and_its_field(seventh_factor
     import torch
 
     from vae_ddp.audit import DDPAudit
-    from vae_ddp.audit.study import _clean
+    from vae_ddp.audit.verdict import _clean
 
     class Module(torch.nn.Linear):
         device = torch.device("cpu")

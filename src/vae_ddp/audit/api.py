@@ -185,7 +185,7 @@ class AuditResult:
     @classmethod
     def of(cls, result: dict, report: str = "", out: Optional[Path] = None) -> "AuditResult":
         """The typed form of ``result`` (``study.audit``'s dict or ``audit.json``'s content)."""
-        from vae_ddp.audit.study import _name
+        from vae_ddp.audit.verdict import _name
 
         raw = json.dumps(result)
         d = json.loads(raw)

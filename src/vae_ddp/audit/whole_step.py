@@ -110,6 +110,22 @@ def compare(ddp: dict, single: dict, floors: list[dict], eps: float, unit: float
     n = len(single["updates"])
     if len(ddp["updates"]) != n or any(len(f["updates"]) != n for f in floors):
         raise ValueError(f"{len(ddp['updates'])} training batches compared with one device's {n}")
+    fl = _step_floors(single, floors, eps, unit)
+    per = _per_batch(ddp, single, fl, eps, unit)
+    updates, buffers, ranks = per["updates"], per["buffers"], per["ranks"]
+    return {"update_steps": updates, "buffer_steps": buffers, "ranks_apart_steps": ranks, "lr_steps": per["lr_steps"],
+            "update_floor": fl["update_floor"], "buffer_floor": fl["buffer_floor"], "rounding_floor": fl["rounding"],
+            "order_buffers": fl["moved"],
+            "update_ratio": max(updates, default=0.0), "buffer_ratio": max(buffers, default=0.0),
+            "ranks_ratio": max(ranks, default=0.0), "buffer_count": sum(int(k) for _, k in single["buffer_names"]),
+            "differences": _differences(ddp, single, per, sorted(fl["moved"]))}
+
+
+def _step_floors(single: dict, floors: list[dict], eps: float, unit: float) -> dict:
+    """The floors of [`compare`][vae_ddp.audit.whole_step.compare] (relative, floats): ``update_floor``,
+    ``grad_floor``, ``rounding`` (the larger of the two), ``moved`` (``{buffer name: permuted floor}`` of the
+    buffers whose permuted floor is not rounding), ``buffer_floor`` (the others' largest, at least ``unit``)
+    and ``per_element`` (each buffer element's floor, ``_element_floors``)."""
     update_floor = max(_floor(floors, single, "updates"), unit)
     # what rounding does to this step's order-free parts: the gradient, and the update through the optimizer
     grad_floor = _floor(floors, single, "grads") if "grads" in single else 0.0
@@ -121,10 +137,21 @@ def compare(ddp: dict, single: dict, floors: list[dict], eps: float, unit: float
     kept = [f for name, f in buffer_floors.items() if name not in moved]
     buffer_floor = max(max(kept, default=0.0), unit)
     per_element = _element_floors(single["buffer_names"], buffer_floors, moved, buffer_floor, rounding)
+    return {"update_floor": update_floor, "grad_floor": grad_floor, "rounding": rounding, "moved": moved,
+            "buffer_floor": buffer_floor, "per_element": per_element}
+
+
+def _per_batch(ddp: dict, single: dict, fl: dict, eps: float, unit: float) -> dict:
+    """Per training batch (``lr_steps``: per optimizer step), DDP's step against one device's, each part
+    against its floor of ``fl`` (``_step_floors``): ``updates``,
+    ``buffers``, ``ranks`` and ``grads`` (ratios to the floor, floats), ``integers`` (the integer buffers
+    that differ) and ``apart`` (the buffers whose ranks differ), lists of ``[name, ...]`` rows."""
+    n = len(single["updates"])
+    update_floor, grad_floor = fl["update_floor"], fl["grad_floor"]
     scale = [float(s.norm()) for s in single["updates"]]
     updates = [_ratio(a, b, update_floor, eps * norm[0])
                for a, b, norm in zip(ddp["updates"], single["updates"], single["norms"])]
-    buffers = [_ratio_elementwise(a, b, per_element, eps * norm[1])
+    buffers = [_ratio_elementwise(a, b, fl["per_element"], eps * norm[1])
                for a, b, norm in zip(ddp["buffer_updates"], single["buffer_updates"], single["norms"])]
     int_names = single.get("int_buffer_names") or []
     integers = [_integers_differ(a, b, int_names)
@@ -140,6 +167,17 @@ def compare(ddp: dict, single: dict, floors: list[dict], eps: float, unit: float
              for d, s, norm in zip(ddp.get("ranks_apart") or [0.0] * n, scale, single["norms"])]
     lr_steps = [max((abs(a - b) / abs(b) if b else float(a != b) for a, b in zip(da, sa)), default=0.0)
                 for da, sa in zip(ddp["lrs"], single["lrs"])]
+    return {"updates": updates, "buffers": buffers, "integers": integers, "apart": apart, "grads": grads,
+            "ranks": ranks, "lr_steps": lr_steps}
+
+
+def _differences(ddp: dict, single: dict, per: dict, order: list[str]) -> list[dict]:
+    """[`compare`][vae_ddp.audit.whole_step.compare]'s ``differences`` from the ratios of ``per``
+    (``_per_batch``); ``order``: the names of the buffers judged by
+    the step's rounding."""
+    n = len(single["updates"])
+    updates, buffers, ranks, lr_steps = per["updates"], per["buffers"], per["ranks"], per["lr_steps"]
+    integers, apart, grads = per["integers"], per["apart"], per["grads"]
     differences = []
     first_lr = next((i for i, d in enumerate(lr_steps) if d > LR_TOLERANCE), None)
     if first_lr is not None:
@@ -159,7 +197,7 @@ def compare(ddp: dict, single: dict, floors: list[dict], eps: float, unit: float
                                if b == k and j < len(grads)), None)
         differences.append({"part": "buffers", "step": k, "ratio": buffers[k],
                             "detail": {"integers": integers[k], "ranks": apart[k],
-                                       "order": sorted(moved), "gradient_ratio": gradient_ratio},
+                                       "order": order, "gradient_ratio": gradient_ratio},
                             "names": _largest(ddp["buffer_updates"][k] - single["buffer_updates"][k],
                                               ddp["buffer_names"])})
     k = next((i for i, r in enumerate(ranks) if r > FLOOR_FACTOR), None)
@@ -168,12 +206,7 @@ def compare(ddp: dict, single: dict, floors: list[dict], eps: float, unit: float
                             "names": [{"name": m, "max_abs_diff": v, "module": o}
                                       for m, v, o in ddp["ranks_apart_names"][k]]})
     differences.sort(key=lambda d: (d["step"], PARTS.index(d["part"])))
-    return {"update_steps": updates, "buffer_steps": buffers, "ranks_apart_steps": ranks, "lr_steps": lr_steps,
-            "update_floor": update_floor, "buffer_floor": buffer_floor, "rounding_floor": rounding,
-            "order_buffers": moved,
-            "update_ratio": max(updates, default=0.0), "buffer_ratio": max(buffers, default=0.0),
-            "ranks_ratio": max(ranks, default=0.0), "buffer_count": sum(int(k) for _, k in single["buffer_names"]),
-            "differences": differences}
+    return differences
 
 
 def scaled_by_world_size(ddp_grads: list[Tensor], single_grads: list[Tensor], world_size: int,

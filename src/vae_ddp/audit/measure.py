@@ -1,0 +1,79 @@
+"""The audit's second stage: the runs of a [`Plan`][vae_ddp.audit.plan.Plan] trained in one launch,
+what they saved ([`measure`][vae_ddp.audit.measure.measure] gives a [`Measured`][vae_ddp.audit.measure.Measured])."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from vae_ddp.audit import localise
+from vae_ddp.audit.plan import Plan
+from vae_ddp.harness.launch import Job, RunFailed, launch
+from vae_ddp.probes import per_step_differences
+
+__all__ = ["Measured", "measure"]
+
+
+#: One run's measurement: its final state (``{name: tensor}``, parameters and buffers), its ``run.json``
+#: entry (``findings``, ``notes``, ...) and the folder of its files (``<label>.steps.pt``).
+Run = tuple[dict, dict, Path]
+
+
+@dataclass
+class Measured:
+    """The audit's second stage: what the launch of a [`Plan`][vae_ddp.audit.plan.Plan] measured, each run
+    by its label as a ``Run`` (final state, ``run.json`` entry, folder)."""
+
+    one_device: dict[str, Run]
+    """The one-device runs (``single``, ``floor-1``, ..., ``other-batch``, ``permuted``, ...)."""
+    ddp: dict[str, Run]
+    """The DDP runs (``ddp``, ``ddp+fixed``, ``ddp+fixed-forced``, ``ddp-<factor>``, ...), rank 0's."""
+
+    def record(self, label: str) -> dict:
+        """The run's [`StepProbe.record()`][vae_ddp.probes.StepProbe.record] (``grads``, ``updates``, ...),
+        loaded from its folder."""
+        run = self.one_device.get(label) or self.ddp[label]
+        return torch.load(run[2] / f"{label}.steps.pt")
+
+    def per_step(self, label: str, reference: str = "single") -> list[float]:
+        """Per optimizer step, the run's gradient relative to ``reference``'s.
+
+        Raises:
+            RunFailed: the two runs' steps or gradients do not line up.
+        """
+        try:
+            return per_step_differences(self.record(label)["grads"], self.record(reference)["grads"])
+        except (ValueError, RuntimeError) as err:  # steps or gradients that do not line up
+            raise RunFailed(f"run '{label}' cannot be compared with one device's step by step: {err}") from None
+
+    def largest(self, label: str, reference: str = "single") -> float:
+        """The largest of [`per_step`][vae_ddp.audit.measure.Measured.per_step] (0.0 for no step).
+
+        Raises:
+            RunFailed: the two runs' steps or gradients do not line up.
+        """
+        return max(self.per_step(label, reference), default=0.0)
+
+
+def measure(plan: Plan, runs_dir: Path) -> Measured:
+    """The runs of ``plan`` in one launch into ``runs_dir``: the one-device runs in a process forked beside
+    the DDP ranks, all forks of one process that imported torch and Lightning once (most of a launch is
+    those imports).
+
+    Raises:
+        RunFailed: a run failed or hung.
+    """
+    where = {"one-device": runs_dir / "one-device", "ddp": runs_dir / "ddp"}
+    launched = launch(Job({"one-device": plan.one_device, "ddp": plan.ddp}, together=True), runs_dir, quiet=True,
+                      entry=[sys.executable, "-m", "vae_ddp.audit.run"])
+    one, first = ({s.label: (torch.load(where[tag] / f"{s.label}.pt"), launched[tag][s.label], where[tag])
+                   for s in specs}
+                  for tag, specs in (("one-device", plan.one_device), ("ddp", plan.ddp)))
+    if localise.SYNC_GRADS in launched["ddp"]:  # the ranks checked the sync_grads advice (a gather seen)
+        first[localise.SYNC_GRADS] = (torch.load(where["ddp"] / f"{localise.SYNC_GRADS}.pt"),
+                                      launched["ddp"][localise.SYNC_GRADS], where["ddp"])
+    return Measured(one, first)
+
