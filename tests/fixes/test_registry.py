@@ -189,7 +189,11 @@ def test_the_derived_places_name_no_factor():
 NAMED_OUTSIDE = {
     "src/vae_ddp/studies/equivalence.py": "`optimizer`: the run's optimizer (adam, sgd), not the factor",
     "src/vae_ddp/studies/long_horizon.py": "`noise`: the VAE's noise mode of a run (a JSON field)",
-    "src/vae_ddp/studies/report_scale.py": "the report-scale study's variants each switch one factor of the VAE",
+    "src/vae_ddp/studies/report_scale/__init__.py": "`logging`, `reduction`: the JSON fields of the study's "
+                                                    "logged-value and mean-reduction measurements",
+    "src/vae_ddp/studies/report_scale/render.py": "`logging`, `reduction`: the study's JSON fields its tables show",
+    "src/vae_ddp/studies/report_scale/variants.py": "the report-scale study's variants each switch one factor of "
+                                                    "the VAE",
     "src/vae_ddp/studies/verdict.py": "the site's verdict words the VAE's factors by their measured rows",
     "src/vae_ddp/studies/answer.py": "the site's answer cites the Lightning or PyTorch documentation of each of the "
                                      "VAE's measured factors",

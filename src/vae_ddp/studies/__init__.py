@@ -1,8 +1,8 @@
-"""The studies, one module each (run, then render: JSON, Markdown tables, figures): ``compare``,
-``equivalence``, ``ablation``, ``seeds``, ``long_horizon``, ``report_scale`` and the site's
-``verdict`` and ``answer``. They are built on the harness ([`vae_ddp.harness`][vae_ddp.harness]: run specs,
-launching, training, tables, statistics, plots), which imports no study. The ``vae-ddp``
-command ([`vae_ddp.cli`][vae_ddp.cli]) is a thin layer over them."""
+"""The studies, one module each (``report_scale`` a package; run, then render: JSON, Markdown
+tables, figures): ``compare``, ``equivalence``, ``ablation``, ``seeds``, ``long_horizon``,
+``report_scale`` and the site's ``verdict`` and ``answer``. They are built on the harness
+([`vae_ddp.harness`][vae_ddp.harness]: run specs, launching, training, tables, statistics, plots),
+which imports no study. The ``vae-ddp`` command ([`vae_ddp.cli`][vae_ddp.cli]) is a thin layer over them."""
 
 _GRID = {"steps": 100, "global_batch_size": 64}
 #: The ``vae-ddp`` subcommands (``vae_ddp.cli``): (module:function of this package, one line of
