@@ -512,7 +512,7 @@ def _python(text: str):
 
 def test_the_project_forks_in_one_place():
     """``os.fork()`` is called once in the project's code (src/, tools/, benchmarks/, examples/,
-    tests/): in ``vae_ddp.guard.fork``; every other fork goes through it."""
+    tests/): in ``vae_ddp.forking.fork``; every other fork goes through it."""
     import ast
 
     calls = []
@@ -524,7 +524,7 @@ def test_the_project_forks_in_one_place():
             for t in (tree, *filter(None, map(_python, scripts))):
                 calls += [f"{path.relative_to(ROOT)}:{n.lineno}" for n in ast.walk(t)
                           if isinstance(n, ast.Call) and ast.unparse(n.func) in ("os.fork", "os.forkpty")]
-    assert len(calls) == 1 and calls[0].startswith("src/vae_ddp/guard.py:"), calls
+    assert len(calls) == 1 and calls[0].startswith("src/vae_ddp/forking.py:"), calls
 
 
 STOPPED = textwrap.dedent("""

@@ -231,7 +231,7 @@ def _locked(root: Path, name: str) -> Iterator[None]:
     running it again into the same folder. The wait beats for the guard's watchdog, if any."""
     import fcntl
 
-    from vae_ddp.guard import beat
+    from vae_ddp.beats import beat
 
     locks = root / GENERATED / ".locks"
     locks.mkdir(parents=True, exist_ok=True)

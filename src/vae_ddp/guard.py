@@ -14,7 +14,7 @@ small process (the standard library and ``psutil``: it starts in tens of millise
   ends the tree and fails with one line naming each rank and the frame it was stuck in; a rank
   stopped (SIGSTOP) for ``--stall`` s is named as such and ended, even while other processes beat.
 
-A process beats with [`beat`][vae_ddp.guard.beat]; the ``Trainer``s of this project's launches
+A process beats with [`beat`][vae_ddp.beats.beat]; the ``Trainer``s of this project's launches
 beat through the [`Heartbeat`][vae_ddp.heartbeat.Heartbeat] callback. Exit codes: ``CMD``'s own
 (128 + N when signal N ended it), 124 on ``--timeout``, 125 when the watchdog fired, 128 + N
 when the guard itself got signal N (its parent's death: SIGTERM). [`run`][vae_ddp.guard.run] and
@@ -37,7 +37,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-__all__ = ["run", "run_all", "fork", "can_fork", "call_as_main", "guarded", "beat", "last_step", "how_it_ended",
+from vae_ddp.beats import _ENV_DIR, beat, how_it_ended, last_step, under_guard  # noqa: F401  (guard.beat & co.)
+from vae_ddp.forking import fork, prctl, run_as_python
+
+__all__ = ["run", "run_all", "guard_forked", "guarded", "beat", "last_step", "how_it_ended",
            "under_guard", "STALLED", "TIMED_OUT", "DEFAULT_STALL_S"]
 
 #: Exit code of the guard when ``--timeout`` passed.
@@ -47,14 +50,8 @@ STALLED = 125
 #: Seconds without progress before the watchdog fires, unless ``$VAE_DDP_WATCHDOG_S`` says otherwise.
 DEFAULT_STALL_S = 300.0
 
-_ENV_DIR = "VAE_DDP_HEARTBEAT_DIR"
 _ENV_STALL = "VAE_DDP_WATCHDOG_S"
 _POLL_S = 0.25
-
-
-def under_guard() -> bool:
-    """Whether this process runs under a guard (its heartbeat directory is set)."""
-    return bool(os.environ.get(_ENV_DIR))
 
 
 def default_stall() -> float:
@@ -108,7 +105,7 @@ def run_all(cmds: Sequence[Sequence[str]], timeout: Optional[float] = None, stal
     ``fork``: each command is ``[sys.executable, SCRIPT or "-m", MODULE, *args]`` and runs as that
     command line would, in a fork of this process (the guard a fork too): nothing is imported
     again. ``popen`` may then give only ``env``, ``stdout`` and ``stderr`` (None, ``DEVNULL``, a
-    descriptor or a file). Only where [`can_fork`][vae_ddp.guard.can_fork] holds (or the caller
+    descriptor or a file). Only where [`can_fork`][vae_ddp.forking.can_fork] holds (or the caller
     knows its other threads hold no lock: an idle BLAS pool). ``fork=vae_ddp.zygote.start``: the
     same, in a fork of this process's zygote of ``MODULE`` ([`start`][vae_ddp.zygote.start]; a new
     interpreter where it returns None).
@@ -120,7 +117,7 @@ def run_all(cmds: Sequence[Sequence[str]], timeout: Optional[float] = None, stal
     import psutil
 
     capture, text = popen.pop("capture_output", False), popen.pop("text", False)
-    if fork:  # what _python runs, checked before anything starts
+    if fork:  # what run_as_python runs, checked before anything starts
         for args in ([str(a) for a in c] for c in cmds):
             module = args[1:2] == ["-m"]
             if args[0] != sys.executable or len(args) < 2 + module or args[1].startswith("-") and not module:
@@ -173,65 +170,6 @@ def run(cmd: Sequence[str], timeout: Optional[float] = None, stall: Optional[flo
     return run_all([cmd], timeout=timeout, stall=stall, grace=grace, startup=startup, fork=fork, **popen)[0]
 
 
-def can_fork() -> bool:
-    """Whether this process may fork a child that goes on computing: Linux, and one thread runs
-    (a process forked from one that computed with several intra-op threads hangs in its first
-    parallel region, GNU OpenMP's pool not surviving ``fork``, measured with torch 2.14; and a lock
-    another thread held at the fork stays held)."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        return len(os.listdir("/proc/self/task")) == 1
-    except OSError:
-        return False
-
-
-def call_as_main(main: Callable[[], Optional[int]]) -> int:
-    """``main()``'s exit code as the interpreter would give it, stdout and stderr flushed: its
-    return value (None: 0); ``SystemExit``'s code (a message printed, then 1); 1 with the
-    traceback printed for any other exception."""
-    code = 1
-    try:
-        returned = main()
-        code = returned if isinstance(returned, int) else 0
-    except SystemExit as stop:
-        if stop.code is None or isinstance(stop.code, int):
-            code = stop.code or 0
-        else:
-            print(stop.code, file=sys.stderr)
-    except BaseException:
-        import traceback
-
-        traceback.print_exc()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):  # a closed stream: nothing more to say
-                stream.flush()
-    return code
-
-
-def fork(main: Callable[[], Optional[int]], parent_death: Optional[int] = None) -> int:
-    """The one ``fork`` of this project: run ``main()`` in a child process; return its pid here.
-
-    The child leaves with ``os._exit`` and [`call_as_main`][vae_ddp.guard.call_as_main]'s code
-    (none of this process's exit handlers run twice). ``parent_death``: the signal the child gets
-    when this process dies, even by SIGKILL (Linux ``prctl(PR_SET_PDEATHSIG)``). Buffered output
-    is flushed first. Only where [`can_fork`][vae_ddp.guard.can_fork] holds."""
-    for stream in (sys.stdout, sys.stderr):
-        if stream is not None:
-            stream.flush()
-    pid = os.fork()
-    if pid:
-        return pid
-    code = 1
-    try:
-        if parent_death is not None:
-            _prctl(1, parent_death)  # PR_SET_PDEATHSIG
-        code = call_as_main(main)
-    finally:
-        os._exit(code)
-
-
 def _in_fork(cmd: list[str], stall: Optional[float], grace: float, startup: Optional[float],
              env: Optional[dict] = None, stdout: Any = None, stderr: Any = None) -> int:
     """Fork a guard whose command is a fork of it that runs ``python cmd[1:]`` (``run_all``'s
@@ -263,105 +201,9 @@ def guard_forked(cmd: list[str], stall: Optional[float], grace: float, startup: 
     tempfile.tempdir = None  # from this environment's TMPDIR (the forked process may have cached another's)
 
     def start(guard_env: dict) -> int:  # the command dies with its guard, even a killed one (run_all's SIGKILL)
-        return fork(lambda: _python(cmd[1:], guard_env), parent_death=signal.SIGKILL)
+        return fork(lambda: run_as_python(cmd[1:], guard_env), parent_death=signal.SIGKILL)
 
     return _Guard(cmd, None, default_stall() if stall is None else stall, grace, startup, parent, start).main()
-
-
-def _python(argv: list[str], env: dict) -> int:
-    """``python ARGV`` in this process (a fork that already imported what it needs) as a fresh
-    interpreter would run it: ``argv`` is ``["-m", MODULE, *args]`` or ``[SCRIPT, *args]``, run as
-    ``__main__`` (``runpy``) with that command's ``sys.argv`` and ``sys.path[0]``, ``os.environ =
-    env``, the guard's signal handlers undone, stdout unbuffered, torch's intra-op threads from
-    ``$OMP_NUM_THREADS`` (which a new interpreter's torch reads at import). Returns 0."""
-    import runpy
-
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    os.environ.clear()
-    os.environ.update(env)
-    if hasattr(sys.stdout, "reconfigure"):
-        sys.stdout.reconfigure(write_through=True)
-    module = argv[1] if argv[0] == "-m" else None
-    sys.argv = list(argv[1:] if module else argv)
-    sys.path[0] = os.getcwd() if module else os.path.dirname(os.path.abspath(argv[0]))
-    # a new interpreter's PYTHONPATH entries follow sys.path[0] (the caller's, when it set another than the fork's)
-    sys.path[1:1] = [d for d in env.get("PYTHONPATH", "").split(os.pathsep) if d and d not in sys.path]
-    threads = os.environ.get("OMP_NUM_THREADS", "")
-    if "torch" in sys.modules and threads.isdigit() and int(threads) > 0:
-        sys.modules["torch"].set_num_threads(int(threads))
-    if module:
-        sys.modules.pop(module, None)  # imported by a zygote: run afresh as __main__, as a new interpreter runs it
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
-    else:
-        runpy.run_path(argv[0], run_name="__main__")
-    return 0
-
-
-# --------------------------------------------------------------------------- the ranks' side
-_STATE: dict[str, Any] = {}
-
-
-def beat(rank: Optional[int] = None, step: Optional[int] = None) -> None:
-    """Tell the guard (if any) that this process made progress; the first call also makes the
-    process dump its stacks on SIGUSR1. ``rank``: the global rank (default ``$RANK`` or 0);
-    ``step``: the optimizer steps it has made (kept for [`last_step`][vae_ddp.guard.last_step])."""
-    where = os.environ.get(_ENV_DIR)
-    if not where:
-        return
-    pid = os.getpid()
-    if _STATE.get("pid") != pid:  # first beat of this process (a forked child starts again)
-        _register(Path(where), pid, rank)
-    if step is None:
-        os.utime(_STATE["beat"])
-    else:
-        with open(_STATE["beat"], "w") as f:
-            f.write(str(step))
-
-
-def last_step(pid: int, where: "Optional[str | Path]" = None) -> Optional[int]:
-    """The last ``step`` process ``pid`` of this guard's tree gave [`beat`][vae_ddp.guard.beat]
-    (None: none, or not under a guard). ``where``: the guard's folder (default: this process's)."""
-    where = where or os.environ.get(_ENV_DIR)
-    try:
-        text = Path(where, f"beat-{pid}").read_text() if where else ""
-    except OSError:
-        return None
-    return int(text) if text.strip().isdigit() else None
-
-
-def how_it_ended(code: int, pid: Optional[int] = None, where: "Optional[str | Path]" = None) -> str:
-    """``"exited with code 1"`` or ``"was killed by SIGKILL"`` for ``os.waitstatus_to_exitcode``'s
-    ``code`` (negative: the signal), with ``" after step K"`` when process ``pid`` beat a step."""
-    if code < 0:
-        try:
-            how = f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            how = f"was killed by signal {-code}"
-    else:
-        how = f"exited with code {code}"
-    step = last_step(pid, where) if pid is not None else None
-    return how + (f" after step {step}" if step is not None else "")
-
-
-def _register(where: Path, pid: int, rank: Optional[int]) -> None:
-    import faulthandler
-    import threading
-
-    if rank is None:
-        rank = int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")))
-    where.mkdir(parents=True, exist_ok=True)
-    stacks = open(where / f"stacks-{pid}.txt", "w")  # kept open: faulthandler writes to its descriptor
-    # a fork of a process that registered has faulthandler's record of it but the guard's default
-    # handler (it resets SIGUSR1): register() would then install nothing, and SIGUSR1 would end it
-    faulthandler.unregister(signal.SIGUSR1)
-    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True, chain=False)
-    (where / f"proc-{pid}.json").write_text(json.dumps(
-        {"pid": pid, "rank": rank, "main_thread": threading.main_thread().ident, "argv": sys.argv}))
-    path = where / f"beat-{pid}"
-    path.touch()
-    _STATE.update(pid=pid, beat=path, stacks=stacks)
 
 
 # --------------------------------------------------------------------------- the guard
@@ -517,8 +359,8 @@ class _Guard:
     def main(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self._on_signal)
-        _prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: SIGTERM when the parent dies, even by SIGKILL
-        _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: orphaned ranks and workers become the guard's children
+        prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: SIGTERM when the parent dies, even by SIGKILL
+        prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: orphaned ranks and workers become the guard's children
         if os.getppid() != self.parent:  # the parent died before prctl
             return 128 + signal.SIGTERM
         if os.getpgrp() != os.getpid():
@@ -578,15 +420,6 @@ class _Guard:
             return int(json.loads((self.dir / f"proc-{pid}.json").read_text())["rank"])
         except (OSError, ValueError, KeyError):
             return 0
-
-
-def _prctl(option: int, value: int) -> None:
-    """Linux ``prctl(option, value)``; nothing elsewhere (the guard's polling covers it)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(option, int(value), 0, 0, 0)
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pytorch_lightning import Callback, LightningModule, Trainer
 
-from vae_ddp.guard import beat, under_guard
+from vae_ddp.beats import beat, under_guard
 
 __all__ = ["Heartbeat", "callbacks"]
 

@@ -25,7 +25,7 @@ import sys
 import threading
 from typing import Any, Callable, Optional
 
-from vae_ddp import guard
+from vae_ddp import beats, forking
 
 __all__ = ["run_ranks", "fork", "cluster_plugins", "alive", "FORKED_RANK"]
 
@@ -59,7 +59,7 @@ def _reap(ranks: dict, wait: float, ended: Optional[list] = None) -> bool:
     for p in sorted(psutil.wait_procs(list(ranks), wait)[0], key=ranks.get):
         rank = ranks.pop(p)
         if p.returncode:
-            print(f"vae-ddp: rank {rank} (PID {p.pid}) {guard.how_it_ended(int(p.returncode), p.pid)}: ending every "
+            print(f"vae-ddp: rank {rank} (PID {p.pid}) {beats.how_it_ended(int(p.returncode), p.pid)}: ending every "
                   "rank", file=sys.stderr, flush=True)
             return True
         if ended is not None:
@@ -71,7 +71,7 @@ def _left_early(ended: list) -> None:
     """Name the first rank of ``ended`` that exited 0 while rank 0 still trained (``sys.exit(0)``,
     ``os._exit(0)`` in the user's code): rank 0's error is then only the connection it lost."""
     for rank, pid in sorted(ended)[:1]:
-        print(f"vae-ddp: rank {rank} (PID {pid}) {guard.how_it_ended(0, pid)} while the other ranks still trained "
+        print(f"vae-ddp: rank {rank} (PID {pid}) {beats.how_it_ended(0, pid)} while the other ranks still trained "
               "(sys.exit or os._exit in the training code?): ending every rank", file=sys.stderr, flush=True)
 
 
@@ -89,13 +89,13 @@ def _kill(ranks: dict) -> None:
 
 
 def fork(main: Callable[[], Any], env: Optional[dict[str, str]] = None) -> int:
-    """[`guard.fork`][vae_ddp.guard.fork] of ``main()`` with ``env`` set, SIGKILL when this
+    """[`forking.fork`][vae_ddp.forking.fork] of ``main()`` with ``env`` set, SIGKILL when this
     process dies; returns the child's pid."""
     def child() -> Any:
         os.environ.update(env or {})
         return main()
 
-    return guard.fork(child, parent_death=signal.SIGKILL)
+    return forking.fork(child, parent_death=signal.SIGKILL)
 
 
 def cluster_plugins() -> list:
@@ -159,7 +159,7 @@ def run_ranks(world_size: int, main: Callable[[], Any]) -> int:
             if ended:
                 _left_early(ended)
             elif isinstance(err, SystemExit):
-                print(f"vae-ddp: rank 0 (PID {os.getpid()}) {guard.how_it_ended(_exit_code(err), os.getpid())} "
+                print(f"vae-ddp: rank 0 (PID {os.getpid()}) {beats.how_it_ended(_exit_code(err), os.getpid())} "
                       "while the other ranks still trained (sys.exit in the training code?): ending every rank",
                       file=sys.stderr, flush=True)
         _kill(ranks)

@@ -31,7 +31,7 @@ import sys
 import threading
 from typing import Any, Optional
 
-from vae_ddp import guard
+from vae_ddp import forking, guard
 
 __all__ = ["warm", "start", "usable"]
 
@@ -168,7 +168,7 @@ def serve(module: str, fd: int, caller: int) -> int:
     import importlib
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    guard._prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    forking.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     if os.getppid() != caller:
         return 1
     sock = socket.socket(fileno=fd)
@@ -196,7 +196,7 @@ def serve(module: str, fd: int, caller: int) -> int:
             os.chdir(r["cwd"])
             return guard.guard_forked(r["cmd"], r["stall"], r["grace"], r["startup"], os.getppid(), r["env"], o, e)
 
-        pid = guard.fork(guard_of)
+        pid = forking.fork(guard_of)
         os.close(out)
         os.close(err)
         with contextlib.suppress(OSError):

@@ -74,21 +74,25 @@ def test_launch_takes_a_job_and_says_what_to_call_for_one_spec(tmp_path):
 
 def test_only_this_projects_runners_are_forked_never_the_audits(monkeypatch):
     """A CPU launch forks its caller only for the study runners; the audit's runs, which train the
-    user's classes, always start an interpreter (a fork would carry the user's modules as the
-    audit's checks left them), as does any launch under ``VAE_DDP_LAUNCH=exec``."""
+    user's classes, are forks of the caller's zygote (a fork of the caller would carry the user's
+    modules as the audit's checks left them; the zygote imported none of them); under
+    ``VAE_DDP_LAUNCH=exec`` every launch starts an interpreter."""
     import pytorch_lightning  # noqa: F401  (what _forkable asks for: Lightning imported here)
 
-    from vae_ddp import guard
-    from vae_ddp.harness.launch import _forkable
+    from vae_ddp import forking, zygote
+    from vae_ddp.harness.launch import _forkable, _how
 
-    monkeypatch.setattr(guard, "can_fork", lambda: True)  # one thread, as a results entry runs
+    monkeypatch.setattr(forking, "can_fork", lambda: True)  # one thread, as a results entry runs
     spec = _spec()
     runners = [[sys.executable, "-m", m, "job.json", "out"]
                for m in ("vae_ddp.harness.runner", "vae_ddp.studies.report_scale")]
-    assert all(_forkable(cmd, spec) for cmd in runners)
-    assert not _forkable([sys.executable, "-m", "vae_ddp.audit.run", "job.json", "out"], spec)
+    audit = [sys.executable, "-m", "vae_ddp.audit.run", "job.json", "out"]
+    assert all(_forkable(cmd, spec) and _how(cmd, spec) is True for cmd in runners)
+    assert not _forkable(audit, spec) and _how(audit, spec) is zygote.start
+    monkeypatch.setattr(forking, "can_fork", lambda: False)  # a caller that computed on several threads
+    assert all(_how(cmd, spec) is zygote.start for cmd in runners)
     monkeypatch.setenv("VAE_DDP_LAUNCH", "exec")
-    assert not any(_forkable(cmd, spec) for cmd in runners)
+    assert not any(_forkable(cmd, spec) or _how(cmd, spec) for cmd in [*runners, audit])
 
 
 def test_a_dataloader_workers_own_error_is_in_the_first_line(tmp_path):

@@ -332,7 +332,7 @@ def test_what_runs_of_one_seed_share_with_single(tmp_path):
 FORKED_AND_EXECED = """
 import os, sys
 import pytorch_lightning  # noqa: F401  what a fork saves: the runner's import of torch and Lightning
-from vae_ddp import guard
+from vae_ddp import forking
 from vae_ddp.harness.configs import RunSpec
 from vae_ddp.harness.launch import _forkable, launch_by_world_size
 
@@ -340,20 +340,22 @@ out = sys.argv[1]
 specs = [RunSpec(config=c, devices=2, steps=2, global_batch_size=16, data="digits", seeds=[3], model="small",
                  save_params=True).validate() for c in ("single", "ddp")]
 runner = [sys.executable, "-m", "vae_ddp.harness.runner"]
-assert not guard.can_fork()  # an interpreter that imported torch runs threads: its launches start one
+assert not forking.can_fork()  # an interpreter that imported torch runs threads: its launches start one
 
 
 def forked():  # one thread, as the results runner's entries are: the launch is a fork of this process
-    assert guard.can_fork() and _forkable(runner, specs[0])
+    assert forking.can_fork() and _forkable(runner, specs[0])
     os.environ["VAE_DDP_LAUNCH"] = "exec"
     assert not _forkable(runner, specs[0])
     del os.environ["VAE_DDP_LAUNCH"]
     launch_by_world_size(specs, os.path.join(out, "forked"), quiet=True)
 
 
-pid = guard.fork(forked)
+pid = forking.fork(forked)
 assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+os.environ["VAE_DDP_LAUNCH"] = "exec"  # a new interpreter
 launch_by_world_size(specs, os.path.join(out, "execed"), quiet=True)
+del os.environ["VAE_DDP_LAUNCH"]  # a fork of this process's zygote of the runner (vae_ddp.zygote)
 launch_by_world_size([specs[1]], os.path.join(out, "alone"), quiet=True)
 """
 
@@ -364,7 +366,8 @@ def test_launches_train_the_same_runs_in_a_sequence_forked_or_alone(tmp_path):
     process that imported Lightning once), as a launch of the DDP group alone does; and from a
     process that runs one thread (the results runner's entries) that launch is a fork of the
     caller (``vae_ddp.guard.run(fork=True)``) rather than an interpreter that imports torch and
-    Lightning again, at world sizes 1 and 2."""
+    Lightning again, at world sizes 1 and 2; from one that runs threads, a fork of its zygote (the DDP
+    group alone here) or, under ``VAE_DDP_LAUNCH=exec``, a new interpreter."""
     import torch
 
     from vae_ddp.guard import run

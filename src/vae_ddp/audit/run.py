@@ -39,7 +39,7 @@ from vae_ddp.audit.loader_draws import keyed_items, measure
 from vae_ddp.audit.spec import AuditRun, failed_marker, import_class
 from vae_ddp import heartbeat
 from vae_ddp.fixes import registry
-from vae_ddp.guard import beat
+from vae_ddp.beats import beat
 from vae_ddp.harness.launch import BESIDE_PID, run_job, say_run
 from vae_ddp.harness.permutation import WithinBatchPermutation
 from vae_ddp.outputs import replacing, write_atomic

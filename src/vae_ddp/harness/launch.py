@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from vae_ddp import guard, zygote
+from vae_ddp import beats, forking, guard, zygote
 from vae_ddp.errors import RunFailed
 from vae_ddp.harness.resources import check_memory, space_needed
 from vae_ddp.outputs import write_atomic
@@ -221,7 +221,7 @@ def _ended(pid: int, tag: str) -> int:
     stderr (with rank 0's signal, if one ended it: a rank that failed names itself)."""
     code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
     if code < 0:
-        print(f"vae-ddp: rank 0 (PID {pid}) {guard.how_it_ended(code, pid)}", file=sys.stderr, flush=True)
+        print(f"vae-ddp: rank 0 (PID {pid}) {beats.how_it_ended(code, pid)}", file=sys.stderr, flush=True)
     if code != 0:
         print(f"the runs of '{tag}' exited with code {code}", file=sys.stderr, flush=True)
     return code
@@ -284,9 +284,9 @@ def _forkable(cmd: list[str], spec) -> bool:
     """Whether the launch of ``cmd`` may be a fork of this process: ``python -m`` one of
     ``_FORKED_MODULES``, on CPU (on GPUs Lightning's launcher re-runs the command line), Lightning
     imported here (what the fork saves), ``$VAE_DDP_LAUNCH`` not ``exec``, and one thread runs
-    ([`guard.can_fork`][vae_ddp.guard.can_fork]: not in a shell or notebook whose torch computed)."""
+    ([`forking.can_fork`][vae_ddp.forking.can_fork]: not in a shell or notebook whose torch computed)."""
     return (cmd[:2] == [sys.executable, "-m"] and cmd[2] in _FORKED_MODULES and spec.accelerator == "cpu"
-            and "pytorch_lightning" in sys.modules and os.environ.get(_LAUNCH_ENV) != "exec" and guard.can_fork())
+            and "pytorch_lightning" in sys.modules and os.environ.get(_LAUNCH_ENV) != "exec" and forking.can_fork())
 
 
 def _how(cmd: list[str], spec) -> "bool | Callable[..., Any]":
