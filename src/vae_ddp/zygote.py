@@ -39,6 +39,8 @@ _ZYGOTES: dict[tuple[int, str], "_Zygote"] = {}
 _LOCK = threading.Lock()
 #: the seconds a zygote may take to import its module before the launch starts an interpreter instead
 _READY_S = 600.0
+#: the seconds a running zygote may take to fork a launch's guard and say its pid
+_REPLY_S = 120.0
 
 
 def usable(cmd: list[str]) -> bool:
@@ -81,8 +83,14 @@ def start(cmd: list[str], stall: Optional[float], grace: float, startup: Optiona
     finally:
         theirs.close()
         os.close(null)
-    reply = mine.recv(4096)
-    if not reply:  # the zygote died
+    mine.settimeout(_REPLY_S)
+    try:
+        reply = mine.recv(4096)
+    except TimeoutError:  # a zygote that does not answer (stopped?) is ended, and with it what it started
+        z.proc.kill()
+        reply = b""
+    mine.settimeout(None)
+    if not reply:  # the zygote died: the caller starts an interpreter
         mine.close()
         return None
     return Launched(json.loads(reply)["pid"], mine)
@@ -106,8 +114,8 @@ class Launched:
                 reply = self.sock.recv(4096)
             except (TimeoutError, BlockingIOError):  # BlockingIOError: timeout 0
                 raise psutil.TimeoutExpired(timeout, pid=self.pid) from None
-            # no reply: the zygote died (killed with its guards, or the caller is going): as SIGKILL
-            self._code = json.loads(reply)["code"] if reply else 128 + signal.SIGKILL
+            # no reply: the zygote died (its guards with it, PR_SET_PDEATHSIG): as a process SIGKILL ended
+            self._code = json.loads(reply)["code"] if reply else -signal.SIGKILL
             self.sock.close()
         return self._code
 
@@ -157,7 +165,11 @@ def _zygote(module: str, wait: bool) -> Optional[_Zygote]:
                 z = _ZYGOTES[key] = _Zygote(module)
             except OSError:
                 return None
-    return z if not wait or z.wait_ready() else None
+    if wait:
+        with z.lock:  # one reader of the zygote's "ready" (parallel audits of one process)
+            if not z.wait_ready():
+                return None
+    return z
 
 
 # --------------------------------------------------------------------------- the zygote's side
