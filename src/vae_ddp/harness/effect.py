@@ -78,7 +78,7 @@ import numpy as np
 from scipy import optimize
 from scipy import stats as sps
 
-__all__ = ["decompose", "classify", "describe", "KINDS", "BIAS_MARGIN", "RATIO_MARGIN", "CONFIDENCE",
+__all__ = ["decompose", "classify", "describe", "detected", "KINDS", "BIAS_MARGIN", "RATIO_MARGIN", "CONFIDENCE",
            "CHANGES_TRAINING", "CHANGES_LUCK"]
 
 #: The kinds of an effect, most serious first.
@@ -121,13 +121,19 @@ def describe(effect: Optional[dict]) -> str:
         return "luck only"
     if kind == "inconclusive":
         return "unresolved"
+    return "trains: " + ", ".join(detected(effect))
+
+
+def detected(effect: dict, number=lambda v: f"{v:.2g}") -> list[str]:
+    """What a ``different`` effect's intervals resolve, each written with ``number``: ``bias 0.82 sd``
+    (the bias interval above 0), ``noise 1.9x`` (the variance ratio's interval excludes 1)."""
     parts = []
     if effect["bias_ci"][0] > 0:
-        parts.append(f"bias {effect['bias']:.2g} sd")
+        parts.append(f"bias {number(effect['bias'])} sd")
     r_lo, r_hi = effect["variance_ratio_ci"]
     if r_lo > 1 or r_hi < 1:
-        parts.append(f"noise {effect['variance_ratio']:.2g}x")
-    return "trains: " + ", ".join(parts)
+        parts.append(f"noise {number(effect['variance_ratio'])}x")
+    return parts
 
 
 def _rows(a) -> np.ndarray:

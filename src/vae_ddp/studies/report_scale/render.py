@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from vae_ddp.harness.effect import detected
 from vae_ddp.studies.report_scale.variants import DEFAULT_VARIANT, FLOOR_RATIO, LABELS, QUANTITIES, VARIANTS, ranking
 
 
@@ -27,13 +28,7 @@ def effect_cell(e: dict) -> str:
     words = CELL[e["kind"]]
     if e["kind"] != "different":
         return words
-    parts = []
-    if e["bias_ci"][0] > 0:
-        parts.append(f"bias {_f(e['bias'])} sd")
-    lo, hi = e["variance_ratio_ci"]
-    if lo > 1 or hi < 1:
-        parts.append(f"noise {_f(e['variance_ratio'])}x")
-    return f"{words}: {', '.join(parts)}"
+    return f"{words}: {', '.join(detected(e, _f))}"
 
 
 def logging_cell(e: dict) -> str:
