@@ -12,8 +12,9 @@ Times, as medians over ``--repeats`` runs on this machine (run it on an idle one
   ``vae_ddp.testing.assert_ddp_matches_one_device(Plain, Regression, steps=...)`` (the same audit,
   from a process that imported pytest and the test's imports): at most 1.3x ``audit`` is the aim.
 
-The audit's share that is not imports is ``audit - 2 x import``: its top process and its one
-launch each import torch and Lightning once (the launch's ranks and one-device process are forks).
+Its top process and its one launch each import torch and Lightning once (the launch's ranks
+and one-device process are forks); the launch's import runs in its zygote (``vae_ddp.zygote``)
+beside the top process's pre-flight checks, so ``audit - 2 x import`` undercounts what is not imports.
 """
 
 from __future__ import annotations
