@@ -13,8 +13,7 @@ The exit code is not the measure: it is 1 for BatchNorm and dropout by the exit 
 user runs it trains another model, which the fixes close; ``vae_ddp.audit.exit_rule``); an audit
 that does not end with 0 or 1 stops the benchmark. The table gives, per audit, whether it was
 within the floor and the largest per-step ratio to the floor (the floors are in the JSON); the
-summary counts the false alarms. (The committed results were written when the exit code was 0
-exactly where ``within_floor`` held; their ``within_floor`` is that exit code.)
+summary counts the false alarms.
 Many minutes on 2 CPU cores (about 30 s an audit): run it on an idle machine and commit its output.
 """
 
