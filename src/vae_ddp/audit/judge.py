@@ -19,7 +19,7 @@ from vae_ddp.audit.measure import Measured
 from vae_ddp.audit.plan import FLOOR_DRAWS, Plan
 from vae_ddp.audit.verdict import (FLOOR_RATIO, ROUNDING_EPS, TRAJECTORY_RATIO, Verdict, _clean, _factors, _name,
                                    _page, rounding_unit)
-from vae_ddp.fixes import noise, registry
+from vae_ddp.fixes import batchnorm, noise, registry
 from vae_ddp.fixes.factor import AUDIT_OWN
 from vae_ddp.harness.launch import Job, RunFailed, launch
 from vae_ddp.outputs import own_folder
@@ -253,7 +253,7 @@ def _buffers_follow(plan: Plan, runs: Measured, v: dict, found: dict, manual: di
         gradient = max(per_step_differences(keyed["grads"], single["grads"]), default=0.0)
     except (ValueError, RuntimeError) as err:
         raise RunFailed(f"run '{KEYED[1]}' cannot be compared with one device's step by step: {err}") from None
-    rows = [noise.FACTOR.key] + [k for k in ("batchnorm",) if k in found and k not in manual]
+    rows = [noise.FACTOR.key] + [k for k in (batchnorm.FACTOR.key,) if k in found and k not in manual]
     closed = not any(d["part"] == "buffers" for d in step["differences"])
     check = {"rows": rows, "closed": closed, "buffer_ratio": step["buffer_ratio"], "gradient": gradient}
     if closed:

@@ -185,8 +185,8 @@ class AuditRun:
         sync_grads: True: every ``self.all_gather`` of a tensor that requires a gradient gathers with
             ``sync_grads=True``, whatever the call says ([`watch_gathers`][vae_ddp.audit.localise.watch_gathers]
             with ``force``): the audit's check of its ``sync_grads`` advice
-            ([`SYNC_GRADS`][vae_ddp.audit.localise.SYNC_GRADS], trained only after the run of
-            [`RANKS_GRADS`][vae_ddp.audit.localise.RANKS_GRADS] saw such a gather).
+            (``localise.SYNC_GRADS``, trained only after the run of ``localise.RANKS_GRADS`` saw such
+            a gather).
     """
 
     model: dict
