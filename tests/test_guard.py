@@ -529,7 +529,8 @@ def test_the_project_forks_in_one_place():
 
 STOPPED = textwrap.dedent("""
     import os, signal, sys, time
-    from vae_ddp.guard import beat, fork
+    from vae_ddp.beats import beat
+    from vae_ddp.forking import fork
     def rank(r):
         for i in range(10 ** 6):
             if r == 0 and i > 3 and sys.argv[1] == "waits":

@@ -1,4 +1,4 @@
-"""Python in a fork of this process: the one ``os.fork()`` of the project and what a fork needs.
+"""Python in a fork of this process: the project's one call of ``os.fork`` and what a fork needs.
 
 [`fork`][vae_ddp.forking.fork] runs a function in a child that leaves with the exit code the
 interpreter would give it ([`call_as_main`][vae_ddp.forking.call_as_main]), only where
@@ -6,7 +6,7 @@ interpreter would give it ([`call_as_main`][vae_ddp.forking.call_as_main]), only
 runs ``python ARGV`` in such a child as a new interpreter would. The guard
 ([`vae_ddp.guard`][vae_ddp.guard]), the ranks ([`vae_ddp.ranks`][vae_ddp.ranks]) and the zygotes
 ([`vae_ddp.zygote`][vae_ddp.zygote]) fork through it; ``tests/test_guard.py`` checks there is no
-other ``os.fork()``.
+other call of ``os.fork``.
 """
 
 from __future__ import annotations
