@@ -130,7 +130,7 @@ NESTED = textwrap.dedent("""
     import sys
     from vae_ddp import guard
     guard.beat()  # this process dumps its stacks on SIGUSR1 (as a results entry does before its launch)
-    proc = guard.run([sys.executable, sys.argv[1]], fork=True, stall=3, capture_output=True, text=True, timeout=120)
+    proc = guard.run([sys.executable, sys.argv[1]], how="fork", stall=3, capture_output=True, text=True, timeout=120)
     print(proc.returncode, proc.stderr.strip().splitlines()[-1])
 """)
 
@@ -152,12 +152,14 @@ def test_a_forked_command_of_a_process_that_beat_still_dumps_its_stacks(tmp_path
 
 @pytest.mark.parametrize("cmd", [["-c", "pass"], ["-u", "x.py"], ["-m"], []])
 def test_a_forked_command_is_a_script_or_a_module(cmd):
-    """``fork=True`` runs what ``runpy`` runs: a script or ``-m MODULE``; anything else (and a
+    """``how="fork"`` runs what ``runpy`` runs: a script or ``-m MODULE``; anything else (and a
     stderr of ``subprocess.STDOUT``) is refused before any process starts."""
-    with pytest.raises(ValueError, match="fork=True runs"):
-        guard.run([sys.executable, *cmd], fork=True)
-    with pytest.raises(ValueError, match="fork=True takes stdout and stderr"):
-        guard.run([sys.executable, "x.py"], fork=True, stderr=subprocess.STDOUT)
+    with pytest.raises(ValueError, match="how='fork' runs"):
+        guard.run([sys.executable, *cmd], how="fork")
+    with pytest.raises(ValueError, match="how='fork' takes stdout and stderr"):
+        guard.run([sys.executable, "x.py"], how="fork", stderr=subprocess.STDOUT)
+    with pytest.raises(ValueError, match="how='spawn': use one of 'exec', 'fork', 'zygote'"):
+        guard.run([sys.executable, "x.py"], how="spawn")  # type: ignore[arg-type]
 
 
 def test_nothing_outlives_a_command_that_exits(tmp_path):
@@ -214,7 +216,7 @@ IN_FORK = textwrap.dedent("""
         # MODE "zygote": the zygote imports this file as a module (the marker is its name) and runs it as -m
         cmd = [__file__] if MODE == "fork" else ["-m", MARKER]
         try:
-            code = guard.run([sys.executable, *cmd, "command", how, started], fork=MODE == "fork" or zygote.start,
+            code = guard.run([sys.executable, *cmd, "command", how, started], how=MODE,
                              env=env, timeout=4 if how == "timeout" else None, grace=2).returncode
         except subprocess.TimeoutExpired:
             code = "timed out"
@@ -238,10 +240,10 @@ def marker_of(mode: str, name: str) -> str:
 @pytest.mark.parametrize("mode", ["fork", "zygote"])
 @pytest.mark.parametrize("how, printed", [("exit", "7"), ("raise", "1"), ("timeout", "timed out")])
 def test_a_command_forked_under_a_guard_ends_with_its_tree(tmp_path, how, printed, mode):
-    """``guard.run(fork=True)``: the command is a fork of the caller that runs ``python ARGS`` with
+    """``guard.run(how="fork")``: the command is a fork of the caller that runs ``python ARGS`` with
     the ``argv`` and the environment it was given; its exit code (1 when it raised, with the
     traceback) comes back, and on exit or timeout nothing it started outlives it. The same with
-    ``fork="zygote"`` (a fork of the caller's zygote of the module, ``vae_ddp.zygote``)."""
+    ``how="zygote"`` (a fork of the caller's zygote of the module, ``vae_ddp.zygote``)."""
     marker = marker_of(mode, "in-fork")
     script = in_fork(tmp_path, marker, mode)
     proc = subprocess.run([sys.executable, str(script), how, str(tmp_path / "started"), marker],
@@ -269,8 +271,8 @@ def caller_of_a_forked_command(tmp_path: Path, marker: str, mode: str = "fork") 
 
 @pytest.mark.parametrize("mode", ["fork", "zygote"])
 def test_a_command_forked_under_a_guard_ends_when_its_caller_is_killed(tmp_path, mode):
-    """SIGKILL of the caller of ``guard.run(fork=True)``: the guard (its fork) ends the tree. With
-    ``fork="zygote"`` the zygote dies with its caller and its guard ends the tree."""
+    """SIGKILL of the caller of ``guard.run(how="fork")``: the guard (its fork) ends the tree. With
+    ``how="zygote"`` the zygote dies with its caller and its guard ends the tree."""
     marker = marker_of(mode, "in-fork-orphan")
     caller, ready = caller_of_a_forked_command(tmp_path, marker, mode)
     try:

@@ -261,7 +261,7 @@ def _cached(root: Path, e: dict[str, Any]) -> bool:
 
 def _run_here(root: Path, e: dict[str, Any]) -> None:
     """Run the entry under a guard of its own, as its command line would: a Python command in a
-    fork of this process (``vae_ddp.guard.run(fork=True)``)."""
+    fork of this process (``vae_ddp.guard.run(how="fork")``)."""
     from vae_ddp import guard
 
     out_rel = f"{GENERATED}/{e['name']}"
@@ -276,7 +276,7 @@ def _run_here(root: Path, e: dict[str, Any]) -> None:
     stdout = os.open(out / "stdout.txt", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     stderr = stdout if merged else os.open(out / "stderr.txt", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     try:  # a Python command in a fork of this process, which imported what it imports
-        code = guard.run(argv, timeout=e["timeout"], fork=argv[0] == sys.executable, stdout=stdout,
+        code = guard.run(argv, timeout=e["timeout"], how="fork" if argv[0] == sys.executable else "exec", stdout=stdout,
                          stderr=stderr).returncode
     except subprocess.TimeoutExpired:
         code = None

@@ -1,12 +1,13 @@
 """Python in a fork of this process: the project's one call of ``os.fork`` and what a fork needs.
 
 [`fork`][vae_ddp.forking.fork] runs a function in a child that leaves with the exit code the
-interpreter would give it ([`call_as_main`][vae_ddp.forking.call_as_main]), only where
+interpreter would give it ([`call_as_main`][vae_ddp.forking.call_as_main]; [`wait`][vae_ddp.forking.wait]
+reads it, [`end`][vae_ddp.forking.end] ends it), only where
 [`can_fork`][vae_ddp.forking.can_fork] holds; [`run_as_python`][vae_ddp.forking.run_as_python]
 runs ``python ARGV`` in such a child as a new interpreter would. The guard
-([`vae_ddp.guard`][vae_ddp.guard]), the ranks ([`vae_ddp.ranks`][vae_ddp.ranks]) and the zygotes
-([`vae_ddp.zygote`][vae_ddp.zygote]) fork through it; ``tests/test_guard.py`` checks there is no
-other call of ``os.fork``.
+([`vae_ddp.guard`][vae_ddp.guard]), the ranks ([`vae_ddp.ranks`][vae_ddp.ranks]), the zygotes
+([`vae_ddp.zygote`][vae_ddp.zygote]), the launch's groups and the long-horizon study's runs fork
+through it; ``tests/test_guard.py`` checks there is no other call of ``os.fork``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import signal
 import sys
 from typing import Callable, Optional
 
-__all__ = ["fork", "can_fork", "call_as_main", "run_as_python", "prctl"]
+__all__ = ["fork", "wait", "end", "can_fork", "call_as_main", "run_as_python", "prctl"]
 
 
 def can_fork() -> bool:
@@ -77,6 +78,19 @@ def fork(main: Callable[[], Optional[int]], parent_death: Optional[int] = None) 
         code = call_as_main(main)
     finally:
         os._exit(code)
+
+
+def wait(pid: int) -> int:
+    """The exit code of this process's child ``pid`` once it ended (blocks until then): its
+    ``sys.exit`` code, or minus the signal that ended it (``os.waitstatus_to_exitcode``)."""
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def end(pid: int) -> None:
+    """End this process's child ``pid`` (SIGKILL) and reap it; nothing if it already ended."""
+    with contextlib.suppress(ProcessLookupError, ChildProcessError):
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
 
 
 def prctl(option: int, value: int) -> None:

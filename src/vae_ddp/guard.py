@@ -18,8 +18,9 @@ A process beats with [`beat`][vae_ddp.beats.beat]; the ``Trainer``s of this proj
 beat through the [`Heartbeat`][vae_ddp.heartbeat.Heartbeat] callback. Exit codes: ``CMD``'s own
 (128 + N when signal N ended it), 124 on ``--timeout``, 125 when the watchdog fired, 128 + N
 when the guard itself got signal N (its parent's death: SIGTERM). [`run`][vae_ddp.guard.run] and
-[`run_all`][vae_ddp.guard.run_all] are ``subprocess.run`` for such trees, ``fork=True`` a Python
-command in a fork of the caller (nothing imported again).
+[`run_all`][vae_ddp.guard.run_all] are ``subprocess.run`` for such trees, ``how="fork"`` a Python
+command in a fork of the caller (nothing imported again), ``how="zygote"`` in a fork of the caller's
+zygote of its module ([`vae_ddp.zygote`][vae_ddp.zygote]).
 """
 
 from __future__ import annotations
@@ -35,12 +36,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Literal, Optional, Sequence
 
 from vae_ddp.beats import _ENV_DIR, beat, how_it_ended, last_step, under_guard  # noqa: F401  (guard.beat & co.)
 from vae_ddp.forking import fork, prctl, run_as_python
 
-__all__ = ["run", "run_all", "guard_forked", "guarded", "beat", "last_step", "how_it_ended",
+__all__ = ["run", "run_all", "How", "guard_forked", "guarded", "beat", "last_step", "how_it_ended",
            "under_guard", "STALLED", "TIMED_OUT", "DEFAULT_STALL_S"]
 
 #: Exit code of the guard when ``--timeout`` passed.
@@ -49,6 +50,11 @@ TIMED_OUT = 124
 STALLED = 125
 #: Seconds without progress before the watchdog fires, unless ``$VAE_DDP_WATCHDOG_S`` says otherwise.
 DEFAULT_STALL_S = 300.0
+
+#: How [`run_all`][vae_ddp.guard.run_all] starts a command: a new interpreter, a fork of the caller, a fork
+#: of the caller's zygote of the command's module.
+How = Literal["exec", "fork", "zygote"]
+HOW: tuple[str, ...] = ("exec", "fork", "zygote")
 
 _ENV_STALL = "VAE_DDP_WATCHDOG_S"
 _POLL_S = 0.25
@@ -93,7 +99,7 @@ def guarded(cmd: Sequence[str], timeout: Optional[float] = None, stall: Optional
 
 # --------------------------------------------------------------------------- the caller's side
 def run_all(cmds: Sequence[Sequence[str]], timeout: Optional[float] = None, stall: Optional[float] = None,
-            grace: float = 10.0, startup: Optional[float] = None, fork: "bool | Callable[..., Any]" = False,
+            grace: float = 10.0, startup: Optional[float] = None, how: How = "exec",
             **popen: Any) -> list[subprocess.CompletedProcess]:
     """``subprocess.run`` for ``cmds`` at the same time, each a process tree under a guard of its
     own: on ``timeout`` (for all together), an exception or KeyboardInterrupt every tree is ended
@@ -102,38 +108,46 @@ def run_all(cmds: Sequence[Sequence[str]], timeout: Optional[float] = None, stal
     ``subprocess.Popen``; ``capture_output=True`` collects the output through temporary files
     (chatty processes cannot block each other on a full pipe). ``returncode``: the guard's.
 
-    ``fork``: each command is ``[sys.executable, SCRIPT or "-m", MODULE, *args]`` and runs as that
-    command line would, in a fork of this process (the guard a fork too): nothing is imported
-    again. ``popen`` may then give only ``env``, ``stdout`` and ``stderr`` (None, ``DEVNULL``, a
-    descriptor or a file). Only where [`can_fork`][vae_ddp.forking.can_fork] holds (or the caller
-    knows its other threads hold no lock: an idle BLAS pool). ``fork=vae_ddp.zygote.start``: the
-    same, in a fork of this process's zygote of ``MODULE`` ([`start`][vae_ddp.zygote.start]; a new
-    interpreter where it returns None).
+    ``how``: ``"exec"``, a new interpreter (``python -m vae_ddp.guard ... -- CMD``); ``"fork"``:
+    each command is ``[sys.executable, SCRIPT or "-m", MODULE, *args]`` and runs as that command
+    line would, in a fork of this process (the guard a fork too): nothing is imported again;
+    ``popen`` may then give only ``env``, ``stdout`` and ``stderr`` (None, ``DEVNULL``, a
+    descriptor or a file); only where [`can_fork`][vae_ddp.forking.can_fork] holds (or the caller
+    knows its other threads hold no lock: an idle BLAS pool). ``"zygote"``: the same, in a fork of
+    this process's zygote of ``MODULE`` ([`zygote.start`][vae_ddp.zygote.start]; a new interpreter
+    where it has none).
 
     Raises:
         subprocess.TimeoutExpired: ``timeout`` passed (every tree has been ended).
-        ValueError: (before anything starts) ``fork`` with another command or stream.
+        ValueError: (before anything starts) an unknown ``how``; ``"fork"`` or ``"zygote"`` with
+            another command or stream.
     """
     import psutil
 
     capture, text = popen.pop("capture_output", False), popen.pop("text", False)
-    if fork:  # what run_as_python runs, checked before anything starts
+    if how not in HOW:
+        raise ValueError(f"how={how!r}: use one of {', '.join(map(repr, HOW))}")
+    if how != "exec":  # what run_as_python runs, checked before anything starts
         for args in ([str(a) for a in c] for c in cmds):
             module = args[1:2] == ["-m"]
             if args[0] != sys.executable or len(args) < 2 + module or args[1].startswith("-") and not module:
-                raise ValueError(f"fork=True runs [sys.executable, SCRIPT or '-m', MODULE, *args], got {args}")
+                raise ValueError(f"how={how!r} runs [sys.executable, SCRIPT or '-m', MODULE, *args], got {args}")
         if any(isinstance(t, int) and t < 0 and t != subprocess.DEVNULL
                for t in (popen.get("stdout"), popen.get("stderr"))):
-            raise ValueError("fork=True takes stdout and stderr None, DEVNULL, a descriptor or a file")
+            raise ValueError(f"how={how!r} takes stdout and stderr None, DEVNULL, a descriptor or a file")
+    zygote_start = None
+    if how == "zygote":
+        from vae_ddp.zygote import start as zygote_start  # (the zygote's guards are guard_forked's)
     files = [(tempfile.TemporaryFile(), tempfile.TemporaryFile()) if capture else (None, None) for _ in cmds]
     procs: list = []
     try:
         for cmd, (out, err) in zip(cmds, files):
             streams = dict(popen, **(dict(stdout=out, stderr=err) if capture else {}))
-            zygoted = fork(list(map(str, cmd)), stall, grace, startup, **streams) if callable(fork) else None
-            procs.append(zygoted or (psutil.Process(_in_fork(list(map(str, cmd)), stall, grace, startup, **streams))
-                                     if fork is True else
-                                     psutil.Popen(guarded(cmd, stall=stall, grace=grace, startup=startup), **streams)))
+            args = list(map(str, cmd))
+            zygoted = zygote_start(args, stall, grace, startup, **streams) if zygote_start else None
+            procs.append(zygoted or (psutil.Process(_in_fork(args, stall, grace, startup, **streams)) if how == "fork"
+                                     else psutil.Popen(guarded(cmd, stall=stall, grace=grace, startup=startup),
+                                                       **streams)))
         if psutil.wait_procs(procs, timeout)[1]:
             raise subprocess.TimeoutExpired(list(cmds[0]), timeout)
     except BaseException:  # a timeout, an exception or KeyboardInterrupt: each guard ends its tree first
@@ -159,15 +173,14 @@ def run_all(cmds: Sequence[Sequence[str]], timeout: Optional[float] = None, stal
 
 
 def run(cmd: Sequence[str], timeout: Optional[float] = None, stall: Optional[float] = None, grace: float = 10.0,
-        startup: Optional[float] = None, fork: "bool | Callable[..., Any]" = False,
-        **popen: Any) -> subprocess.CompletedProcess:
+        startup: Optional[float] = None, how: How = "exec", **popen: Any) -> subprocess.CompletedProcess:
     """[`run_all`][vae_ddp.guard.run_all] of one command: ``subprocess.run(cmd, timeout=...)`` for
     a process tree.
 
     Raises:
         subprocess.TimeoutExpired: ``timeout`` passed (the tree has been ended).
     """
-    return run_all([cmd], timeout=timeout, stall=stall, grace=grace, startup=startup, fork=fork, **popen)[0]
+    return run_all([cmd], timeout=timeout, stall=stall, grace=grace, startup=startup, how=how, **popen)[0]
 
 
 def _in_fork(cmd: list[str], stall: Optional[float], grace: float, startup: Optional[float],
@@ -370,7 +383,7 @@ class _Guard:
             env = dict(os.environ, **{_ENV_DIR: str(self.dir)})
             self.t0, self.wall0 = time.monotonic(), time.time()
             self._beat_outer()  # a command that starts is progress for the guard around this one
-            if self.start is not None:  # run(fork=True): the command is a fork of this process
+            if self.start is not None:  # run(how="fork"): the command is a fork of this process
                 self.pid = self.start(env)
             else:
                 try:

@@ -365,7 +365,7 @@ def test_launches_train_the_same_runs_in_a_sequence_forked_or_alone(tmp_path):
     launch_by_world_size trains its world sizes in one launch (each group in a fork of one
     process that imported Lightning once), as a launch of the DDP group alone does; and from a
     process that runs one thread (the results runner's entries) that launch is a fork of the
-    caller (``vae_ddp.guard.run(fork=True)``) rather than an interpreter that imports torch and
+    caller (``vae_ddp.guard.run(how="fork")``) rather than an interpreter that imports torch and
     Lightning again, at world sizes 1 and 2; from one that runs threads, a fork of its zygote (the DDP
     group alone here) or, under ``VAE_DDP_LAUNCH=exec``, a new interpreter."""
     import torch

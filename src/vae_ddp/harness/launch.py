@@ -91,7 +91,7 @@ def launch(spec: Job, out_dir: Path, timeout: Optional[float] = None, quiet: boo
     ``out_dir/stderr.log``. ``entry`` replaces ``[python, -m, vae_ddp.harness.runner]``; ``stall``:
     the watchdog's limit. On ``timeout``, SIGINT/SIGTERM of this process, or its death, every
     process of the run ends. From a process that runs one thread and has imported Lightning (the
-    entries of ``make results``) the child is a fork of this one (``guard.run(fork=True)``; the
+    entries of ``make results``) the child is a fork of this one (``guard.run(how="fork")``; the
     same runs bit for bit, ``tests/studies/test_studies.py``); ``VAE_DDP_LAUNCH=exec`` always
     starts an interpreter.
 
@@ -132,7 +132,7 @@ def launch(spec: Job, out_dir: Path, timeout: Optional[float] = None, quiet: boo
     log.unlink(missing_ok=True)  # a new file of this run's (O_EXCL): never a link or file someone else put there
     with os.fdopen(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "w") as err:
         try:  # under a guard: its own process group, a watchdog, nothing left behind (vae_ddp.guard)
-            code = guard.run(cmd, timeout=timeout, stall=stall, fork=_how(cmd, spec), env=env, stderr=err,
+            code = guard.run(cmd, timeout=timeout, stall=stall, how=_how(cmd, spec), env=env, stderr=err,
                              stdout=subprocess.DEVNULL if quiet else None).returncode
         except subprocess.TimeoutExpired:
             code = None
@@ -219,7 +219,7 @@ def run_job(argv: list[str], parse: Callable[[dict], Any], train: Callable[[list
 def _ended(pid: int, tag: str) -> int:
     """The exit code of the fork ``pid`` that trained group ``tag``, once it ended; not 0: said on
     stderr (with rank 0's signal, if one ended it: a rank that failed names itself)."""
-    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    code = forking.wait(pid)
     if code < 0:
         print(f"vae-ddp: rank 0 (PID {pid}) {beats.how_it_ended(code, pid)}", file=sys.stderr, flush=True)
     if code != 0:
@@ -289,14 +289,14 @@ def _forkable(cmd: list[str], spec) -> bool:
             and "pytorch_lightning" in sys.modules and os.environ.get(_LAUNCH_ENV) != "exec" and forking.can_fork())
 
 
-def _how(cmd: list[str], spec) -> "bool | Callable[..., Any]":
+def _how(cmd: list[str], spec) -> guard.How:
     """How the launch of ``cmd`` starts its child: a fork of this process where
     [`_forkable`][vae_ddp.harness.launch] holds, else on CPU a fork of this process's zygote of
     the module ([`vae_ddp.zygote`][vae_ddp.zygote]: torch and Lightning imported once per
     caller), else (GPUs: Lightning's launcher re-runs the command line) a new interpreter."""
     if _forkable(cmd, spec):
-        return True
-    return zygote.start if spec.accelerator == "cpu" and zygote.usable(cmd) else False
+        return "fork"
+    return "zygote" if spec.accelerator == "cpu" and zygote.usable(cmd) else "exec"
 
 
 def group_folder(world_size: int, accelerator: str) -> str:
