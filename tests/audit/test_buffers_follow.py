@@ -2,7 +2,8 @@
 statistics under DDP follow from the noise ``z`` every rank draws alike and from per-rank statistics; with the
 audit's fixes for both they are one device's, so the audit names them as following from those rows, not as a
 cause of their own with a fix of their own. Truth: ``tests/scripts/noise_buffers_truth.py`` (plain
-torch.distributed on 2 gloo ranks, float64; it does not import vae_ddp), committed as its JSON."""
+torch.distributed on 2 gloo ranks, float64; it does not import vae_ddp), committed as its JSON, which `make test-full`
+measures again (`slow`: CI checks the audit against the committed measurement)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ def test_the_ground_truth_script_does_not_use_vae_ddp():
     assert names and not [m for m in names if m.startswith("vae_ddp")], names
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_committed_truth_is_what_the_script_measures(tmp_path, truth):
     out = tmp_path / "truth.json"

@@ -4,7 +4,8 @@ The rules on made-up measurements, `KeyedItems` and `measure` in one process, th
 `Regression(augment=True, num_workers=1)` (`tests/audit/test_study.py::test_augmentation_with_workers`)
 and `RankSeededWorkers` against ground truth measured by `tests/scripts/loader_draws_truth.py` (plain
 Lightning DDP on 2 gloo ranks, the workers' draws taken from the batches; it does not import vae_ddp),
-committed as `tests/scripts/loader_draws_truth.json`, one case of which is rerun here.
+committed as `tests/scripts/loader_draws_truth.json`, one case of which `make test-full` measures again
+(`slow`: CI checks the audit against the committed measurement).
 """
 
 from __future__ import annotations
@@ -141,6 +142,7 @@ def test_the_truth_the_audit_is_judged_against(truth):
     assert apart["distinct"] == [16, 16] and apart["same_at_place"] == [0, 0], apart
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_committed_truth_is_what_the_script_measures(tmp_path, truth):
     """One case of the committed JSON, measured again."""
