@@ -3,23 +3,29 @@
 import json
 import sys
 
+import pytest
+
 from vae_ddp import guard
 from helpers import ROOT
 
 
-def _findings(tmp_path, mode):
-    out = tmp_path / f"{mode}.json"
-    proc = guard.run([sys.executable, str(ROOT / "tests" / "scripts" / "audit_callback.py"), str(out), mode],
-                     capture_output=True, text=True, timeout=300, cwd=tmp_path)
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory):
+    """Both modes of the script, in one launch: the findings of each, by factor."""
+    out = tmp_path_factory.mktemp("callback")
+    proc = guard.run([sys.executable, str(ROOT / "tests" / "scripts" / "audit_callback.py"), str(out), "exposed",
+                      "clean"], capture_output=True, text=True, timeout=300, cwd=out)
     assert proc.returncode == 0, proc.stderr[-3000:]
     found: dict = {}
-    for f in json.loads(out.read_text()):
-        found.setdefault(f["factor"], []).append(f)
+    for mode in ("exposed", "clean"):
+        found[mode] = {}
+        for f in json.loads((out / f"{mode}.json").read_text()):
+            found[mode].setdefault(f["factor"], []).append(f)
     return found
 
 
-def test_exposed_module(tmp_path):
-    found = _findings(tmp_path, "exposed")
+def test_exposed_module(fitted):
+    found = fitted["exposed"]
     # SGD has no per-parameter step sizes: the shared noise changes no optimizer state (no "optimizer" row)
     assert set(found) == {"noise", "batchnorm", "sampler", "reduction", "logging"}
     assert "1 BatchNorm layer" in found["batchnorm"][0]["evidence"]
@@ -34,8 +40,8 @@ def test_exposed_module(tmp_path):
     assert all(f["page"].endswith(".md") for fs in found.values() for f in fs)
 
 
-def test_clean_module(tmp_path):
-    assert _findings(tmp_path, "clean") == {}
+def test_clean_module(fitted):
+    assert fitted["clean"] == {}
 
 
 def test_loader_batch_against_the_sampler():

@@ -1,6 +1,8 @@
 """Run a small foreign LightningModule under 2-rank DDP (gloo) with DDPAudit; rank 0 writes the findings.
 
-Usage: python tests/scripts/audit_callback.py OUT_JSON {exposed,clean}
+Usage: python tests/scripts/audit_callback.py OUT_DIR {exposed,clean} [...]: one fit per mode, in one launch
+(Lightning's launcher starts rank 1 once; the process group stays up between the fits), rank 0 writes
+OUT_DIR/MODE.json
   exposed: BatchNorm, dropout drawn with the shared seed, unsynced logging (of the loss, which differs
            across ranks, and of a constant weight, which does not), SGD (no per-parameter step sizes),
            101 samples (padding);
@@ -46,9 +48,7 @@ class Net(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
-def main(out: str, mode: str) -> None:
-    quiet()
-    warnings.filterwarnings("ignore", message="DDPAudit")
+def fit(out: str, mode: str) -> None:
     pl.seed_everything(0, verbose=False)
     exposed = mode == "exposed"
     n = 101 if exposed else 96
@@ -71,10 +71,17 @@ def main(out: str, mode: str) -> None:
                                                                             rank=trainer.global_rank))
     trainer.fit(Net(batchnorm=exposed, sync=not exposed), dl, val)
     if trainer.is_global_zero:
-        with open(out, "w") as f:
+        with open(f"{out}/{mode}.json", "w") as f:
             json.dump(audit.state(), f)
+
+
+def main(out: str, modes: list[str]) -> None:
+    quiet()
+    warnings.filterwarnings("ignore", message="DDPAudit")
+    for mode in modes:
+        fit(out, mode)
     close_process_group()  # Lightning leaves the group open after fit; gloo can abort at exit
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2:])
