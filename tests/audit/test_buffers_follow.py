@@ -3,7 +3,8 @@ statistics under DDP follow from the noise ``z`` every rank draws alike and from
 audit's fixes for both they are one device's, so the audit names them as following from those rows, not as a
 cause of their own with a fix of their own. Truth: ``tests/scripts/noise_buffers_truth.py`` (plain
 torch.distributed on 2 gloo ranks, float64; it does not import vae_ddp), committed as its JSON, which `make test-full`
-measures again (`slow`: CI checks the audit against the committed measurement)."""
+measures again (`slow`: CI checks the audit against the committed measurement and reruns one case of
+`tests/scripts/stateful_truth.py`)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,8 @@ The rules on made-up measurements, `KeyedItems` and `measure` in one process, th
 and `RankSeededWorkers` against ground truth measured by `tests/scripts/loader_draws_truth.py` (plain
 Lightning DDP on 2 gloo ranks, the workers' draws taken from the batches; it does not import vae_ddp),
 committed as `tests/scripts/loader_draws_truth.json`, one case of which `make test-full` measures again
-(`slow`: CI checks the audit against the committed measurement).
+(`slow`: CI checks the audit against the committed measurement and reruns one case of
+`tests/scripts/stateful_truth.py`).
 """
 
 from __future__ import annotations

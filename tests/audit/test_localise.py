@@ -5,7 +5,8 @@ models of `tests/scripts/grad_bugs.py` (three bugs no automatic fix closes, each
 variant) against ground truth measured by `tests/scripts/grad_bugs_truth.py` (plain Lightning DDP on
 2 gloo ranks against one device, float64; it does not import vae_ddp), committed as
 `tests/scripts/grad_bugs_truth.json`, one case of which `make test-full` measures again
-(`slow`: CI checks the audit against the committed measurement).
+(`slow`: CI checks the audit against the committed measurement and reruns one case of
+`tests/scripts/stateful_truth.py`).
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ gives it (`vae_ddp.audit.run`).
 The rules on records whose answer is known, then `vae-ddp audit` on the models of
 `examples/audit_models.py` against ground truth measured by `tests/scripts/stateful_truth.py`
 (plain Lightning DDP on 2 gloo ranks against one device, float64; it does not import vae_ddp),
-committed as `tests/scripts/stateful_truth.json`, one case of which `make test-full` measures again
-(`slow`: CI checks the audit against the committed measurement).
+committed as `tests/scripts/stateful_truth.json`, one case of which is measured again here: the
+one case of #48's truth scripts that CI reruns (the others: `make test-full`).
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ def test_the_ground_truth_script_does_not_use_vae_ddp():
         assert names and not [m for m in names if m.startswith("vae_ddp")], (script, names)
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_committed_truth_is_what_the_script_measures(tmp_path, truth):
     """One case of the committed JSON, measured again."""
