@@ -20,7 +20,8 @@ beat through the [`Heartbeat`][vae_ddp.heartbeat.Heartbeat] callback. Exit codes
 when the guard itself got signal N (its parent's death: SIGTERM). [`run`][vae_ddp.guard.run] and
 [`run_all`][vae_ddp.guard.run_all] are ``subprocess.run`` for such trees, ``how="fork"`` a Python
 command in a fork of the caller (nothing imported again), ``how="zygote"`` in a fork of the caller's
-zygote of its module ([`vae_ddp.zygote`][vae_ddp.zygote]).
+zygote of its module ([`vae_ddp.zygote`][vae_ddp.zygote]), whose process is
+``python -m vae_ddp.guard --zygote MODULE FD CALLER``.
 """
 
 from __future__ import annotations
@@ -447,8 +448,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--parent", type=int, default=None,
                    help="the caller's pid: the tree ends when the guard's parent is no longer it (default: the "
                         "parent at start-up)")
+    p.add_argument("--zygote", nargs=3, metavar=("MODULE", "FD", "CALLER"),
+                   help="be the zygote of MODULE for the process CALLER, on the socket FD (vae_ddp.zygote)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ...")
     args = p.parse_args(argv)
+    if args.zygote:
+        from vae_ddp import zygote
+
+        return zygote.serve(args.zygote[0], int(args.zygote[1]), int(args.zygote[2]), guard_forked)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
         p.error("no command: python -m vae_ddp.guard [options] -- CMD ...")

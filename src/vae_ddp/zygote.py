@@ -4,7 +4,7 @@ A launch's child ([`launch`][vae_ddp.harness.launch.launch]) is ``python -m MODU
 most of a short run's time is that interpreter importing torch and Lightning (5-9 s here). Where
 the caller may not fork it itself (a process that computed with several threads: pytest, a
 notebook; an audit, whose process imported the user's modules), the launch asks this module's
-zygote of ``MODULE``: ``python -m vae_ddp.zygote MODULE``, started once per caller process
+zygote of ``MODULE``: ``python -m vae_ddp.guard --zygote MODULE ...``, started once per caller process
 ([`warm`][vae_ddp.zygote.warm]: the audit starts it before its own checks, so that the import runs
 beside them), imports ``MODULE`` and nothing of the caller, and for each launch forks a guard
 ([`guard_forked`][vae_ddp.guard.guard_forked]) whose command is a fork of it that runs the module as
@@ -31,7 +31,9 @@ import sys
 import threading
 from typing import Any, Optional
 
-from vae_ddp import forking, guard
+from typing import Callable
+
+from vae_ddp import forking
 
 __all__ = ["warm", "start", "usable"]
 
@@ -143,9 +145,9 @@ class _Zygote:
         self.ready: Optional[bool] = None
         with theirs:
             # the zygote's own streams: this process's stderr (an import's warning), no stdin
-            self.proc = psutil.Popen([sys.executable, "-m", "vae_ddp.zygote", module, str(theirs.fileno()),
-                                      str(os.getpid())], pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL)
+            self.proc = psutil.Popen([sys.executable, "-m", "vae_ddp.guard", "--zygote", module,
+                                      str(theirs.fileno()), str(os.getpid())], pass_fds=[theirs.fileno()],
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
 
     def wait_ready(self) -> bool:
         if self.ready is None:
@@ -173,10 +175,13 @@ def _zygote(module: str, wait: bool) -> Optional[_Zygote]:
 
 
 # --------------------------------------------------------------------------- the zygote's side
-def serve(module: str, fd: int, caller: int) -> int:
+def serve(module: str, fd: int, caller: int, guard_forked: Callable[..., int]) -> int:
     """The zygote: import ``module``, say ``ready`` on the socket ``fd``, then for each request
-    fork a guard of its command and send back the guard's pid, later its exit code; end when
-    ``caller`` (the parent) dies or closes the socket."""
+    fork a guard of its command (``guard_forked``: [`vae_ddp.guard.guard_forked`][vae_ddp.guard.guard_forked],
+    given by the guard's entry point ``python -m vae_ddp.guard --zygote MODULE FD CALLER``, which runs
+    this: this module imports no guard, whose [`run_all`][vae_ddp.guard.run_all] starts zygotes) and
+    send back the guard's pid, later its exit code; end when ``caller`` (the parent) dies or closes
+    the socket."""
     import importlib
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -206,7 +211,7 @@ def serve(module: str, fd: int, caller: int) -> int:
             for s in (sock, reply, *waiting.values()):  # the other launches' sockets are not this one's
                 s.close()
             os.chdir(r["cwd"])
-            return guard.guard_forked(r["cmd"], r["stall"], r["grace"], r["startup"], os.getppid(), r["env"], o, e)
+            return guard_forked(r["cmd"], r["stall"], r["grace"], r["startup"], os.getppid(), r["env"], o, e)
 
         pid = forking.fork(guard_of)
         os.close(out)
@@ -215,6 +220,3 @@ def serve(module: str, fd: int, caller: int) -> int:
             reply.send(json.dumps({"pid": pid}).encode())
         waiting[pid] = reply
 
-
-if __name__ == "__main__":
-    sys.exit(serve(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])))
