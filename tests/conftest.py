@@ -31,19 +31,27 @@ def run_cli(*args: str, timeout: float = 600):
 
 #: Fixtures of the tests that read the built site (they wait for the site build).
 SITE_FIXTURES = {"site", "server", "browser"}
+#: Test files whose time is mostly waiting on timers (the guard's watchdog, timeouts, signals): first,
+#: while the site build computes on the cores they leave idle.
+WAITING = ("tests/test_guard.py",)
 
 
 def _order(item) -> int:
-    """0: tests that need nothing of the site build; 1: tests that read an entry of the docs
-    registry (``generated``), which the build runs too; 2: tests that read the built site."""
+    """-1: tests that mostly wait (``WAITING``); 0: the other tests that need nothing of the site
+    build; 1: tests that read an entry of the docs registry (``generated``), which the build runs
+    too; 2: tests that read the built site."""
     names = set(getattr(item, "fixturenames", ()))
-    return 2 if SITE_FIXTURES & names else 1 if "generated" in names else 0
+    if SITE_FIXTURES & names:
+        return 2
+    if "generated" in names:
+        return 1
+    return -1 if item.nodeid.startswith(WAITING) else 0
 
 
 def pytest_collection_modifyitems(config, items):
-    """The tests that need nothing of the site build run first, beside it; then those that read
-    the registry's entries (by then mostly run by the build, which runs two at a time); the tests
-    that read the built site last. Full-size studies run only with VAE_DDP_FULL=1 (`make test-full`),
+    """The tests that need nothing of the site build run first, beside it (those that mostly wait
+    first of all); then those that read the registry's entries (by then mostly run by the build);
+    the tests that read the built site last. Full-size studies run only with VAE_DDP_FULL=1 (`make test-full`),
     CI runs the reduced ones."""
     items.sort(key=_order)  # stable: file order within each group
     if FULL:
