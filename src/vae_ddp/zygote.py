@@ -29,9 +29,7 @@ import socket
 import subprocess
 import sys
 import threading
-from typing import Any, Optional
-
-from typing import Callable
+from typing import Any, Callable, Optional
 
 from vae_ddp import forking
 
@@ -219,4 +217,3 @@ def serve(module: str, fd: int, caller: int, guard_forked: Callable[..., int]) -
         with contextlib.suppress(OSError):
             reply.send(json.dumps({"pid": pid}).encode())
         waiting[pid] = reply
-
