@@ -2,12 +2,12 @@
 
 [`fork`][vae_ddp.forking.fork] runs a function in a child that leaves with the exit code the
 interpreter would give it ([`call_as_main`][vae_ddp.forking.call_as_main]; [`wait`][vae_ddp.forking.wait]
-reads it, [`end`][vae_ddp.forking.end] ends it), only where
+reads it), only where
 [`can_fork`][vae_ddp.forking.can_fork] holds; [`run_as_python`][vae_ddp.forking.run_as_python]
 runs ``python ARGV`` in such a child as a new interpreter would. The guard
 ([`vae_ddp.guard`][vae_ddp.guard]), the ranks ([`vae_ddp.ranks`][vae_ddp.ranks]), the zygotes
-([`vae_ddp.zygote`][vae_ddp.zygote]), the launch's groups and the long-horizon study's runs fork
-through it; ``tests/test_guard.py`` checks there is no other call of ``os.fork``.
+([`vae_ddp.zygote`][vae_ddp.zygote]) and the launch's groups fork through it; ``tests/test_guard.py``
+checks there is no other call of ``os.fork``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import signal
 import sys
 from typing import Callable, Optional
 
-__all__ = ["fork", "wait", "end", "can_fork", "call_as_main", "run_as_python", "prctl"]
+__all__ = ["fork", "wait", "can_fork", "call_as_main", "run_as_python", "prctl"]
 
 
 def can_fork() -> bool:
@@ -84,13 +84,6 @@ def wait(pid: int) -> int:
     """The exit code of this process's child ``pid`` once it ended (blocks until then): its
     ``sys.exit`` code, or minus the signal that ended it (``os.waitstatus_to_exitcode``)."""
     return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-
-
-def end(pid: int) -> None:
-    """End this process's child ``pid`` (SIGKILL) and reap it; nothing if it already ended."""
-    with contextlib.suppress(ProcessLookupError, ChildProcessError):
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
 
 
 def prctl(option: int, value: int) -> None:

@@ -30,9 +30,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import signal
 import statistics
 import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, Callable, Literal, Optional
 
@@ -40,8 +41,7 @@ import torch
 from pytorch_lightning import Callback, LightningModule, Trainer
 from torch import Tensor
 
-from vae_ddp import forking
-from vae_ddp.errors import RunFailed, UserError
+from vae_ddp.errors import UserError
 from vae_ddp.model import standard_normal_noise
 from vae_ddp.harness.configs import RunSpec
 from vae_ddp.harness.stats import QUANTITIES, compare_metrics, finals
@@ -178,8 +178,7 @@ def long_horizon(out_dir: Path, num_seeds: int = 10, steps: int = 2000, global_b
         lr: Adam learning rate (1e-4, the report's).
         margin_sd: equivalence margin, in standard deviations (over seeds) of the
             ``independent`` runs' final value of each quantity.
-        jobs: runs trained at once, each in a fork of this process (threads per run: CPU count / jobs;
-            one at a time where this process cannot fork).
+        jobs: runs trained at once, one process each (threads per run: CPU count / jobs).
         window: the JSON keeps the train curves as means over this many steps.
         resume: reuse ``out_dir/runs/*.json`` written with the same settings instead of training again.
 
@@ -239,63 +238,32 @@ def _check(num_seeds: int, world_size: int, global_batch_size: int, margin_sd: f
 def _train_all(spec: RunSpec, settings: dict, out: Path, num_seeds: int, world_size: int, jobs: int, window: int,
                resume: bool) -> dict[tuple[int, str], dict]:
     """Every (seed, noise) run: reused from ``out/runs/<noise>-<seed>.json`` when written with the
-    same ``settings`` (and ``resume``), else trained and saved there: ``jobs`` at a time, each in a
-    fork of this process ([`forking.fork`][vae_ddp.forking.fork], ended with it), or one after the
-    other in this process where it cannot fork (a second thread runs: pytest's, a notebook's).
-
-    Raises:
-        RunFailed: a forked run failed (its error is on stderr above); the runs beside it are ended."""
+    same ``settings`` (and ``resume``), else trained, ``jobs`` at a time, and saved there."""
     steps, global_batch_size = spec.steps, spec.global_batch_size
-    forks = jobs > 1 and forking.can_fork()
-    threads = max(1, (os.cpu_count() or 1) // (jobs if forks else 1))
+    threads = max(1, (os.cpu_count() or 1) // jobs)
     tasks = [(s, n) for s in range(num_seeds) for n in NOISE]
     runs: dict[tuple[int, str], dict] = {}
-    path = {t: out / "runs" / f"{t[1]}-{t[0]}.json" for t in tasks}
-    for t in tasks:
-        if resume and path[t].exists():
-            saved = json.loads(path[t].read_text())
+    for s, n in tasks:
+        path = out / "runs" / f"{n}-{s}.json"
+        if resume and path.exists():
+            saved = json.loads(path.read_text())
             if saved.get("settings") == settings:
-                runs[t] = saved["run"]
+                runs[s, n] = saved["run"]
     todo = [t for t in tasks if t not in runs]
     print(f"long-horizon: {num_seeds} seeds x {len(NOISE)} noise modes x {steps} steps, global batch "
           f"{global_batch_size}, {world_size} ranks emulated; {len(runs)} runs reused, {len(todo)} to train "
-          f"({jobs if forks else 1} at a time)", flush=True)
-    t0, spec_json = time.perf_counter(), spec.to_json()
-
-    def train(t: tuple[int, str]) -> None:
-        run = _task(spec_json, t[0], t[1], world_size, window, threads)
-        write_atomic(path[t], json.dumps({"settings": settings, "run": run}))
-
-    def finished(t: tuple[int, str]) -> None:
-        runs[t] = json.loads(path[t].read_text())["run"]
-        done, elapsed = sum(u in runs for u in todo), time.perf_counter() - t0
-        print(f"   {t[1]} seed {t[0]}: {runs[t]['seconds']:.0f} s; {elapsed / 60:.1f} min so far, about "
-              f"{elapsed / done * (len(todo) - done) / 60:.1f} min to go", flush=True)
-
-    if not forks:
-        torch_threads = torch.get_num_threads()
-        try:
-            for t in todo:
-                train(t)
-                finished(t)
-        finally:
-            torch.set_num_threads(torch_threads)
-        return runs
-    running: list[tuple[int, tuple[int, str]]] = []  # (pid, run), oldest first
-    try:
-        for t in todo + [None] * jobs:  # then wait for the last ones
-            if running and (len(running) == jobs or t is None):
-                pid, done = running.pop(0)
-                code = forking.wait(pid)
-                if code:
-                    raise RunFailed(f"long-horizon: the run {done[1]} seed {done[0]} failed in PID {pid} "
-                                    f"(exit code {code}); its error is above")
-                finished(done)
-            if t is not None:
-                running.append((forking.fork(lambda t=t: train(t), parent_death=signal.SIGKILL), t))
-    finally:
-        for pid, _ in running:
-            forking.end(pid)
+          f"({jobs} at a time)", flush=True)
+    t0 = time.perf_counter()
+    if todo:
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
+            futures = {pool.submit(_task, spec.to_json(), s, n, world_size, window, threads): (s, n) for s, n in todo}
+            for i, fut in enumerate(futures):
+                s, n = futures[fut]
+                runs[s, n] = fut.result()
+                write_atomic(out / "runs" / f"{n}-{s}.json", json.dumps({"settings": settings, "run": runs[s, n]}))
+                elapsed = time.perf_counter() - t0
+                print(f"   {n} seed {s}: {runs[s, n]['seconds']:.0f} s; {elapsed / 60:.1f} min so far, about "
+                      f"{elapsed / (i + 1) * (len(todo) - i - 1) / 60:.1f} min to go", flush=True)
     return runs
 
 
