@@ -529,6 +529,28 @@ def test_the_project_forks_in_one_place():
     assert len(calls) == 1 and calls[0].startswith("src/vae_ddp/forking.py:"), calls
 
 
+def test_a_spawned_pool_ends_with_its_parent():
+    """``forking.spawned_map`` (the long-horizon runs' pool): its workers, busy in a task, end when
+    the process that started them is killed (SIGKILL: nothing of it runs), and so does
+    multiprocessing's resource tracker."""
+    import psutil
+
+    code = "import time; from vae_ddp.forking import spawned_map; list(spawned_map(time.sleep, [(600,), (600,)], 2))"
+    top = psutil.Popen([sys.executable, "-c", code], cwd=ROOT)
+    try:
+        deadline, workers = time.monotonic() + 120, []
+        while time.monotonic() < deadline and len(workers) < 2:
+            time.sleep(0.5)
+            workers = [p for p in top.children(recursive=True) if "spawn_main" in " ".join(p.cmdline())]
+        assert len(workers) == 2, [p.cmdline() for p in top.children(recursive=True)]
+        time.sleep(1)  # the tasks run
+        every = top.children(recursive=True)
+    finally:
+        top.kill()
+        top.wait()
+    assert not psutil.wait_procs(every, timeout=20)[1], "a process of the pool outlived its parent"
+
+
 STOPPED = textwrap.dedent("""
     import os, signal, sys, time
     from vae_ddp.beats import beat

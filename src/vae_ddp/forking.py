@@ -16,9 +16,9 @@ import contextlib
 import os
 import signal
 import sys
-from typing import Callable, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
-__all__ = ["fork", "wait", "can_fork", "call_as_main", "run_as_python", "prctl"]
+__all__ = ["fork", "wait", "can_fork", "call_as_main", "run_as_python", "prctl", "spawned_map"]
 
 
 def can_fork() -> bool:
@@ -94,6 +94,30 @@ def prctl(option: int, value: int) -> None:
 
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None, use_errno=True).prctl(option, int(value), 0, 0, 0)
+
+
+def _dies_with_parent() -> None:
+    prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: a worker does not outlive the process that started it
+
+
+def spawned_map(fn: Callable[..., Any], calls: Iterable[tuple], jobs: int) -> Iterator[Any]:
+    """``fn(*args)`` for each ``args`` of ``calls``, ``jobs`` at a time in new interpreters
+    (``multiprocessing``'s ``spawn``: nothing of this process's threads or imports is inherited,
+    so a caller that computed with torch's thread pools may use it); the results in the order of
+    ``calls``, each as soon as it and those before it are done. A worker gets SIGKILL when this
+    process dies, even by SIGKILL (``PR_SET_PDEATHSIG``); on an exception here the pool is shut
+    down. ``fn`` must be importable by name (a module-level function)."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"), initializer=_dies_with_parent) as pool:
+        futures = [pool.submit(fn, *args) for args in calls]
+        try:
+            for future in futures:
+                yield future.result()
+        finally:
+            for future in futures:
+                future.cancel()
 
 
 def run_as_python(argv: list[str], env: dict) -> int:

@@ -32,8 +32,6 @@ import json
 import os
 import statistics
 import time
-from concurrent.futures import ProcessPoolExecutor
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, Callable, Literal, Optional
 
@@ -42,6 +40,7 @@ from pytorch_lightning import Callback, LightningModule, Trainer
 from torch import Tensor
 
 from vae_ddp.errors import UserError
+from vae_ddp.forking import spawned_map
 from vae_ddp.model import standard_normal_noise
 from vae_ddp.harness.configs import RunSpec
 from vae_ddp.harness.stats import QUANTITIES, compare_metrics, finals
@@ -254,16 +253,14 @@ def _train_all(spec: RunSpec, settings: dict, out: Path, num_seeds: int, world_s
           f"{global_batch_size}, {world_size} ranks emulated; {len(runs)} runs reused, {len(todo)} to train "
           f"({jobs} at a time)", flush=True)
     t0 = time.perf_counter()
-    if todo:
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
-            futures = {pool.submit(_task, spec.to_json(), s, n, world_size, window, threads): (s, n) for s, n in todo}
-            for i, fut in enumerate(futures):
-                s, n = futures[fut]
-                runs[s, n] = fut.result()
-                write_atomic(out / "runs" / f"{n}-{s}.json", json.dumps({"settings": settings, "run": runs[s, n]}))
-                elapsed = time.perf_counter() - t0
-                print(f"   {n} seed {s}: {runs[s, n]['seconds']:.0f} s; {elapsed / 60:.1f} min so far, about "
-                      f"{elapsed / (i + 1) * (len(todo) - i - 1) / 60:.1f} min to go", flush=True)
+    if todo:  # new interpreters: this process computed with torch's threads (forking.can_fork is false)
+        calls = [(spec.to_json(), s, n, world_size, window, threads) for s, n in todo]
+        for i, ((s, n), run) in enumerate(zip(todo, spawned_map(_task, calls, jobs))):
+            runs[s, n] = run
+            write_atomic(out / "runs" / f"{n}-{s}.json", json.dumps({"settings": settings, "run": run}))
+            elapsed = time.perf_counter() - t0
+            print(f"   {n} seed {s}: {run['seconds']:.0f} s; {elapsed / 60:.1f} min so far, about "
+                  f"{elapsed / (i + 1) * (len(todo) - i - 1) / 60:.1f} min to go", flush=True)
     return runs
 
 
