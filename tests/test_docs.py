@@ -193,6 +193,22 @@ def test_results_timeout_kills_the_whole_process_tree(tmp_path):
     assert ready, "the entry's child outlived the timeout"
 
 
+def test_a_log_shows_no_warning_even_one_that_interrupted_a_line():
+    """``output: log`` leaves out Python warnings with their source line, also one that another rank
+    wrote into the middle of a line (an unbuffered ``print`` writes its text, then the newline)."""
+    e = {"drop": [re.compile("Tip:")]}
+    text = ("Seed set to 1234\n"
+            "/x/site-packages/pl/_pytree.py:21: `LeafSpec` is deprecated\n"
+            "  warnings.warn(\n"
+            "examples/vae.py:3: UserWarning: relative\n"
+            "0         Total Flops/x/work/venv/pl/result.py:433: It is recommended to use sync_dist=True\n"
+            "\n"
+            "Tip: try this\n"
+            "`Trainer.fit` stopped: `max_steps=3` reached.\n")
+    shown = _runner().clean_log(e, text)
+    assert shown == "Seed set to 1234\n0         Total Flops\n\n`Trainer.fit` stopped: `max_steps=3` reached.", shown
+
+
 def test_results_registry_errors(tmp_path):
     runner = _runner()
     root = _project(tmp_path, {}, "examples:\n  - script: examples/missing.py\n")

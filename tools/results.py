@@ -49,8 +49,11 @@ OUTPUT_MODES = ("markdown", "tables", "log")
 KEYS = {"name", "script", "command", "args", "full_args", "output", "drop", "timeout", "summary", "page", "exit_code"}
 #: With ``output: tables`` the entry writes the Markdown it shows into its output folder.
 TABLES = "tables.md"
-#: Python warnings (``path.py:LINE: Category: message`` and the source line after it) are not output.
-WARNING_LINE = re.compile(r"^\S+\.py:\d+: ")
+#: Python warnings (``path.py:LINE: Category: message`` and the source line after it) are not output,
+#: also where one starts inside a line: the ranks write into one file, and a process whose output is
+#: unbuffered writes a line in pieces (``print`` writes the text, then the newline), between which
+#: another rank's warning can land.
+WARNING_LINE = re.compile(r"^\S+\.py:\d+: |/\S+\.py:\d+: ")
 
 
 def full_mode() -> bool:
@@ -187,12 +190,16 @@ def clean_log(e: dict[str, Any], text: str) -> str:
     """``text`` without Python warnings and without the lines matching ``drop``."""
     out, skip_source = [], False
     for ln in text.splitlines():
-        if WARNING_LINE.match(ln):
+        warning = WARNING_LINE.search(ln)
+        if warning:
             skip_source = True
+            ln = ln[:warning.start()]  # what an interrupted line said before the warning
+            if not ln.strip():
+                continue
+        elif skip_source and ln.startswith("  "):
             continue
-        if skip_source and ln.startswith("  "):
-            continue
-        skip_source = False
+        else:
+            skip_source = False
         if not any(d.search(ln) for d in e["drop"]):
             out.append(ln)
     return "\n".join(out).strip("\n")
