@@ -56,18 +56,22 @@ class Job:
             (a comparison to the last bit: MKL's float32 matrix product rounds differently at
             another thread count; measured on the small VAE's ``fc_mu``, 859 of its 1024 outputs
             differ between 2 threads and 1).
+        train: ``"module:function"``, what the study runner's child (``vae_ddp.harness.runner``)
+            calls as ``function(specs, folder)`` in every rank instead of its own training (the
+            report-scale study's frozen-weights runs); None: its own.
 
     Raises:
         ValueError: no group, an empty one, a group of several world sizes or accelerators, or
             several groups in turn not on CPU.
     """
 
-    def __init__(self, groups: dict[str, list], together: bool = False, same_threads: bool = False) -> None:
+    def __init__(self, groups: dict[str, list], together: bool = False, same_threads: bool = False,
+                 train: Optional[str] = None) -> None:
         if not groups or not all(groups.values()):
             raise ValueError("a job needs at least one group, each with at least one spec")
         if any(len({(s.world_size, s.accelerator) for s in g}) > 1 for g in groups.values()):
             raise ValueError("a group trains in one process tree: its specs need one world size and accelerator")
-        self.groups, self.together, self.same_threads = dict(groups), together, same_threads
+        self.groups, self.together, self.same_threads, self.train = dict(groups), together, same_threads, train
         self.specs = [s for g in self.groups.values() for s in g]
         if len(groups) > 1 and not together and any(s.accelerator != "cpu" for s in self.specs):
             raise ValueError("groups in turn run on CPU only (on GPUs: one launch per group)")
@@ -78,7 +82,7 @@ class Job:
     def to_json(self) -> str:
         cores = None if "OMP_NUM_THREADS" in os.environ else os.cpu_count() or 1
         widest = max(s.world_size for s in self.specs)
-        return json.dumps({"together": self.together, "groups": [
+        return json.dumps({"together": self.together, "train": self.train, "groups": [
             {"tag": tag, "specs": [json.loads(s.to_json()) for s in specs],
              "threads": cores and max(1, cores // (widest if self.same_threads else specs[0].world_size))}
             for tag, specs in self.groups.items()]})
@@ -277,7 +281,7 @@ def _which_run(label: str, lines: list[str], pid: Optional[str] = None) -> str:
 _LAUNCH_ENV = "VAE_DDP_LAUNCH"
 #: The runners a launch may fork: this project's. The audit's runs train the user's classes,
 #: whose modules a fork would carry over as the audit's checks left them: they start an interpreter.
-_FORKED_MODULES = ("vae_ddp.harness.runner", "vae_ddp.studies.report_scale")
+_FORKED_MODULES = ("vae_ddp.harness.runner",)
 
 
 def _forkable(cmd: list[str], spec) -> bool:
@@ -307,13 +311,13 @@ def group_folder(world_size: int, accelerator: str) -> str:
 
 def launch_by_world_size(specs: list, out_dir: Path, timeout: Optional[float] = None,
                          quiet: bool = False, same_threads: bool = False,
-                         entry: Optional[list[str]] = None) -> list[tuple[dict, Path]]:
+                         entry: Optional[list[str]] = None, train: Optional[str] = None) -> list[tuple[dict, Path]]:
     """Train ``specs`` ([`RunSpec`][vae_ddp.harness.configs.RunSpec]s, or any specs a
     [`Job`][vae_ddp.harness.launch.Job] takes) in groups of one world size (in the order they first appear), group ``g``
     in ``out_dir/g/`` ([`group_folder`][vae_ddp.harness.launch.group_folder]): on CPU all in one
     [`launch`][vae_ddp.harness.launch.launch] (a [`Job`][vae_ddp.harness.launch.Job] whose groups
     train in turn), else one launch per group. ``entry``: as ``launch``'s (the child writes each
-    group's ``{"group": [one result per spec]}``).
+    group's ``{"group": [one result per spec]}``); ``train``: as ``Job``'s.
 
     Returns:
         for each spec, in the order given: its ``{"spec", "runs"}`` (an ``entry``'s result) and
@@ -326,9 +330,10 @@ def launch_by_world_size(specs: list, out_dir: Path, timeout: Optional[float] = 
     tags = [group_folder(s.world_size, s.accelerator) for s in specs]
     groups = {tag: [s for s, t in zip(specs, tags) if t == tag] for tag in dict.fromkeys(tags)}
     if all(s.accelerator == "cpu" for s in specs):
-        launched = launch(Job(groups, same_threads=same_threads), out_dir, timeout=timeout, quiet=quiet, entry=entry)
+        launched = launch(Job(groups, same_threads=same_threads, train=train), out_dir, timeout=timeout, quiet=quiet,
+                          entry=entry)
     else:  # one launch per group, one after the other, each group in out_dir/tag as on CPU
-        launched = {tag: launch(Job({tag: g}), out_dir, timeout=timeout, quiet=quiet, entry=entry)[tag]
+        launched = {tag: launch(Job({tag: g}, train=train), out_dir, timeout=timeout, quiet=quiet, entry=entry)[tag]
                     for tag, g in groups.items()}
     results = {tag: iter(launched[tag]["group"]) for tag in groups}  # a group's results in its specs' order
     return [(next(results[tag]), out_dir / tag) for tag in tags]

@@ -131,8 +131,15 @@ def train_one(spec: RunSpec, seed: int, out_dir: Optional[Path] = None, progress
 def main(argv: Optional[list[str]] = None) -> int:
     """``JOB_FILE OUT_DIR`` ([`run_job`][vae_ddp.harness.launch.run_job]): each group's specs one
     after the other in its processes, spec ``k`` saving its parameters under ``OUT_DIR/TAG/k/``,
-    the group's ``run.json`` = ``{"group": [{"spec", "runs"}, ...]}``."""
-    return run_job(sys.argv[1:] if argv is None else argv, lambda d: RunSpec(**d), _train)
+    the group's ``run.json`` = ``{"group": [{"spec", "runs"}, ...]}``; or, where the job names
+    ``train`` (``"module:function"``, [`Job`][vae_ddp.harness.launch.Job]), ``function(specs, folder)``."""
+    import importlib
+
+    argv = sys.argv[1:] if argv is None else argv
+    named = json.loads(Path(argv[0]).read_text()).get("train")
+    module, _, function = (named or "").partition(":")
+    train = getattr(importlib.import_module(module), function) if named else _train
+    return run_job(argv, lambda d: RunSpec(**d), train)
 
 
 def _train(specs: list[RunSpec], out_dir: Path) -> int:

@@ -32,8 +32,8 @@ global-batch KL of two different batches; plus the spread ratio
 per-sample relative variance ``var / mean^2`` of the one-sample Monte Carlo KL estimate
 and of the reconstruction (MSE) term, from ``spread_batches`` extra forward passes.
 
-``python -m vae_ddp.studies.report_scale JOB_FILE OUT_DIR`` (``__main__.py``) is the child-process
-entry of the runs of one world size (started by [`launch`][vae_ddp.harness.launch.launch]); the study
+The runs of one world size train in a child of [`launch`][vae_ddp.harness.launch.launch], the study
+runner's (``vae_ddp.harness.runner``), as ``runs.frozen_runs`` (the job's ``train``); the study
 itself is [`report_scale`][vae_ddp.studies.report_scale.report_scale], here with its comparison
 and writing. The package's other modules, whose public names this one re-exports: ``variants``
 (``VARIANTS``, ``FACTOR_VARIANTS``, the quantities, ``ranking`` and ``factor_effects``), ``runs``
@@ -48,7 +48,6 @@ import itertools
 import json
 import math
 import statistics
-import sys
 from pathlib import Path
 from typing import Any, Literal
 
@@ -218,7 +217,7 @@ def _run_all(jobs: list[tuple[RunSpec, str, int]], out: Path, keep: int, sketch:
                                                     "keep": keep, "sketch": sketch} for folder, spread in group]))
     found = {}
     launched = launch_by_world_size([spec for spec, _, _ in jobs], out / "runs",
-                                    entry=[sys.executable, "-m", "vae_ddp.studies.report_scale"])
+                                    train="vae_ddp.studies.report_scale.runs:frozen_runs")
     for (_, folder, _), (_, d) in zip(jobs, launched):
         grads = torch.load(d / folder / "grads.pt")  # {"grads": [...], "sketches": [...]}
         (d / folder / "grads.pt").unlink()  # ~80 MB per step for ResNet-18: keep only the numbers

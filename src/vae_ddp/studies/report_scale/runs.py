@@ -1,6 +1,6 @@
 """The child process of the report-scale study: frozen-weights runs of one world size in every
-rank (``python -m vae_ddp.studies.report_scale JOB OUT``, started by
-[`launch`][vae_ddp.harness.launch.launch]), each step's all-reduced gradient kept and then zeroed."""
+rank (the study runner's child, ``vae_ddp.harness.runner``, calls ``frozen_runs``: the job's
+``train``, [`Job`][vae_ddp.harness.launch.Job]), each step's all-reduced gradient kept and then zeroed."""
 
 from __future__ import annotations
 
@@ -94,7 +94,7 @@ def _spread(trainer, module, skip: int, batches: int) -> dict:
     return out
 
 
-def _frozen_runs(specs: list[RunSpec], out: Path) -> int:
+def frozen_runs(specs: list[RunSpec], out: Path) -> int:
     """Frozen-weights runs of one world size, one after the other in this rank (the child of a
     launch, [`run_job`][vae_ddp.harness.launch.run_job]): ``OUT_DIR/worker.json`` lists, per
     spec, its ``folder`` and ``spread_batches``; rank 0 writes ``grads.pt`` and ``run.json``
