@@ -95,3 +95,31 @@ def test_forked_ranks_keep_lightnings_own_environment(monkeypatch):
     monkeypatch.setenv(FORKED_RANK, "1")
     [env] = cluster_plugins()
     assert type(env).__name__ == "LightningEnvironment"
+
+
+def test_a_line_read_back_is_written_in_one_piece(monkeypatch):
+    """``beats.say``: the lines that name a run or a rank reach the shared file in one write (an
+    unbuffered ``print`` writes its text and its newline apart, and another rank's line can land
+    between them: ``launch`` would then not read them back)."""
+    import io
+
+    from vae_ddp import beats
+
+    class Raw(io.RawIOBase):
+        def __init__(self) -> None:
+            self.writes: list[bytes] = []
+
+        def writable(self) -> bool:
+            return True
+
+        def write(self, b) -> int:
+            self.writes.append(bytes(b))
+            return len(b)
+
+    raw = Raw()
+    monkeypatch.setattr(sys, "stderr", io.TextIOWrapper(raw, write_through=True))  # as under PYTHONUNBUFFERED
+    print("a print", file=sys.stderr, flush=True)
+    assert raw.writes == [b"a print", b"\n"]  # the hazard: two writes
+    raw.writes.clear()
+    beats.say("vae-ddp: PID 7 starts run 'single'")
+    assert raw.writes == [b"vae-ddp: PID 7 starts run 'single'\n"]

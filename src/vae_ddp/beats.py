@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-__all__ = ["beat", "last_step", "how_it_ended", "under_guard"]
+__all__ = ["beat", "last_step", "how_it_ended", "under_guard", "say"]
 
 #: The guard's folder, set in the environment of the command it runs.
 _ENV_DIR = "VAE_DDP_HEARTBEAT_DIR"
@@ -58,6 +58,15 @@ def last_step(pid: int, where: "Optional[str | Path]" = None) -> Optional[int]:
     except OSError:
         return None
     return int(text) if text.strip().isdigit() else None
+
+
+def say(line: str) -> None:
+    """``line`` on stderr in one write, flushed: the ranks of a launch write into one file, and an
+    unbuffered stream (``PYTHONUNBUFFERED``) writes ``print``'s text and its newline in two, between
+    which another rank's line can land; the lines that name a run or a rank are read back
+    ([`launch`][vae_ddp.harness.launch.launch])."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 def how_it_ended(code: int, pid: Optional[int] = None, where: "Optional[str | Path]" = None) -> str:

@@ -21,7 +21,6 @@ import contextlib
 import os
 import signal
 import socket
-import sys
 import threading
 from typing import Any, Callable, Optional
 
@@ -59,8 +58,8 @@ def _reap(ranks: dict, wait: float, ended: Optional[list] = None) -> bool:
     for p in sorted(psutil.wait_procs(list(ranks), wait)[0], key=ranks.get):
         rank = ranks.pop(p)
         if p.returncode:
-            print(f"vae-ddp: rank {rank} (PID {p.pid}) {beats.how_it_ended(int(p.returncode), p.pid)}: ending every "
-                  "rank", file=sys.stderr, flush=True)
+            beats.say(f"vae-ddp: rank {rank} (PID {p.pid}) {beats.how_it_ended(int(p.returncode), p.pid)}: ending "
+                      "every rank")
             return True
         if ended is not None:
             ended.append((rank, p.pid))
@@ -71,8 +70,8 @@ def _left_early(ended: list) -> None:
     """Name the first rank of ``ended`` that exited 0 while rank 0 still trained (``sys.exit(0)``,
     ``os._exit(0)`` in the user's code): rank 0's error is then only the connection it lost."""
     for rank, pid in sorted(ended)[:1]:
-        print(f"vae-ddp: rank {rank} (PID {pid}) {beats.how_it_ended(0, pid)} while the other ranks still trained "
-              "(sys.exit or os._exit in the training code?): ending every rank", file=sys.stderr, flush=True)
+        beats.say(f"vae-ddp: rank {rank} (PID {pid}) {beats.how_it_ended(0, pid)} while the other ranks still "
+                  "trained (sys.exit or os._exit in the training code?): ending every rank")
 
 
 def _exit_code(stop: SystemExit) -> int:
@@ -159,9 +158,8 @@ def run_ranks(world_size: int, main: Callable[[], Any]) -> int:
             if ended:
                 _left_early(ended)
             elif isinstance(err, SystemExit):
-                print(f"vae-ddp: rank 0 (PID {os.getpid()}) {beats.how_it_ended(_exit_code(err), os.getpid())} "
-                      "while the other ranks still trained (sys.exit in the training code?): ending every rank",
-                      file=sys.stderr, flush=True)
+                beats.say(f"vae-ddp: rank 0 (PID {os.getpid()}) {beats.how_it_ended(_exit_code(err), os.getpid())} "
+                          "while the other ranks still trained (sys.exit in the training code?): ending every rank")
         _kill(ranks)
         raise
     while ranks and watcher.is_alive():  # the other ranks finish (the watcher ends all on a failure)

@@ -157,7 +157,7 @@ def say_run(label: str, failed: bool = False) -> None:
     ``vae-ddp: run 'LABEL' failed in PID P``: the lines by which [`launch`][vae_ddp.harness.launch.launch]
     names the run that failed (not the job's every label)."""
     text = f"run '{label}' failed in PID {os.getpid()}" if failed else f"PID {os.getpid()} starts run '{label}'"
-    print(f"vae-ddp: {text}", file=sys.stderr, flush=True)
+    beats.say(f"vae-ddp: {text}")
 
 
 #: Set in the ranks of a ``together`` job: the pid of the first group forked beside them.
@@ -225,9 +225,9 @@ def _ended(pid: int, tag: str) -> int:
     stderr (with rank 0's signal, if one ended it: a rank that failed names itself)."""
     code = forking.wait(pid)
     if code < 0:
-        print(f"vae-ddp: rank 0 (PID {pid}) {beats.how_it_ended(code, pid)}", file=sys.stderr, flush=True)
+        beats.say(f"vae-ddp: rank 0 (PID {pid}) {beats.how_it_ended(code, pid)}")
     if code != 0:
-        print(f"the runs of '{tag}' exited with code {code}", file=sys.stderr, flush=True)
+        beats.say(f"the runs of '{tag}' exited with code {code}")
     return code
 
 
