@@ -144,7 +144,8 @@ def run_as_python(argv: list[str], env: dict) -> int:
     if "torch" in sys.modules and threads.isdigit() and int(threads) > 0:
         sys.modules["torch"].set_num_threads(int(threads))
     if module:
-        sys.modules.pop(module, None)  # imported by a zygote: run afresh as __main__, as a new interpreter runs it
+        if not hasattr(sys.modules.get(module), "__path__"):  # (a package runs its __main__, never imported)
+            sys.modules.pop(module, None)  # imported by a zygote: run afresh as __main__, as a new interpreter runs it
         runpy.run_module(module, run_name="__main__", alter_sys=True)
     else:
         runpy.run_path(argv[0], run_name="__main__")

@@ -1,16 +1,18 @@
 """A zygote: a process that imported a launch's child module once and forks each launch of it.
 
-A launch's child ([`launch`][vae_ddp.harness.launch.launch]) is ``python -m MODULE JOB_FILE OUT_DIR``;
-most of a short run's time is that interpreter importing torch and Lightning (5-9 s here). Where
-the caller may not fork it itself (a process that computed with several threads: pytest, a
-notebook; an audit, whose process imported the user's modules), the launch asks this module's
-zygote of ``MODULE``: ``python -m vae_ddp.guard --zygote MODULE ...``, started once per caller process
-([`warm`][vae_ddp.zygote.warm]: the audit starts it before its own checks, so that the import runs
-beside them), imports ``MODULE`` and nothing of the caller, and for each launch forks a guard
-([`guard_forked`][vae_ddp.guard.guard_forked]) whose command is a fork of it that runs the module as
-``__main__``: the same guard, watchdog and process tree as a new interpreter under
-[`guard.run`][vae_ddp.guard.run], without the imports. The streams travel as descriptors
-(``SCM_RIGHTS``), the environment and folder with the request; the launch's exit code comes back.
+A launch's child ([`launch`][vae_ddp.harness.launch.launch]) is ``python -m vae_ddp.harness
+MODULE:FUNCTION JOB_FILE OUT_DIR``; most of a short run's time is that interpreter importing torch
+and Lightning (5-9 s here). Where the caller may not fork it itself (a process that computed with
+several threads: pytest, a notebook; an audit, whose process imported the user's modules), the
+launch asks this module's zygote of ``MODULE``: ``python -m vae_ddp.guard --zygote MODULE ...``,
+started once per caller process ([`warm`][vae_ddp.zygote.warm]: the audit starts it before its
+own checks, so that the import runs beside them), imports ``MODULE`` and nothing of the caller,
+and for each launch forks a guard ([`guard_forked`][vae_ddp.guard.guard_forked]) whose command is
+a fork of it that runs the command as a new interpreter would
+([`run_as_python`][vae_ddp.forking.run_as_python]): the same guard, watchdog and process tree as
+a new interpreter under [`guard.run`][vae_ddp.guard.run], without the imports. The streams travel
+as descriptors (``SCM_RIGHTS``), the environment and folder with the request; the launch's exit
+code comes back.
 
 The zygote dies with its caller, even by SIGKILL (``PR_SET_PDEATHSIG``), and its guards with it
 (they end their trees); it ignores SIGINT (a terminal's Ctrl-C is the caller's to handle). It
@@ -51,6 +53,12 @@ def usable(cmd: list[str]) -> bool:
             and cmd[2].startswith("vae_ddp.") and os.environ.get("VAE_DDP_LAUNCH") != "exec")
 
 
+def _module(cmd: list[str]) -> str:
+    """The module a zygote imports for ``cmd``: the ``-m`` module's, or for a launch's child
+    (``python -m vae_ddp.harness MODULE:FUNCTION ...``) ``MODULE``, what it trains with."""
+    return cmd[3].partition(":")[0] if cmd[2] == "vae_ddp.harness" and len(cmd) > 3 else cmd[2]
+
+
 def warm(module: str) -> None:
     """Start this process's zygote of ``module`` (if none runs and [`usable`][vae_ddp.zygote.usable]
     holds for its command) without waiting for its imports."""
@@ -65,7 +73,7 @@ def start(cmd: list[str], stall: Optional[float], grace: float, startup: Optiona
     ``kill``, ``returncode``, as a ``psutil.Process``). ``stdout``, ``stderr``: None (this process's),
     ``subprocess.DEVNULL``, a descriptor or a file. None when no zygote could start or import the
     module (the caller then starts an interpreter, which reports the error)."""
-    z = _zygote(cmd[2], wait=True)
+    z = _zygote(_module(cmd), wait=True)
     if z is None:
         return None
     request = {"cmd": list(map(str, cmd)), "env": dict(os.environ if env is None else env), "cwd": os.getcwd(),

@@ -84,8 +84,9 @@ def test_only_this_projects_runners_are_forked_never_the_audits(monkeypatch):
 
     monkeypatch.setattr(forking, "can_fork", lambda: True)  # one thread, as a results entry runs
     spec = _spec()
-    runners = [[sys.executable, "-m", "vae_ddp.harness.runner", "job.json", "out"]]  # every study's child
-    audit = [sys.executable, "-m", "vae_ddp.audit.run", "job.json", "out"]
+    runners = [[sys.executable, "-m", "vae_ddp.harness", train, "job.json", "out"]  # the studies' children
+               for train in ("vae_ddp.harness.runner:train_specs", "vae_ddp.studies.report_scale.runs:frozen_runs")]
+    audit = [sys.executable, "-m", "vae_ddp.harness", "vae_ddp.audit.run:train_runs", "job.json", "out"]
     assert all(_forkable(cmd, spec) and _how(cmd, spec) == "fork" for cmd in runners)
     assert not _forkable(audit, spec) and _how(audit, spec) == "zygote"
     monkeypatch.setattr(forking, "can_fork", lambda: False)  # a caller that computed on several threads

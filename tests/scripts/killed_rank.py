@@ -6,6 +6,7 @@ import signal
 import sys
 
 import vae_ddp.harness.runner as runner
+from vae_ddp.harness.launch import run_job
 from vae_ddp.model import VAE
 
 
@@ -28,4 +29,4 @@ def build_model(spec, seed):
 
 runner.build_model = build_model
 if __name__ == "__main__":
-    sys.exit(runner.main())
+    sys.exit(run_job(["vae_ddp.harness.runner:train_specs", *sys.argv[1:]]))

@@ -339,7 +339,7 @@ from vae_ddp.harness.launch import _forkable, launch_by_world_size
 out = sys.argv[1]
 specs = [RunSpec(config=c, devices=2, steps=2, global_batch_size=16, data="digits", seeds=[3], model="small",
                  save_params=True).validate() for c in ("single", "ddp")]
-runner = [sys.executable, "-m", "vae_ddp.harness.runner"]
+runner = [sys.executable, "-m", "vae_ddp.harness", "vae_ddp.harness.runner:train_specs"]
 assert not forking.can_fork()  # an interpreter that imported torch runs threads: its launches start one
 
 

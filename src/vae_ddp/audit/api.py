@@ -13,8 +13,9 @@ checks ([`vae_ddp.audit.preflight`][vae_ddp.audit.preflight]), then
 [`study.audit`][vae_ddp.audit.study.audit]. The result is the command's ``audit.json``, typed
 ([`AuditResult`][vae_ddp.audit.api.AuditResult]; ``to_dict()`` is the file's content).
 
-The ranks are the command's: a new interpreter (``python -m vae_ddp.audit.run``) under the guard,
-the other ranks forked from it on CPU. Your classes reach them by import, never by pickling: a
+The ranks are the command's: a new interpreter (``python -m vae_ddp.harness
+vae_ddp.audit.run:train_runs``) under the guard, the other ranks forked from it on CPU. Your
+classes reach them by import, never by pickling: a
 class of an importable module by its dotted name (this process's ``sys.path`` entries outside
 the interpreter's own are added to ``PYTHONPATH`` for them), any other class of a file (a pytest
 test file, a script) by that file, imported under a module name of its own

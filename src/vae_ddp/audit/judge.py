@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 from pathlib import Path
 from typing import Optional
 
@@ -244,7 +243,7 @@ def _buffers_follow(plan: Plan, runs: Measured, v: dict, found: dict, manual: di
     for folder in (out, out / "one-device", out / "ddp"):
         own_folder(folder)
     launch(Job({"one-device": [one], "ddp": [ddp]}, together=True), out, quiet=True,
-           entry=[sys.executable, "-m", "vae_ddp.audit.run"])
+           train="vae_ddp.audit.run:train_runs")
     single = torch.load(out / "one-device" / f"{KEYED[0]}.steps.pt")
     keyed = torch.load(out / "ddp" / f"{KEYED[1]}.steps.pt")
     floors = [runs.record(f"floor-{k}") for k in range(1, FLOOR_DRAWS + 1)]

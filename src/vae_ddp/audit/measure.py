@@ -3,7 +3,6 @@ what they saved ([`measure`][vae_ddp.audit.measure.measure] gives a [`Measured`]
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,7 +67,7 @@ def measure(plan: Plan, runs_dir: Path) -> Measured:
     """
     where = {"one-device": runs_dir / "one-device", "ddp": runs_dir / "ddp"}
     launched = launch(Job({"one-device": plan.one_device, "ddp": plan.ddp}, together=True), runs_dir, quiet=True,
-                      entry=[sys.executable, "-m", "vae_ddp.audit.run"])
+                      train="vae_ddp.audit.run:train_runs")
     one, first = ({s.label: (torch.load(where[tag] / f"{s.label}.pt"), launched[tag][s.label], where[tag])
                    for s in specs}
                   for tag, specs in (("one-device", plan.one_device), ("ddp", plan.ddp)))

@@ -1,8 +1,8 @@
-"""Audit runs in one process tree: ``python -m vae_ddp.audit.run JOB_FILE OUT_DIR``.
+"""Audit runs in one process tree: ``python -m vae_ddp.harness vae_ddp.audit.run:train_runs JOB OUT``.
 
 The job (a [`Job`][vae_ddp.harness.launch.Job]'s JSON in ``JOB_FILE``) holds groups of
 [`AuditRun`][vae_ddp.audit.spec.AuditRun]s, each with one ``devices`` (the audit's one-device
-runs and its DDP runs, at the same time: see ``main``); the runs of a group are trained one
+runs and its DDP runs, at the same time: see ``train_runs``); the runs of a group are trained one
 after the other in the same processes (Lightning reuses the process group), which saves a
 launch per variant. On CPU the other ranks are forks of this process
 ([`vae_ddp.ranks`][vae_ddp.ranks]); on GPUs Lightning's launcher re-runs this command for them.
@@ -21,7 +21,6 @@ from __future__ import annotations
 import gc
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -40,7 +39,7 @@ from vae_ddp.audit.spec import AuditRun, failed_marker, import_class
 from vae_ddp import heartbeat
 from vae_ddp.fixes import registry
 from vae_ddp.beats import beat
-from vae_ddp.harness.launch import BESIDE_PID, run_job, say_run
+from vae_ddp.harness.launch import BESIDE_PID, say_run
 from vae_ddp.harness.permutation import WithinBatchPermutation
 from vae_ddp.outputs import replacing, write_atomic
 from vae_ddp.probes import StepProbe
@@ -48,7 +47,7 @@ from vae_ddp.ranks import alive, cluster_plugins
 from vae_ddp.utils import close_process_group, quiet
 from vae_ddp.workers import make_fork_safe
 
-__all__ = ["build", "main"]
+__all__ = ["build", "train_runs"]
 
 
 class EvalModeSteps(Callback):
@@ -229,22 +228,18 @@ def wait_for_steps(steps_file: Path, timeout: float = WAIT_S) -> list[dict]:
     return torch.load(steps_file)["states"]
 
 
-def main(argv: list[str]) -> int:
-    """``JOB_FILE OUT_DIR`` ([`run_job`][vae_ddp.harness.launch.run_job]): the audit's job trains
-    its groups together, the DDP runs in the ranks of this process tree and the one-device runs in
-    a process forked beside them (no second import of torch and Lightning)."""
-    return run_job(argv, lambda d: AuditRun(**d), _train_or_mark)
-
-
 #: The run this process trains now (its label), for the line that names a run that failed.
 _CURRENT: list[str] = []
 
 
-def _train_or_mark(runs: list[AuditRun], out: Path) -> int:
-    """``_train(runs, out)``; if it fails, the line ``vae-ddp: run 'LABEL' failed in PID P`` names
-    the run on stderr ([`launch`][vae_ddp.harness.launch.launch] names it, not the job's every
-    label), and the teacher-forced runs waiting for the weights these runs record are told so
-    (their marker file)."""
+def train_runs(runs: list[AuditRun], out: Path) -> int:
+    """What the audit's launches train (``python -m vae_ddp.harness vae_ddp.audit.run:train_runs JOB
+    OUT``, [`run_job`][vae_ddp.harness.launch.run_job]: the audit's job trains its groups together,
+    the DDP runs in the ranks of this process tree and the one-device runs in a process forked
+    beside them, no second import of torch and Lightning): ``_train(runs, out)``; if it fails,
+    the line ``vae-ddp: run 'LABEL' failed in PID P`` names the run on stderr
+    ([`launch`][vae_ddp.harness.launch.launch] names it, not the job's every label), and the
+    teacher-forced runs waiting for the weights these runs record are told so (their marker file)."""
     try:
         return _train(runs, out)
     except BaseException:
@@ -307,7 +302,3 @@ def _train(runs: list[AuditRun], out: Path) -> int:
         write_atomic(out / "run.json", json.dumps(info))
     close_process_group()
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -13,7 +13,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from vae_ddp import beats, forking, guard, zygote
 from vae_ddp.errors import RunFailed
@@ -27,6 +27,10 @@ __all__ = ["launch", "launch_by_world_size", "group_folder", "Job", "RunFailed",
 #: The file in a launch's ``OUT_DIR`` that holds its job's ``to_json()`` (a file: a command line
 #: is what ``ps`` shows every user); the child's first argument is its path.
 JOB_FILE = "job.json"
+#: The one child entry point of every launch: ``python -m vae_ddp.harness TRAIN JOB_FILE OUT_DIR``.
+CHILD = "vae_ddp.harness"
+#: What a launch trains by default: the study runner's groups of ``RunSpec``s.
+RUNNER = "vae_ddp.harness.runner:train_specs"
 
 _ERROR_LINE = re.compile(r"^(\[rank\d+\]: )?[A-Za-z_][\w.]*(Error|Exception)(:|$)")
 #: what a rank's watcher, the job's child or the guard says of a rank that ended (vae_ddp.ranks)
@@ -56,22 +60,18 @@ class Job:
             (a comparison to the last bit: MKL's float32 matrix product rounds differently at
             another thread count; measured on the small VAE's ``fc_mu``, 859 of its 1024 outputs
             differ between 2 threads and 1).
-        train: ``"module:function"``, what the study runner's child (``vae_ddp.harness.runner``)
-            calls as ``function(specs, folder)`` in every rank instead of its own training (the
-            report-scale study's frozen-weights runs); None: its own.
 
     Raises:
         ValueError: no group, an empty one, a group of several world sizes or accelerators, or
             several groups in turn not on CPU.
     """
 
-    def __init__(self, groups: dict[str, list], together: bool = False, same_threads: bool = False,
-                 train: Optional[str] = None) -> None:
+    def __init__(self, groups: dict[str, list], together: bool = False, same_threads: bool = False) -> None:
         if not groups or not all(groups.values()):
             raise ValueError("a job needs at least one group, each with at least one spec")
         if any(len({(s.world_size, s.accelerator) for s in g}) > 1 for g in groups.values()):
             raise ValueError("a group trains in one process tree: its specs need one world size and accelerator")
-        self.groups, self.together, self.same_threads, self.train = dict(groups), together, same_threads, train
+        self.groups, self.together, self.same_threads = dict(groups), together, same_threads
         self.specs = [s for g in self.groups.values() for s in g]
         if len(groups) > 1 and not together and any(s.accelerator != "cpu" for s in self.specs):
             raise ValueError("groups in turn run on CPU only (on GPUs: one launch per group)")
@@ -82,22 +82,25 @@ class Job:
     def to_json(self) -> str:
         cores = None if "OMP_NUM_THREADS" in os.environ else os.cpu_count() or 1
         widest = max(s.world_size for s in self.specs)
-        return json.dumps({"together": self.together, "train": self.train, "groups": [
+        kind = type(self.specs[0])  # what the child makes of the specs' dicts
+        return json.dumps({"together": self.together, "spec": f"{kind.__module__}:{kind.__qualname__}", "groups": [
             {"tag": tag, "specs": [json.loads(s.to_json()) for s in specs],
              "threads": cores and max(1, cores // (widest if self.same_threads else specs[0].world_size))}
             for tag, specs in self.groups.items()]})
 
 
 def launch(spec: Job, out_dir: Path, timeout: Optional[float] = None, quiet: bool = False,
-           entry: Optional[list[str]] = None, stall: Optional[float] = None) -> dict:
+           entry: Optional[list[str]] = None, stall: Optional[float] = None, train: str = RUNNER) -> dict:
     """Run the job ``spec`` (its specs validated) in a process tree under a guard; return its
     ``run.json``. Progress lines stream to stdout (unless ``quiet``), stderr to
-    ``out_dir/stderr.log``. ``entry`` replaces ``[python, -m, vae_ddp.harness.runner]``; ``stall``:
-    the watchdog's limit. On ``timeout``, SIGINT/SIGTERM of this process, or its death, every
-    process of the run ends. From a process that runs one thread and has imported Lightning (the
-    entries of ``make results``) the child is a fork of this one (``guard.run(how="fork")``; the
-    same runs bit for bit, ``tests/studies/test_studies.py``); ``VAE_DDP_LAUNCH=exec`` always
-    starts an interpreter.
+    ``out_dir/stderr.log``. The child is ``python -m vae_ddp.harness TRAIN JOB_FILE OUT_DIR``
+    ([`run_job`][vae_ddp.harness.launch.run_job]), ``train`` (``"module:function"``) what trains
+    a group's specs: the study runner's ``RUNNER`` by default; ``entry`` replaces
+    ``[python, -m, vae_ddp.harness, TRAIN]`` (a test's script); ``stall``: the watchdog's limit.
+    On ``timeout``, SIGINT/SIGTERM of this process, or its death, every process of the run ends.
+    From a process that runs one thread and has imported Lightning (the entries of ``make
+    results``) the child is a fork of this one (``guard.run(how="fork")``; the same runs bit for
+    bit, ``tests/studies/test_studies.py``); ``VAE_DDP_LAUNCH=exec`` always starts an interpreter.
 
     Raises:
         TypeError: ``spec`` is not a [`Job`][vae_ddp.harness.launch.Job] (one spec:
@@ -132,7 +135,7 @@ def launch(spec: Job, out_dir: Path, timeout: Optional[float] = None, quiet: boo
     if spec.accelerator == "cpu" and "OMP_NUM_THREADS" not in os.environ:
         # like torchrun: do not let N ranks x all cores threads fight over the cores
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // spec.world_size))
-    cmd = (entry or [sys.executable, "-m", "vae_ddp.harness.runner"]) + [str(job), str(out_dir)]
+    cmd = (entry or [sys.executable, "-m", CHILD, train]) + [str(job), str(out_dir)]
     log.unlink(missing_ok=True)  # a new file of this run's (O_EXCL): never a link or file someone else put there
     with os.fdopen(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "w") as err:
         try:  # under a guard: its own process group, a watchdog, nothing left behind (vae_ddp.guard)
@@ -164,10 +167,22 @@ def say_run(label: str, failed: bool = False) -> None:
 BESIDE_PID = "VAE_DDP_BESIDE_PID"
 
 
-def run_job(argv: list[str], parse: Callable[[dict], Any], train: Callable[[list, Path], int]) -> int:
-    """The child of every launch (the study runner, report-scale's frozen runs, the audit's runs):
-    ``argv`` = ``JOB_FILE OUT_DIR``. Each group runs as ``train(specs, OUT_DIR/tag)`` in every
-    rank of its process tree (``specs``: ``parse`` of its dicts; on CPU the ranks are forks,
+def _named(name: str) -> Any:
+    """What ``"module:qualified.name"`` names (imported)."""
+    import importlib
+
+    module, _, qualname = name.partition(":")
+    found: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        found = getattr(found, part)
+    return found
+
+
+def run_job(argv: list[str]) -> int:
+    """The child of every launch (``python -m vae_ddp.harness``: the study runner, report-scale's
+    frozen runs, the audit's runs): ``argv`` = ``TRAIN JOB_FILE OUT_DIR``, ``TRAIN`` a
+    ``"module:function"``. Each group runs as ``function(specs, OUT_DIR/tag)`` in every
+    rank of its process tree (``specs``: the job's spec class of its dicts; on CPU the ranks are forks,
     [`run_ranks`][vae_ddp.ranks.run_ranks]); rank 0 writes its ``run.json``. Several groups in
     turn: each in a fork of this process; together: the last in the ranks here, each other in a
     fork beside them (the ranks find the first one's pid in ``$VAE_DDP_BESIDE_PID``; under
@@ -178,9 +193,11 @@ def run_job(argv: list[str], parse: Callable[[dict], Any], train: Callable[[list
     # what the imports made, out of every later collection (Python's gc.freeze: what the runs make is
     # still collected): a third of a 3-step audit's time, a tenth of a reduced ablation study's launch
     gc.freeze()
-    job = json.loads(Path(argv[0]).read_text())
-    out_dir = Path(argv[1])
-    groups = [(g["tag"], g["threads"], [parse(d) for d in g["specs"]]) for g in job["groups"]]
+    train = _named(argv[0])
+    job = json.loads(Path(argv[1]).read_text())
+    out_dir = Path(argv[2])
+    parse = _named(job["spec"])
+    groups = [(g["tag"], g["threads"], [parse(**d) for d in g["specs"]]) for g in job["groups"]]
 
     def ranks(tag: str, specs: list) -> int:
         return run_ranks(specs[0].world_size if specs[0].accelerator == "cpu" else 1,
@@ -281,15 +298,17 @@ def _which_run(label: str, lines: list[str], pid: Optional[str] = None) -> str:
 _LAUNCH_ENV = "VAE_DDP_LAUNCH"
 #: The runners a launch may fork: this project's. The audit's runs train the user's classes,
 #: whose modules a fork would carry over as the audit's checks left them: they start an interpreter.
-_FORKED_MODULES = ("vae_ddp.harness.runner",)
+_FORKED_MODULES = ("vae_ddp.harness.runner", "vae_ddp.studies.report_scale.runs")
 
 
 def _forkable(cmd: list[str], spec) -> bool:
-    """Whether the launch of ``cmd`` may be a fork of this process: ``python -m`` one of
-    ``_FORKED_MODULES``, on CPU (on GPUs Lightning's launcher re-runs the command line), Lightning
-    imported here (what the fork saves), ``$VAE_DDP_LAUNCH`` not ``exec``, and one thread runs
-    ([`forking.can_fork`][vae_ddp.forking.can_fork]: not in a shell or notebook whose torch computed)."""
-    return (cmd[:2] == [sys.executable, "-m"] and cmd[2] in _FORKED_MODULES and spec.accelerator == "cpu"
+    """Whether the launch of ``cmd`` may be a fork of this process: ``python -m vae_ddp.harness
+    TRAIN ...`` with ``TRAIN`` of one of ``_FORKED_MODULES``, on CPU (on GPUs Lightning's launcher
+    re-runs the command line), Lightning imported here (what the fork saves), ``$VAE_DDP_LAUNCH``
+    not ``exec``, and one thread runs ([`forking.can_fork`][vae_ddp.forking.can_fork]: not in a
+    shell or notebook whose torch computed)."""
+    return (cmd[:3] == [sys.executable, "-m", CHILD] and cmd[3].partition(":")[0] in _FORKED_MODULES
+            and spec.accelerator == "cpu"
             and "pytorch_lightning" in sys.modules and os.environ.get(_LAUNCH_ENV) != "exec" and forking.can_fork())
 
 
@@ -311,13 +330,13 @@ def group_folder(world_size: int, accelerator: str) -> str:
 
 def launch_by_world_size(specs: list, out_dir: Path, timeout: Optional[float] = None,
                          quiet: bool = False, same_threads: bool = False,
-                         entry: Optional[list[str]] = None, train: Optional[str] = None) -> list[tuple[dict, Path]]:
+                         entry: Optional[list[str]] = None, train: str = "") -> list[tuple[dict, Path]]:
     """Train ``specs`` ([`RunSpec`][vae_ddp.harness.configs.RunSpec]s, or any specs a
     [`Job`][vae_ddp.harness.launch.Job] takes) in groups of one world size (in the order they first appear), group ``g``
     in ``out_dir/g/`` ([`group_folder`][vae_ddp.harness.launch.group_folder]): on CPU all in one
     [`launch`][vae_ddp.harness.launch.launch] (a [`Job`][vae_ddp.harness.launch.Job] whose groups
-    train in turn), else one launch per group. ``entry``: as ``launch``'s (the child writes each
-    group's ``{"group": [one result per spec]}``); ``train``: as ``Job``'s.
+    train in turn), else one launch per group. ``entry``, ``train``: as ``launch``'s (the child
+    writes each group's ``{"group": [one result per spec]}``).
 
     Returns:
         for each spec, in the order given: its ``{"spec", "runs"}`` (an ``entry``'s result) and
@@ -330,10 +349,11 @@ def launch_by_world_size(specs: list, out_dir: Path, timeout: Optional[float] = 
     tags = [group_folder(s.world_size, s.accelerator) for s in specs]
     groups = {tag: [s for s, t in zip(specs, tags) if t == tag] for tag in dict.fromkeys(tags)}
     if all(s.accelerator == "cpu" for s in specs):
-        launched = launch(Job(groups, same_threads=same_threads, train=train), out_dir, timeout=timeout, quiet=quiet,
-                          entry=entry)
+        launched = launch(Job(groups, same_threads=same_threads), out_dir, timeout=timeout, quiet=quiet,
+                          entry=entry, train=train or RUNNER)
     else:  # one launch per group, one after the other, each group in out_dir/tag as on CPU
-        launched = {tag: launch(Job({tag: g}, train=train), out_dir, timeout=timeout, quiet=quiet, entry=entry)[tag]
+        launched = {tag: launch(Job({tag: g}), out_dir, timeout=timeout, quiet=quiet, entry=entry,
+                                train=train or RUNNER)[tag]
                     for tag, g in groups.items()}
     results = {tag: iter(launched[tag]["group"]) for tag in groups}  # a group's results in its specs' order
     return [(next(results[tag]), out_dir / tag) for tag in tags]

@@ -1,6 +1,7 @@
 """Run one [`RunSpec`][vae_ddp.harness.configs.RunSpec] through Lightning's ``Trainer``.
 
-Entry point for a child process: ``python -m vae_ddp.harness.runner JOB_FILE OUT_DIR`` (``JOB_FILE``:
+What a launch's child trains by default, ``train_specs``
+(``python -m vae_ddp.harness vae_ddp.harness.runner:train_specs JOB_FILE OUT_DIR``, ``JOB_FILE``:
 a [`Job`][vae_ddp.harness.launch.Job]'s JSON, [`run_job`][vae_ddp.harness.launch.run_job]). A DDP
 run on CPU forks its other ranks from this process once it has imported Lightning
 ([`vae_ddp.ranks`][vae_ddp.ranks]); on GPUs Lightning starts them by re-running this same
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any, Optional
 
@@ -28,12 +28,12 @@ from vae_ddp import heartbeat
 from vae_ddp.outputs import replacing, write_atomic
 from vae_ddp.ranks import cluster_plugins
 from vae_ddp.harness.configs import RunSpec
-from vae_ddp.harness.launch import run_job, say_run
+from vae_ddp.harness.launch import say_run
 from vae_ddp.dp import DataParallelVAE
 from vae_ddp.recording import GlobalBatchRecorder
 from vae_ddp.utils import close_process_group, quiet
 
-__all__ = ["build_model", "build_trainer", "build_datamodule", "fix_parts", "train_one",
+__all__ = ["build_model", "build_trainer", "build_datamodule", "fix_parts", "train_one", "train_specs",
            "close_process_group"]
 
 
@@ -128,22 +128,11 @@ def train_one(spec: RunSpec, seed: int, out_dir: Optional[Path] = None, progress
             "steps": steps}
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    """``JOB_FILE OUT_DIR`` ([`run_job`][vae_ddp.harness.launch.run_job]): each group's specs one
-    after the other in its processes, spec ``k`` saving its parameters under ``OUT_DIR/TAG/k/``,
-    the group's ``run.json`` = ``{"group": [{"spec", "runs"}, ...]}``; or, where the job names
-    ``train`` (``"module:function"``, [`Job`][vae_ddp.harness.launch.Job]), ``function(specs, folder)``."""
-    import importlib
-
-    argv = sys.argv[1:] if argv is None else argv
-    named = json.loads(Path(argv[0]).read_text()).get("train")
-    module, _, function = (named or "").partition(":")
-    train = getattr(importlib.import_module(module), function) if named else _train
-    return run_job(argv, lambda d: RunSpec(**d), train)
-
-
-def _train(specs: list[RunSpec], out_dir: Path) -> int:
-    """Train ``specs`` one after the other in this rank; rank 0 writes ``OUT_DIR/run.json``."""
+def train_specs(specs: list[RunSpec], out_dir: Path) -> int:
+    """What a launch trains by default (``launch.RUNNER``, in every rank of a group's process tree,
+    [`run_job`][vae_ddp.harness.launch.run_job]): ``specs`` one after the other in this rank, spec
+    ``k`` saving its parameters under ``OUT_DIR/k/``; rank 0 writes ``OUT_DIR/run.json`` =
+    ``{"group": [{"spec", "runs"}, ...]}``."""
     quiet()
     out_dir.mkdir(parents=True, exist_ok=True)
     results = []
@@ -163,7 +152,3 @@ def _train(specs: list[RunSpec], out_dir: Path) -> int:
         write_atomic(out_dir / "run.json", json.dumps({"group": results}))
     close_process_group()
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

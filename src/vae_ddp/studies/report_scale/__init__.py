@@ -32,8 +32,8 @@ global-batch KL of two different batches; plus the spread ratio
 per-sample relative variance ``var / mean^2`` of the one-sample Monte Carlo KL estimate
 and of the reconstruction (MSE) term, from ``spread_batches`` extra forward passes.
 
-The runs of one world size train in a child of [`launch`][vae_ddp.harness.launch.launch], the study
-runner's (``vae_ddp.harness.runner``), as ``runs.frozen_runs`` (the job's ``train``); the study
+The runs of one world size train in a child of [`launch`][vae_ddp.harness.launch.launch] as
+``runs.frozen_runs`` (its ``train``); the study
 itself is [`report_scale`][vae_ddp.studies.report_scale.report_scale], here with its comparison
 and writing. The package's other modules, whose public names this one re-exports: ``variants``
 (``VARIANTS``, ``FACTOR_VARIANTS``, the quantities, ``ranking`` and ``factor_effects``), ``runs``

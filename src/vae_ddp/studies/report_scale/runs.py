@@ -1,6 +1,7 @@
 """The child process of the report-scale study: frozen-weights runs of one world size in every
-rank (the study runner's child, ``vae_ddp.harness.runner``, calls ``frozen_runs``: the job's
-``train``, [`Job`][vae_ddp.harness.launch.Job]), each step's all-reduced gradient kept and then zeroed."""
+rank (a launch's child, ``python -m vae_ddp.harness vae_ddp.studies.report_scale.runs:frozen_runs
+JOB OUT``, [`run_job`][vae_ddp.harness.launch.run_job]), each step's all-reduced gradient kept and
+then zeroed."""
 
 from __future__ import annotations
 
