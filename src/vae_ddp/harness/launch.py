@@ -297,7 +297,7 @@ def _which_run(label: str, lines: list[str], pid: Optional[str] = None) -> str:
 #: ``VAE_DDP_LAUNCH=exec``: every launch starts a new interpreter (``_forkable`` never holds).
 _LAUNCH_ENV = "VAE_DDP_LAUNCH"
 #: The runners a launch may fork: this project's. The audit's runs train the user's classes,
-#: whose modules a fork would carry over as the audit's checks left them: they start an interpreter.
+#: whose modules a fork would carry over as the audit's checks left them: a zygote's fork runs them.
 _FORKED_MODULES = ("vae_ddp.harness.runner", "vae_ddp.studies.report_scale.runs")
 
 
@@ -330,7 +330,7 @@ def group_folder(world_size: int, accelerator: str) -> str:
 
 def launch_by_world_size(specs: list, out_dir: Path, timeout: Optional[float] = None,
                          quiet: bool = False, same_threads: bool = False,
-                         entry: Optional[list[str]] = None, train: str = "") -> list[tuple[dict, Path]]:
+                         entry: Optional[list[str]] = None, train: str = RUNNER) -> list[tuple[dict, Path]]:
     """Train ``specs`` ([`RunSpec`][vae_ddp.harness.configs.RunSpec]s, or any specs a
     [`Job`][vae_ddp.harness.launch.Job] takes) in groups of one world size (in the order they first appear), group ``g``
     in ``out_dir/g/`` ([`group_folder`][vae_ddp.harness.launch.group_folder]): on CPU all in one
@@ -350,10 +350,10 @@ def launch_by_world_size(specs: list, out_dir: Path, timeout: Optional[float] = 
     groups = {tag: [s for s, t in zip(specs, tags) if t == tag] for tag in dict.fromkeys(tags)}
     if all(s.accelerator == "cpu" for s in specs):
         launched = launch(Job(groups, same_threads=same_threads), out_dir, timeout=timeout, quiet=quiet,
-                          entry=entry, train=train or RUNNER)
+                          entry=entry, train=train)
     else:  # one launch per group, one after the other, each group in out_dir/tag as on CPU
         launched = {tag: launch(Job({tag: g}), out_dir, timeout=timeout, quiet=quiet, entry=entry,
-                                train=train or RUNNER)[tag]
+                                train=train)[tag]
                     for tag, g in groups.items()}
     results = {tag: iter(launched[tag]["group"]) for tag in groups}  # a group's results in its specs' order
     return [(next(results[tag]), out_dir / tag) for tag in tags]
