@@ -529,25 +529,29 @@ def test_the_project_forks_in_one_place():
     assert len(calls) == 1 and calls[0].startswith("src/vae_ddp/forking.py:"), calls
 
 
-def test_a_spawned_pool_ends_with_its_parent():
+def test_a_spawned_pool_ends_with_its_parent(tmp_path):
     """``forking.spawned_map`` (the long-horizon runs' pool): its workers, busy in a task, end when
     the process that started them is killed (SIGKILL: nothing of it runs), and so does
     multiprocessing's resource tracker."""
     import psutil
 
-    code = "import time; from vae_ddp.forking import spawned_map; list(spawned_map(time.sleep, [(600,), (600,)], 2))"
+    fifo = tmp_path / "started"
+    os.mkfifo(fifo)
+    ready = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)  # (a writer of its own: no end of file before the tasks)
+    task = f"import os, time; os.write(os.open({str(fifo)!r}, os.O_WRONLY), b'x'); time.sleep(600)"
+    code = f"from vae_ddp.forking import spawned_map; list(spawned_map(exec, [({task!r},)] * 2, 2))"
     top = psutil.Popen([sys.executable, "-c", code], cwd=ROOT)
     try:
-        deadline, workers = time.monotonic() + 120, []
-        while time.monotonic() < deadline and len(workers) < 2:
-            time.sleep(0.5)
-            workers = [p for p in top.children(recursive=True) if "spawn_main" in " ".join(p.cmdline())]
-        assert len(workers) == 2, [p.cmdline() for p in top.children(recursive=True)]
-        time.sleep(1)  # the tasks run
+        started = b""
+        while len(started) < 2 and select.select([ready], [], [], 120)[0]:  # each task says it runs
+            started += os.read(ready, 2)
+        assert started == b"xx", [p.cmdline() for p in top.children(recursive=True)]
         every = top.children(recursive=True)
+        assert len([p for p in every if "spawn_main" in " ".join(p.cmdline())]) == 2  # the workers
     finally:
         top.kill()
         top.wait()
+        os.close(ready)
     assert not psutil.wait_procs(every, timeout=20)[1], "a process of the pool outlived its parent"
 
 
