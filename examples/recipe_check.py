@@ -189,7 +189,10 @@ def main(argv=None):
         args.out.mkdir(parents=True, exist_ok=True)
         check(args.steps, args.seed, args.permutations, args.out, tuple(args.world_sizes))
     elif args.ddp and args.save is not None:
+        from vae_ddp.utils import close_process_group
+
         check_ddp(args.ddp, args.steps, args.seed, args.save)
+        close_process_group()  # Lightning leaves gloo's threads alive: at exit they may abort the process
     else:
         p.error("give --check or --changes")
 
