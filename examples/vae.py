@@ -45,6 +45,7 @@ from pytorch_lightning.cli import LightningCLI
 from vae_ddp.data import ImageFolderDataModule  # noqa: F401  (default data class)
 from vae_ddp.errors import input_error
 from vae_ddp.model import VAE
+from vae_ddp.utils import close_process_group
 
 
 class ReportCLI(LightningCLI):
@@ -75,3 +76,4 @@ def main(args=None):
 
 if __name__ == "__main__":
     main()
+    close_process_group()  # Lightning leaves the group open after fit; gloo can abort at exit
