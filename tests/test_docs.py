@@ -244,8 +244,36 @@ def test_results_output_tables_is_the_file_the_entry_wrote(tmp_path):
     assert "progress line" in (out / "stdout.txt").read_text()
 
 
+ENVIRONMENT = """
+import os, sys
+print(f"| {sys.flags.hash_randomization} | {os.environ['MPLBACKEND']} | {os.getcwd()} | {'wave' in sys.modules} |")
+"""
+
+
+def test_results_runs_an_entry_in_a_fork_of_its_zygote_as_its_command_line_would(tmp_path, monkeypatch):
+    """With ``preload``, an entry runs in a fork of this process's zygote of those modules, with
+    the environment and folder of the entry's command line: the project's root, ``MPLBACKEND``,
+    hash randomisation off (``PYTHONHASHSEED=0``, read only when the zygote's interpreter starts);
+    a second entry, two at once, runs in a fork of the same zygote."""
+    runner = _runner()
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    monkeypatch.setenv("VAE_DDP_DOCS_JOBS", "2")
+    root = _project(tmp_path, {"env.py": ENVIRONMENT, "env2.py": ENVIRONMENT},
+                    "examples:\n  - script: examples/env.py\n  - script: examples/env2.py\n")
+    monkeypatch.chdir(tmp_path.parent)  # not the root: the entry's folder comes with the request
+    from vae_ddp import zygote
+
+    before = {k for k in zygote._ZYGOTES if k[0] == os.getpid()}
+    assert runner.generate(root, preload=("wave",)) == {"env": "ran", "env2": "ran"}
+    for name in ("env", "env2"):
+        shown = (root / "docs" / "generated" / name / "output.md").read_text()
+        assert shown == f"| 0 | Agg | {root} | True |\n", shown
+    started = [k for k in zygote._ZYGOTES if k[0] == os.getpid() and k not in before]
+    assert started == [(os.getpid(), "wave", "0")], started
+
+
 def test_results_runs_a_command_that_is_not_python(tmp_path):
-    """An entry's ``command`` need not be Python: the worker's fork runs it as it is."""
+    """An entry's ``command`` need not be Python: it runs as it is, in a new process."""
     runner = _runner()
     root = _project(tmp_path, {}, "examples:\n  - name: echo\n    command: [echo, '| plain |']\n    output: markdown\n")
     assert runner.generate(root, preload=()) == {"echo": "ran"}

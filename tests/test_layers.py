@@ -211,3 +211,26 @@ def test_an_audits_processes_load_no_study_code(tmp_path):
     pids = {pid for pid, _ in seen}
     assert len(pids) >= 3, pids  # the DDP ranks and at least one process beside them trained
     assert {m for _, modules in seen for m in modules if _study(m)} == set()
+
+
+#: What runs as ``__main__`` in src/ and tools/: the commands a user types, and the two processes
+#: the project starts itself: the guard (which is also a zygote: ``--zygote``) and a launch's child.
+COMMANDS = {"src/vae_ddp/cli.py", "src/vae_ddp/audit/cli.py", "tools/results.py"}
+CHILDREN = {"src/vae_ddp/guard.py", "src/vae_ddp/harness/__main__.py"}
+
+
+def test_the_project_starts_two_entry_points_besides_its_commands():
+    """The only modules of the project that run as ``__main__`` besides its commands are the guard
+    (``python -m vae_ddp.guard``: a guard or a zygote) and a launch's child (``python -m
+    vae_ddp.harness``): the docs' entries run in a zygote's forks, the long-horizon pool in
+    ``multiprocessing``'s own workers (``forking.spawned_map``)."""
+    def runs_as_main(path: Path) -> bool:
+        return path.name == "__main__.py" or any(
+            isinstance(n, ast.If) and ast.unparse(n.test).startswith("__name__ == '__main__'")
+            for n in ast.parse(path.read_text()).body)
+
+    mains = {str(p.relative_to(ROOT)) for d in (SRC, ROOT / "tools") for p in d.rglob("*.py") if runs_as_main(p)}
+    assert mains == COMMANDS | CHILDREN, mains
+    from vae_ddp.harness import launch
+
+    assert launch.CHILD == "vae_ddp.harness"  # a launch's command: [python, -m, CHILD, ...]

@@ -9,8 +9,8 @@ objects of the entries marked ``summary: true``. A failing entry fails with the 
 stderr. ``VAE_DDP_FULL=1`` runs the full settings (``full_args``) instead of the reduced ones
 (``args``); ``VAE_DDP_DOCS_JOBS=2`` runs two entries at once.
 
-Each entry runs in a fork of a worker process that has imported torch and Lightning once
-(``_in_workers``; one per job), as its command line would run it.
+Each entry runs as its command line would, in a fork of a zygote that has imported torch and
+Lightning once (``vae_ddp.zygote``: one per process that runs entries), under a guard of its own.
 
 ``python tools/results.py [NAME ...]``: those entries only (no summary). The tests read the same
 folder through this module (``tests/conftest.py``), and ``mkdocs build`` includes it with
@@ -29,7 +29,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterator, Optional
@@ -219,7 +218,7 @@ def render_output(e: dict[str, Any], out: Path) -> str:
     return stdout.rstrip() + "\n"
 
 
-#: What a worker imports before it runs its first entry: every entry's process would import them.
+#: What the zygote of the entries imports before it forks the first: every entry's process would import them.
 PRELOAD = ("torch", "torchvision", "pytorch_lightning")
 
 
@@ -266,9 +265,11 @@ def _cached(root: Path, e: dict[str, Any]) -> bool:
     return False
 
 
-def _run_here(root: Path, e: dict[str, Any]) -> None:
+def _run_here(root: Path, e: dict[str, Any], preload: tuple[str, ...]) -> None:
     """Run the entry under a guard of its own, as its command line would: a Python command in a
-    fork of this process (``vae_ddp.guard.run(how="fork")``)."""
+    fork of this process's zygote of ``preload`` (``vae_ddp.guard.run(how="zygote")``: torch and
+    Lightning imported once, 8-10 s of CPU here, most of what a small entry spends), a new
+    interpreter without ``preload``."""
     from vae_ddp import guard
 
     out_rel = f"{GENERATED}/{e['name']}"
@@ -282,8 +283,12 @@ def _run_here(root: Path, e: dict[str, Any]) -> None:
     (out / "stderr.txt").write_text("")
     stdout = os.open(out / "stdout.txt", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     stderr = stdout if merged else os.open(out / "stderr.txt", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    try:  # a Python command in a fork of this process, which imported what it imports
-        code = guard.run(argv, timeout=e["timeout"], how="fork" if argv[0] == sys.executable else "exec", stdout=stdout,
+    env = dict(os.environ, PYTHONUNBUFFERED="1", MPLBACKEND="Agg", PYTHONHASHSEED="0")
+    env["PYTHONPATH"] = os.pathsep.join([str(root / "src")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env.pop("LOCAL_RANK", None)
+    try:
+        how = "zygote" if preload and argv[0] == sys.executable else "exec"  # (not a Python command: as it is)
+        code = guard.run(argv, timeout=e["timeout"], how=how, preload=preload, cwd=root, env=env, stdout=stdout,
                          stderr=stderr).returncode
     except subprocess.TimeoutExpired:
         code = None
@@ -303,58 +308,46 @@ def _run_here(root: Path, e: dict[str, Any]) -> None:
     log.info("results: %s ran in %.0f s", e["name"], time.monotonic() - t0)
 
 
-def _in_workers(root: Path, names: list[str], n: int, preload: tuple[str, ...]) -> dict[str, str]:
-    """Run the entries ``names`` in ``n`` worker processes at once (``python tools/results.py
-    --serve``, each under a guard) and return ``{name: 'cached' or 'ran'}``. A worker imports
-    ``preload`` once (8-10 s of CPU for torch and Lightning here, most of what a small entry
-    spends) and runs each entry in a fork of itself; the workers claim the entries in turn.
+def _run_stale(root: Path, entries: list[dict[str, Any]], n: int, preload: tuple[str, ...]) -> dict[str, str]:
+    """Run each entry that is not cached, under its lock, ``n`` at a time (threads of this process,
+    each waiting on its entry's guard); return ``{name: 'cached' or 'ran'}``.
 
     Raises:
         ResultsError: every entry that failed, and why."""
-    from vae_ddp import guard
+    import threading
 
-    env = dict(os.environ, PYTHONUNBUFFERED="1", MPLBACKEND="Agg", PYTHONHASHSEED="0")
-    env["PYTHONPATH"] = os.pathsep.join([str(root / "src")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    env.pop("LOCAL_RANK", None)
-    with tempfile.TemporaryDirectory(prefix="vae-ddp-results-") as claims:  # a file per entry: its outcome
-        procs = guard.run_all([[sys.executable, str(Path(__file__).resolve()), "--serve", str(root), claims,
-                                ",".join(preload), *names]] * n, cwd=root, env=env)
-        outcome = {name: json.loads(Path(claims, name).read_text() or "null") if Path(claims, name).exists() else None
-                   for name in names}
-    lost = (f"a results worker ended (exit codes {', '.join(str(p.returncode) for p in procs)}) before or while "
-            "it ran this entry; its guard's message, if any, is above")
-    failed = [outcome[name][1] if outcome[name] else f"{name}: {lost}" for name in names
-              if not outcome[name] or outcome[name][0] == "failed"]
+    outcome: dict[str, tuple[str, str]] = {}
+    todo = list(entries)
+
+    def work() -> None:
+        while todo:
+            try:
+                e = todo.pop(0)
+            except IndexError:
+                return
+            try:
+                with _locked(root, e["name"]):  # a test may have run it meanwhile
+                    if not _cached(root, e):
+                        _run_here(root, e, preload)
+                        outcome[e["name"]] = ("ran", "")
+                    else:
+                        outcome[e["name"]] = ("cached", "")
+            except ResultsError as err:
+                outcome[e["name"]] = ("failed", str(err))
+
+    if n <= 1:
+        work()
+    else:  # daemon threads: an interrupt ends this process, and its zygote ends their guards' trees
+        threads = [threading.Thread(target=work, daemon=True) for _ in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            while t.is_alive():
+                t.join(timeout=0.5)
+    failed = [outcome[e["name"]][1] for e in entries if outcome[e["name"]][0] == "failed"]
     if failed:
         raise ResultsError("\n\n".join(failed))
-    return {name: outcome[name][0] for name in names}
-
-
-def _serve(root: Path, claims: Path, preload: list[str], names: list[str]) -> None:
-    """A worker of ``_in_workers``: each entry of ``names`` that no other worker claimed first
-    (``claims/NAME``, where it writes the outcome), under its lock; ``preload`` imported before
-    the first that is not cached (the worker forks before anything has computed in it: no
-    thread but BLAS's idle pool, ``vae_ddp.workers``)."""
-    import importlib
-
-    entries = {e["name"]: e for e in load_registry(root)}
-    for name in names:
-        try:
-            claim = os.open(claims / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            continue  # another worker runs it
-        try:
-            with _locked(root, name):
-                outcome = ["cached", ""] if _cached(root, entries[name]) else None
-                if outcome is None:
-                    for module in preload:
-                        importlib.import_module(module)
-                    _run_here(root, entries[name])
-                    outcome = ["ran", ""]
-        except ResultsError as err:
-            outcome = ["failed", str(err)]
-        os.write(claim, json.dumps(outcome).encode())
-        os.close(claim)
+    return {name: state for name, (state, _) in outcome.items()}
 
 
 def write_if_changed(path: Path, text: str) -> None:
@@ -454,7 +447,8 @@ def jobs() -> int:
 
 def generate(root: Path, only: Optional[list[str]] = None, preload: tuple[str, ...] = PRELOAD) -> dict[str, str]:
     """Run the registry's entries (``only``: these names) that are not cached, ``jobs()`` at once;
-    write the summary. ``preload``: what the workers import first (see ``_in_workers``)."""
+    write the summary. ``preload``: what the entries' zygote imports (``()``: each entry a new
+    interpreter)."""
     entries = load_registry(root)
     unknown = set(only or []) - {e["name"] for e in entries}
     if unknown:
@@ -465,18 +459,15 @@ def generate(root: Path, only: Optional[list[str]] = None, preload: tuple[str, .
         with _locked(root, e["name"]):
             if _cached(root, e):
                 done[e["name"]] = "cached"
-    stale = [e["name"] for e in todo if e["name"] not in done]
+    stale = [e for e in todo if e["name"] not in done]
     if stale:
-        done.update(_in_workers(root, stale, min(jobs(), len(stale)), preload))
+        done.update(_run_stale(root, stale, min(jobs(), len(stale)), preload))
     if not only:
         write_summary(root, entries)
     return {e["name"]: done[e["name"]] for e in todo}
 
 
-if __name__ == "__main__" and sys.argv[1:2] == ["--serve"]:
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    _serve(Path(sys.argv[2]), Path(sys.argv[3]), [m for m in sys.argv[4].split(",") if m], sys.argv[5:])
-elif __name__ == "__main__":
+if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     t0 = time.monotonic()
     try:

@@ -100,7 +100,7 @@ def guarded(cmd: Sequence[str], timeout: Optional[float] = None, stall: Optional
 
 # --------------------------------------------------------------------------- the caller's side
 def run_all(cmds: Sequence[Sequence[str]], timeout: Optional[float] = None, stall: Optional[float] = None,
-            grace: float = 10.0, startup: Optional[float] = None, how: How = "exec",
+            grace: float = 10.0, startup: Optional[float] = None, how: How = "exec", preload: tuple[str, ...] = (),
             **popen: Any) -> list[subprocess.CompletedProcess]:
     """``subprocess.run`` for ``cmds`` at the same time, each a process tree under a guard of its
     own: on ``timeout`` (for all together), an exception or KeyboardInterrupt every tree is ended
@@ -116,7 +116,7 @@ def run_all(cmds: Sequence[Sequence[str]], timeout: Optional[float] = None, stal
     descriptor or a file); only where [`can_fork`][vae_ddp.forking.can_fork] holds (or the caller
     knows its other threads hold no lock: an idle BLAS pool). ``"zygote"``: the same, in a fork of
     this process's zygote of ``MODULE`` ([`zygote.start`][vae_ddp.zygote.start]; a new interpreter
-    where it has none).
+    where it has none), or with ``preload`` of those modules (then ``popen`` may also give ``cwd``).
 
     Raises:
         subprocess.TimeoutExpired: ``timeout`` passed (every tree has been ended).
@@ -145,7 +145,7 @@ def run_all(cmds: Sequence[Sequence[str]], timeout: Optional[float] = None, stal
         for cmd, (out, err) in zip(cmds, files):
             streams = dict(popen, **(dict(stdout=out, stderr=err) if capture else {}))
             args = list(map(str, cmd))
-            zygoted = zygote_start(args, stall, grace, startup, **streams) if zygote_start else None
+            zygoted = zygote_start(args, stall, grace, startup, preload=preload, **streams) if zygote_start else None
             procs.append(zygoted or (psutil.Process(_in_fork(args, stall, grace, startup, **streams)) if how == "fork"
                                      else psutil.Popen(guarded(cmd, stall=stall, grace=grace, startup=startup),
                                                        **streams)))
@@ -174,14 +174,16 @@ def run_all(cmds: Sequence[Sequence[str]], timeout: Optional[float] = None, stal
 
 
 def run(cmd: Sequence[str], timeout: Optional[float] = None, stall: Optional[float] = None, grace: float = 10.0,
-        startup: Optional[float] = None, how: How = "exec", **popen: Any) -> subprocess.CompletedProcess:
+        startup: Optional[float] = None, how: How = "exec", preload: tuple[str, ...] = (),
+        **popen: Any) -> subprocess.CompletedProcess:
     """[`run_all`][vae_ddp.guard.run_all] of one command: ``subprocess.run(cmd, timeout=...)`` for
     a process tree.
 
     Raises:
         subprocess.TimeoutExpired: ``timeout`` passed (the tree has been ended).
     """
-    return run_all([cmd], timeout=timeout, stall=stall, grace=grace, startup=startup, how=how, **popen)[0]
+    return run_all([cmd], timeout=timeout, stall=stall, grace=grace, startup=startup, how=how, preload=preload,
+                   **popen)[0]
 
 
 def _in_fork(cmd: list[str], stall: Optional[float], grace: float, startup: Optional[float],

@@ -37,7 +37,7 @@ from vae_ddp import forking
 
 __all__ = ["warm", "start", "usable"]
 
-_ZYGOTES: dict[tuple[int, str], "_Zygote"] = {}
+_ZYGOTES: dict[tuple[int, str, Optional[str]], "_Zygote"] = {}
 _LOCK = threading.Lock()
 #: the seconds a zygote may take to import its module before the launch starts an interpreter instead
 _READY_S = 600.0
@@ -45,17 +45,22 @@ _READY_S = 600.0
 _REPLY_S = 120.0
 
 
-def usable(cmd: list[str]) -> bool:
-    """Whether ``cmd`` may run in a fork of a zygote: ``[sys.executable, "-m", "vae_ddp...", ...]``
-    (this project's launch children, which import nothing of the caller at their top), on Linux,
-    ``$VAE_DDP_LAUNCH`` not ``exec``."""
-    return (sys.platform.startswith("linux") and cmd[:2] == [sys.executable, "-m"] and len(cmd) > 2
-            and cmd[2].startswith("vae_ddp.") and os.environ.get("VAE_DDP_LAUNCH") != "exec")
+def usable(cmd: list[str], preload: tuple[str, ...] = ()) -> bool:
+    """Whether ``cmd`` may run in a fork of a zygote: on Linux, ``$VAE_DDP_LAUNCH`` not ``exec``,
+    ``[sys.executable, "-m", "vae_ddp...", ...]`` (this project's launch children, which import
+    nothing of the caller at their top), or with ``preload`` (the modules the zygote imports) any
+    ``[sys.executable, SCRIPT or "-m", MODULE, ...]``."""
+    python = sys.platform.startswith("linux") and os.environ.get("VAE_DDP_LAUNCH") != "exec" and \
+        cmd[:1] == [sys.executable] and len(cmd) > 1
+    return python and (bool(preload) or cmd[1] == "-m" and len(cmd) > 2 and cmd[2].startswith("vae_ddp."))
 
 
-def _module(cmd: list[str]) -> str:
-    """The module a zygote imports for ``cmd``: the ``-m`` module's, or for a launch's child
-    (``python -m vae_ddp.harness MODULE:FUNCTION ...``) ``MODULE``, what it trains with."""
+def _module(cmd: list[str], preload: tuple[str, ...] = ()) -> str:
+    """What a zygote imports for ``cmd`` (modules joined by commas): ``preload`` if given, else the
+    ``-m`` module, or for a launch's child (``python -m vae_ddp.harness MODULE:FUNCTION ...``)
+    ``MODULE``, what it trains with."""
+    if preload:
+        return ",".join(preload)
     return cmd[3].partition(":")[0] if cmd[2] == "vae_ddp.harness" and len(cmd) > 3 else cmd[2]
 
 
@@ -63,20 +68,26 @@ def warm(module: str) -> None:
     """Start this process's zygote of ``module`` (if none runs and [`usable`][vae_ddp.zygote.usable]
     holds for its command) without waiting for its imports."""
     if usable([sys.executable, "-m", module]):
-        _zygote(module, wait=False)
+        _zygote(module, wait=False, hashseed=os.environ.get("PYTHONHASHSEED"))
 
 
 def start(cmd: list[str], stall: Optional[float], grace: float, startup: Optional[float],
-          env: Optional[dict] = None, stdout: Any = None, stderr: Any = None) -> Optional["Launched"]:
-    """``cmd`` ([`usable`][vae_ddp.zygote.usable]) under a guard forked by the zygote of its module:
+          env: Optional[dict] = None, stdout: Any = None, stderr: Any = None, cwd: Any = None,
+          preload: tuple[str, ...] = ()) -> Optional["Launched"]:
+    """``cmd`` ([`usable`][vae_ddp.zygote.usable]) under a guard forked by the zygote of its module
+    (``preload``: of these modules instead), run in ``cwd`` (default: this process's) with ``env``:
     what [`guard.run_all`][vae_ddp.guard.run_all] waits for (``pid``, ``wait``, ``terminate``,
     ``kill``, ``returncode``, as a ``psutil.Process``). ``stdout``, ``stderr``: None (this process's),
-    ``subprocess.DEVNULL``, a descriptor or a file. None when no zygote could start or import the
-    module (the caller then starts an interpreter, which reports the error)."""
-    z = _zygote(_module(cmd), wait=True)
+    ``subprocess.DEVNULL``, a descriptor or a file. The zygote starts with ``env``'s
+    ``PYTHONHASHSEED`` (read only at an interpreter's start). None when no zygote could start or
+    import the module (the caller then starts an interpreter, which reports the error)."""
+    if not usable(cmd, preload):
+        return None
+    env = dict(os.environ if env is None else env)
+    z = _zygote(_module(cmd, preload), wait=True, hashseed=env.get("PYTHONHASHSEED"))
     if z is None:
         return None
-    request = {"cmd": list(map(str, cmd)), "env": dict(os.environ if env is None else env), "cwd": os.getcwd(),
+    request = {"cmd": list(map(str, cmd)), "env": env, "cwd": os.path.abspath(cwd or os.getcwd()),
                "stall": stall, "grace": grace, "startup": startup}
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     null = os.open(os.devnull, os.O_RDWR)
@@ -143,7 +154,7 @@ class Launched:
 
 
 class _Zygote:
-    def __init__(self, module: str) -> None:
+    def __init__(self, module: str, hashseed: Optional[str]) -> None:
         import psutil
 
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -153,7 +164,8 @@ class _Zygote:
             # the zygote's own streams: this process's stderr (an import's warning), no stdin
             self.proc = psutil.Popen([sys.executable, "-m", "vae_ddp.guard", "--zygote", module,
                                       str(theirs.fileno()), str(os.getpid())], pass_fds=[theirs.fileno()],
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     env=_with_hashseed(hashseed))
 
     def wait_ready(self) -> bool:
         if self.ready is None:
@@ -164,13 +176,18 @@ class _Zygote:
         return self.ready
 
 
-def _zygote(module: str, wait: bool) -> Optional[_Zygote]:
-    key = (os.getpid(), module)  # a fork of this process starts its own
+def _with_hashseed(hashseed: Optional[str]) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
+    return env if hashseed is None else dict(env, PYTHONHASHSEED=hashseed)
+
+
+def _zygote(module: str, wait: bool, hashseed: Optional[str] = None) -> Optional[_Zygote]:
+    key = (os.getpid(), module, hashseed)  # a fork of this process starts its own
     with _LOCK:
         z = _ZYGOTES.get(key)
         if z is None or z.proc.poll() is not None:
             try:
-                z = _ZYGOTES[key] = _Zygote(module)
+                z = _ZYGOTES[key] = _Zygote(module, hashseed)
             except OSError:
                 return None
     if wait:
@@ -182,12 +199,12 @@ def _zygote(module: str, wait: bool) -> Optional[_Zygote]:
 
 # --------------------------------------------------------------------------- the zygote's side
 def serve(module: str, fd: int, caller: int, guard_forked: Callable[..., int]) -> int:
-    """The zygote: import ``module``, say ``ready`` on the socket ``fd``, then for each request
-    fork a guard of its command (``guard_forked``: [`vae_ddp.guard.guard_forked`][vae_ddp.guard.guard_forked],
-    given by the guard's entry point ``python -m vae_ddp.guard --zygote MODULE FD CALLER``, which runs
-    this: this module imports no guard, whose [`run_all`][vae_ddp.guard.run_all] starts zygotes) and
-    send back the guard's pid, later its exit code; end when ``caller`` (the parent) dies or closes
-    the socket."""
+    """The zygote: import ``module`` (modules joined by commas), say ``ready`` on the socket ``fd``,
+    then for each request fork a guard of its command (``guard_forked``:
+    [`vae_ddp.guard.guard_forked`][vae_ddp.guard.guard_forked], given by the guard's entry point
+    ``python -m vae_ddp.guard --zygote MODULE FD CALLER``, which runs this: this module imports no
+    guard, whose [`run_all`][vae_ddp.guard.run_all] starts zygotes) and send back the guard's pid,
+    later its exit code; end when ``caller`` (the parent) dies or closes the socket."""
     import importlib
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -195,7 +212,8 @@ def serve(module: str, fd: int, caller: int, guard_forked: Callable[..., int]) -
     if os.getppid() != caller:
         return 1
     sock = socket.socket(fileno=fd)
-    importlib.import_module(module)
+    for name in module.split(","):
+        importlib.import_module(name)
     sock.send(b"ready")
     waiting: dict[int, socket.socket] = {}
     while True:
