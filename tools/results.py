@@ -270,7 +270,7 @@ def _run_here(root: Path, e: dict[str, Any], preload: tuple[str, ...]) -> None:
     fork of this process's zygote of ``preload`` (``vae_ddp.guard.run(how="zygote")``: torch and
     Lightning imported once, 8-10 s of CPU here, most of what a small entry spends), a new
     interpreter without ``preload``."""
-    from vae_ddp import guard
+    from vae_ddp import guard, zygote
 
     out_rel = f"{GENERATED}/{e['name']}"
     out = root / out_rel
@@ -287,7 +287,7 @@ def _run_here(root: Path, e: dict[str, Any], preload: tuple[str, ...]) -> None:
     env["PYTHONPATH"] = os.pathsep.join([str(root / "src")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env.pop("LOCAL_RANK", None)
     try:
-        how = "zygote" if preload and argv[0] == sys.executable else "exec"  # (not a Python command: as it is)
+        how = "zygote" if preload and zygote.usable(argv, preload) else "exec"  # (not a Python command: as it is)
         code = guard.run(argv, timeout=e["timeout"], how=how, preload=preload, cwd=root, env=env, stdout=stdout,
                          stderr=stderr).returncode
     except subprocess.TimeoutExpired:

@@ -81,8 +81,6 @@ def start(cmd: list[str], stall: Optional[float], grace: float, startup: Optiona
     ``subprocess.DEVNULL``, a descriptor or a file. The zygote starts with ``env``'s
     ``PYTHONHASHSEED`` (read only at an interpreter's start). None when no zygote could start or
     import the module (the caller then starts an interpreter, which reports the error)."""
-    if not usable(cmd, preload):
-        return None
     env = dict(os.environ if env is None else env)
     z = _zygote(_module(cmd, preload), wait=True, hashseed=env.get("PYTHONHASHSEED"))
     if z is None:
