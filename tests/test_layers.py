@@ -234,3 +234,10 @@ def test_the_project_starts_two_entry_points_besides_its_commands():
     from vae_ddp.harness import launch
 
     assert launch.CHILD == "vae_ddp.harness"  # a launch's command: [python, -m, CHILD, ...]
+
+
+def test_no_module_holds_more_than_500_lines():
+    """A module a newcomer reads in one sitting: no file of src/ or tools/ over 500 lines."""
+    long = {str(p.relative_to(ROOT)): n for d in (SRC, ROOT / "tools") for p in d.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 500}
+    assert not long, long
