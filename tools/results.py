@@ -317,10 +317,10 @@ def _run_stale(root: Path, entries: list[dict[str, Any]], n: int, preload: tuple
     import threading
 
     outcome: dict[str, tuple[str, str]] = {}
-    todo = list(entries)
+    todo, broken = list(entries), []
 
     def work() -> None:
-        while todo:
+        while todo and not broken:
             try:
                 e = todo.pop(0)
             except IndexError:
@@ -334,16 +334,20 @@ def _run_stale(root: Path, entries: list[dict[str, Any]], n: int, preload: tuple
                         outcome[e["name"]] = ("cached", "")
             except ResultsError as err:
                 outcome[e["name"]] = ("failed", str(err))
+            except BaseException as err:  # the runner's own fault (a full disk...): raised below, as it is
+                broken.append(err)
 
     if n <= 1:
         work()
-    else:  # daemon threads: an interrupt ends this process, and its zygote ends their guards' trees
-        threads = [threading.Thread(target=work, daemon=True) for _ in range(n)]
+    else:  # daemon threads: an interrupt ends this process, the zygote dies with it (PR_SET_PDEATHSIG)
+        threads = [threading.Thread(target=work, daemon=True) for _ in range(n)]  # and its guards end their trees
         for t in threads:
             t.start()
         for t in threads:
             while t.is_alive():
                 t.join(timeout=0.5)
+    if broken:
+        raise broken[0]
     failed = [outcome[e["name"]][1] for e in entries if outcome[e["name"]][0] == "failed"]
     if failed:
         raise ResultsError("\n\n".join(failed))
