@@ -58,8 +58,9 @@ def takeaway(r: dict) -> str:
     union = "are exactly" if min(o["same_samples"]) == 1.0 else f"share {100 * mean(o['same_samples']):.3g}% with"
     fixed = ("the same samples in the same rows" if min(g["same_position"]) == 1.0
              else f"{100 * mean(g['same_position']):.3g}% of the rows alike")
-    return (f"**Result.** With Lightning's defaults, DDP step k shares only {100 * mean(d['same_samples']):.3g}% of "
-            f"its samples with one device's step k: one device shuffles with a `RandomSampler`, DDP with a "
+    return (f"**Result.** With Lightning's defaults, DDP's step k shares only {100 * mean(d['same_samples']):.3g}% "
+            f"of its samples with one device's step k, on average over the {len(d['same_samples'])} steps (the table "
+            f"gives each step): one device shuffles with a `RandomSampler`, DDP with a "
             f"`DistributedSampler` of its own permutation. The ranks' batches together {union} the batch k of a "
             f"one-replica `DistributedSampler` with the same seed, but dealt interleaved: only "
             f"{100 * mean(o['same_position']):.3g}% of the rows hold the same sample, and so get the same per-sample "

@@ -555,6 +555,52 @@ def test_a_spawned_pool_ends_with_its_parent(tmp_path):
     assert not psutil.wait_procs(every, timeout=20)[1], "a process of the pool outlived its parent"
 
 
+WAITS_FOR_GO = textwrap.dedent("""
+    import os, sys
+    name, started, go = sys.argv[1:4]
+    os.write(os.open(started, os.O_WRONLY), name.encode())  # this command runs
+    os.read(os.open(go, os.O_RDONLY), 1)  # until the test says go
+""")
+
+
+def test_a_zygote_serves_on_when_the_thread_that_started_it_ends(tmp_path):
+    """A zygote started by one thread of its caller (``guard.run(how="zygote")`` in a thread: the
+    docs' runner with ``VAE_DDP_DOCS_JOBS=2``) goes on serving the others once that thread ended.
+    ``PR_SET_PDEATHSIG`` fires when the starting *thread* ends: with it, the other thread's command,
+    running meanwhile, was killed (exit -9; found by trying two docs entries at once)."""
+    import threading
+
+    script = tmp_path / "waits_for_go.py"
+    script.write_text(WAITS_FOR_GO)
+    fifos = {name: tmp_path / name for name in ("started", "go_a", "go_b")}
+    for f in fifos.values():
+        os.mkfifo(f)
+    fds = {name: os.open(f, os.O_RDWR | os.O_NONBLOCK) for name, f in fifos.items()}  # never blocks a writer
+    done: dict = {}
+
+    def run(name: str) -> None:
+        done[name] = guard.run([sys.executable, str(script), name, str(fifos["started"]), str(fifos[f"go_{name}"])],
+                               how="zygote", preload=("colorsys",), timeout=120, grace=2)
+
+    def runs(name: str) -> None:  # the command has said it runs
+        assert select.select([fds["started"]], [], [], 120)[0] and os.read(fds["started"], 1) == name.encode()
+
+    first, second = threading.Thread(target=run, args=("a",)), threading.Thread(target=run, args=("b",))
+    try:
+        first.start()  # starts the zygote
+        runs("a")
+        second.start()  # a command of the same zygote
+        runs("b")
+        os.write(fds["go_a"], b"x")
+        first.join(120)  # the zygote's starting thread has ended, the second command still runs
+        os.write(fds["go_b"], b"x")
+        second.join(120)
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+    assert done["a"].returncode == 0 and done["b"].returncode == 0, {k: v.returncode for k, v in done.items()}
+
+
 STOPPED = textwrap.dedent("""
     import os, signal, sys, time
     from vae_ddp.beats import beat

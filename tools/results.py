@@ -478,5 +478,7 @@ if __name__ == "__main__":
         done = generate(Path(__file__).resolve().parents[1], sys.argv[1:])
     except ResultsError as err:
         sys.exit(f"error: {err}")
+    except KeyboardInterrupt:  # every entry's tree has been ended (its guard); what finished is cached
+        sys.exit("results: interrupted; the entries that finished are kept (run it again to go on)")
     log.info("results: %s (%.0f s%s)", ", ".join(f"{k} {v}" for k, v in done.items()), time.monotonic() - t0,
              ", VAE_DDP_FULL" if full_mode() else "")

@@ -14,10 +14,12 @@ a new interpreter under [`guard.run`][vae_ddp.guard.run], without the imports. T
 as descriptors (``SCM_RIGHTS``), the environment and folder with the request; the launch's exit
 code comes back.
 
-The zygote dies with its caller, even by SIGKILL (``PR_SET_PDEATHSIG``), and its guards with it
-(they end their trees); it ignores SIGINT (a terminal's Ctrl-C is the caller's to handle). It
-never computes: its only threads are OpenBLAS's idle pool, as in the ranks it forks
-([`vae_ddp.ranks`][vae_ddp.ranks]). ``VAE_DDP_LAUNCH=exec`` turns zygotes off.
+The zygote ends within 0.1 s of its caller's death, even by SIGKILL (it polls its parent:
+``PR_SET_PDEATHSIG`` would fire when the caller's *thread* that started it ends, and it serves all
+the caller's threads), and its guards with it (they end their trees); it ignores SIGINT (a
+terminal's Ctrl-C is the caller's to handle). It never computes: its only threads are OpenBLAS's
+idle pool, as in the ranks it forks ([`vae_ddp.ranks`][vae_ddp.ranks]). ``VAE_DDP_LAUNCH=exec``
+turns zygotes off.
 """
 
 from __future__ import annotations
@@ -131,7 +133,7 @@ class Launched:
                 reply = self.sock.recv(4096)
             except (TimeoutError, BlockingIOError):  # BlockingIOError: timeout 0
                 raise psutil.TimeoutExpired(timeout, pid=self.pid) from None
-            # no reply: the zygote died (its guards with it, PR_SET_PDEATHSIG): as a process SIGKILL ended
+            # no reply: the zygote died (its guards with it): as a process SIGKILL ended
             self._code = json.loads(reply)["code"] if reply else -signal.SIGKILL
             self.sock.close()
         return self._code
@@ -206,15 +208,18 @@ def serve(module: str, fd: int, caller: int, guard_forked: Callable[..., int]) -
     import importlib
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    forking.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    # no PR_SET_PDEATHSIG: Linux sends it when the *thread* that started this process ends, and a
+    # caller's zygote serves the caller's other threads too (two docs entries at once: the second
+    # entry was killed with the zygote when the first one's thread ended); the caller is polled instead
     if os.getppid() != caller:
         return 1
     sock = socket.socket(fileno=fd)
     for name in module.split(","):
         importlib.import_module(name)
-    sock.send(b"ready")
+    with contextlib.suppress(OSError):
+        sock.send(b"ready")
     waiting: dict[int, socket.socket] = {}
-    while True:
+    while os.getppid() == caller:  # the caller died: its guards end their trees (their PR_SET_PDEATHSIG)
         with contextlib.suppress(ChildProcessError):
             while (ended := os.waitpid(-1, os.WNOHANG))[0]:
                 reply = waiting.pop(ended[0], None)
@@ -241,3 +246,4 @@ def serve(module: str, fd: int, caller: int, guard_forked: Callable[..., int]) -
         with contextlib.suppress(OSError):
             reply.send(json.dumps({"pid": pid}).encode())
         waiting[pid] = reply
+    return 0
