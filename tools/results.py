@@ -339,8 +339,9 @@ def _run_stale(root: Path, entries: list[dict[str, Any]], n: int, preload: tuple
 
     if n <= 1:
         work()
-    else:  # daemon threads: an interrupt ends this process, the zygote dies with it (PR_SET_PDEATHSIG)
-        threads = [threading.Thread(target=work, daemon=True) for _ in range(n)]  # and its guards end their trees
+    else:  # daemon threads: an interrupt ends this process; the zygote ends with it (it polls its
+        # parent), and so do the zygote's guards, each ending its entry's tree
+        threads = [threading.Thread(target=work, daemon=True) for _ in range(n)]
         for t in threads:
             t.start()
         for t in threads:
