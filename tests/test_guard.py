@@ -538,7 +538,7 @@ def test_a_spawned_pool_ends_with_its_parent(tmp_path):
     fifo = tmp_path / "started"
     os.mkfifo(fifo)
     ready = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)  # (a writer of its own: no end of file before the tasks)
-    task = f"import os, time; os.write(os.open({str(fifo)!r}, os.O_WRONLY), b'x'); time.sleep(600)"
+    task = f"import os, signal; os.write(os.open({str(fifo)!r}, os.O_WRONLY), b'x'); signal.pause()"  # busy for good
     code = f"from vae_ddp.forking import spawned_map; list(spawned_map(exec, [({task!r},)] * 2, 2))"
     top = psutil.Popen([sys.executable, "-c", code], cwd=ROOT)
     try:
