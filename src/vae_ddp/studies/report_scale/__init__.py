@@ -156,7 +156,8 @@ def report_scale(
     out = Path(out_dir)
     steps = max(grad_steps, effect_batches)
     base = RunSpec(data=data, data_dir=data_dir, model=model, global_batch_size=global_batch_size, devices=devices,
-                   steps=steps, seeds=[seed], max_samples=max_samples, accelerator=accelerator).exact()
+                   steps=steps, seeds=[seed], max_samples=max_samples, accelerator=accelerator,
+                   record_indices=True).exact()
     ref_spec = dataclasses.replace(base, config="single", label="single").validate()
     specs = {n: dataclasses.replace(base, config=VARIANTS[n][0], label=n, **VARIANTS[n][1]).validate() for n in names}
     n_train = _train_size(ref_spec)
@@ -174,10 +175,12 @@ def report_scale(
     result["settings"] = {**dataclasses.asdict(ref_spec), "grad_steps": grad_steps, "spread_batches": spread_batches,
                           "effect_batches": effect_batches,
                           "train_samples": n_train, "world_size": devices, "variants": names}
-    result = {key: result[key] for key in ("settings", "grad_norm", "batch_noise", "variants", "logging", "spread")}
+    sketches = result.pop("_sketches", None)
+    result = {key: result[key] for key in ("settings", "grad_norm", "batch_noise", "variants", "logging", "spread",
+                                           "rows")}
     result["reduction"] = _reduction(n_train, global_batch_size, devices)
     result["ranking"] = ranking(result)
-    _write(result, out)
+    _write(result, out, sketches)
     return result
 
 
@@ -241,12 +244,17 @@ def _compare(runs: dict[str, tuple[list, dict]], specs: dict[str, RunSpec], name
         diff = _mean_dicts(per_step)
         result["variants"][name] = {
             "config": spec.config, "factor": VARIANTS[name][2], "fixes": spec.fixes(), "diff": diff,
+            "batches_as_single": _same_batches(runs["single"][1], info),
             "ratio_to_batch_noise": {g: diff[g] / noise[g] for g in GROUPS},
             "ratio_per_step": [d["all"] / noise["all"] for d in per_step],
         }
         if name == DEFAULT_VARIANT:
             result["logging"], result["spread"] = _logging(info)
+    result["rows"] = _scalar_rows(runs, names)
     if runs["single"][0]["sketches"]:
+        result["_sketches"] = {name: torch.stack(list(runs[folder][0]["sketches"])).double().numpy()
+                               for name, folder in {"single": "single",
+                                                    **{n: f"variant{i}" for i, n in enumerate(names)}}.items()}
         effects = _effects(runs, names)
         for i, name in enumerate(names):
             result["variants"][name]["effect"] = effects[name]
@@ -255,6 +263,26 @@ def _compare(runs: dict[str, tuple[list, dict]], specs: dict[str, RunSpec], name
     return result
 
 
+
+
+def _same_batches(single: dict, info: dict) -> list[int]:
+    """``[k, n]``: in how many of the ``n`` steps this run's global batch holds the same dataset indices
+    as one device's (as multisets; order aside): what pairs a variant's row with one device's."""
+    a = [sorted(r.get("indices") or []) for r in single["records"]]
+    b = [sorted(r.get("indices") or []) for r in info["records"]]
+    return [sum(1 for u, v in zip(a, b) if u and u == v), min(len(a), len(b))]
+
+
+def _scalar_rows(runs: dict[str, tuple[dict, dict]], names: list[str]) -> dict[str, dict[str, list[float]]]:
+    """Every run's per-step global-batch KL and reconstruction (``{"single" or variant: {"kl": [...],
+    "reconstruction": [...]}}``): the rows the effects are decomposed from, kept with the result so that
+    an estimate can be read again from them."""
+    labels = {"single": "single", **{name: f"variant{i}" for i, name in enumerate(names)}}
+    out = {}
+    for name, folder in labels.items():
+        q = _quantities(*runs[folder])
+        out[name] = {"kl": q["kl"], "reconstruction": q["reconstruction"]}
+    return out
 
 
 def _quantities(saved: dict, info: dict) -> dict[str, list]:
@@ -295,13 +323,20 @@ def logging_effect(logging: dict) -> dict[str, dict]:
             "reconstruction": stats.decompose(logging["global_recon"], logging["logged_recon"])}
 
 
-def _write(result: dict, out: Path) -> None:
-    """``report_scale.json``, ``tables.md``, ``command.md`` and ``report_scale.png`` in ``out``; the tables printed."""
+def _write(result: dict, out: Path, sketches: dict | None = None) -> None:
+    """``report_scale.json``, ``tables.md``, ``command.md`` and ``report_scale.png`` in ``out``, and with
+    ``sketches`` (``{"single" or variant: (steps, SKETCH) array}``) ``gradient_rows.npz``: the gradient rows
+    the effects were decomposed from; the tables printed."""
+    import numpy as np
+
     from vae_ddp.harness.table import write_tables
 
     tables = render(result)
     with result_set(out) as new:
         (new / "report_scale.json").write_text(json.dumps(result, indent=1))
+        if sketches:
+            np.savez_compressed(new / "gradient_rows.npz", **{k.replace(" ", "_"): v.astype(np.float32)
+                                                               for k, v in sketches.items()})
         write_tables(new, tables)
         (new / "command.md").write_text(command_md(result, out))
         plot(result, new / "report_scale.png")

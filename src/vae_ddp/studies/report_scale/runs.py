@@ -114,9 +114,10 @@ def frozen_runs(specs: list[RunSpec], out: Path) -> int:
         seed = spec.seeds[0]
         pl.seed_everything(seed, verbose=False)
         dm = make_datamodule(spec.data, spec.data_dir, global_batch_size=spec.global_batch_size,
-                             max_samples=spec.max_samples, sampler=spec.sampler, sampler_seed=seed)
+                             max_samples=spec.max_samples, sampler=spec.sampler, sampler_seed=seed,
+                             return_index=spec.record_indices)
         model = build_model(spec, seed)
-        recorder = GlobalBatchRecorder(spec.steps, 0, spec.label, progress=True)
+        recorder = GlobalBatchRecorder(spec.steps, 0, spec.label, progress=True, record_indices=spec.record_indices)
         frozen = _FrozenGradients(job.get("keep", spec.steps), job.get("sketch", 0))
         trainer = build_trainer(spec, seed, [recorder, frozen])
         trainer.fit(model, datamodule=dm)
