@@ -121,7 +121,8 @@ def test_the_reporters_command_builds(cifar_dir, monkeypatch):
 
 
 #: Numbers that are names, not measurements: ResNet-18, CIFAR-10, #6789, Lightning versions, float32.
-_NAMES = re.compile(r"ResNet-18|CIFAR-10|#6789|issues/6789|Lightning \d+(\.\d+)+|float\d+|factors/\w+|\[\d+\]")
+_NAMES = re.compile(r"ResNet-18|CIFAR-10|#6789|issues/6789|Lightning \d+(\.\d+)+|\b1\.2\.6\b|float\d+|factors/\w+"
+                    r"|\[\d+\]")
 _NUMBER = re.compile(r"(?<![\w.])[-+]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?")
 
 
@@ -154,6 +155,9 @@ def test_every_number_on_the_first_screen_is_in_the_committed_json():
     values = _leaves(results)
     s = results["report_scale"]["settings"]
     values.append(s["global_batch_size"] / s["world_size"])
+    from vae_ddp.harness.effect import CONFIDENCE
+
+    values.append(100 * CONFIDENCE)  # "95% interval": the intervals' stated confidence
     box = first_screen(results)
     text = _NAMES.sub(" ", box)
     tokens = _NUMBER.findall(text)
@@ -167,7 +171,7 @@ def test_every_number_on_the_first_screen_is_in_the_committed_json():
 def test_the_first_screen_answers_both_questions_with_links():
     """Bug or expected behaviour in the title, the KL's own words, the change in Lightning's terms first,
     and the scope, each a click from its evidence."""
-    from vae_ddp.studies.answer import HEADLINE, bug_or_expected, first_screen, kl_words
+    from vae_ddp.studies.answer import _KL_WORD, HEADLINE, bug_or_expected, first_screen, kl_words
 
     results = _results()
     box = first_screen(results)
@@ -175,11 +179,17 @@ def test_the_first_screen_answers_both_questions_with_links():
     verdict = bug_or_expected(results["report_scale"], results["seeds"])
     assert title.startswith('!!! info "') and HEADLINE[verdict["kind"]] in title and "issues/6789" in title
     kl = kl_words(results["seeds"], results["long_horizon"])
-    assert f"({kl['seeds']['word']}:" in box
+    assert f"DDP's final KL {_KL_WORD[kl['seeds']['word']]}" in box
+    # the verdict's scope: the model, the weights, the batch, the data, the Lightning version, and what is not decided
+    assert "from its initial weights" in box and "Not decided here: trained weights" in box and "GPUs" in box
+    assert "**DDP's KL**" in box and "**DP's match**" in box and "left unexplained" in box
+    # the change, two promises, in 2.x and 1.2.6 names
+    assert "**Same model in distribution**" in box and "**Same step as one device**" in box
+    assert "use_distributed_sampler=False" in box and "replace_sampler_ddp=False" in box and "q.rsample()" in box
     for link in ("is-it-a-bug.md#documented-behaviour", "is-it-a-bug.md#the-kl", "is-it-a-bug.md#the-change-for-2-gpus",
                  "index.md#the-reports-scale", "legacy.md", "factors/batchnorm.md", "factors/noise.md"):
         assert link in box, link
-    assert "`Trainer(sync_batchnorm=True)`" in box and "sync_dist=True" in box and "GPUs not run here" in box
+    assert "`Trainer(sync_batchnorm=True)`" in box and "sync_dist=True" in box
     assert "|" not in box and "```" not in box
 
 

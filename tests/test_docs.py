@@ -778,7 +778,8 @@ def test_verdict_box_on_the_first_screen(server, browser):
     # the two answers, in the reader's words: bug or expected behaviour (title), and the KL
     from vae_ddp.studies.answer import HEADLINE
 
-    assert any(h in text.splitlines()[0] for h in HEADLINE.values()) and "The KL" in text, text
+    assert any(h in text.splitlines()[0] for h in HEADLINE.values()) and "DDP's KL" in text, text
+    assert "DP's match" in text and "Same step as one device" in text, text
     page.close()
 
 

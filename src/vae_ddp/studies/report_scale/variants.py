@@ -5,8 +5,6 @@ alone, every other fix on), the quantities each effect is measured on, and the f
 
 from __future__ import annotations
 
-import math
-
 from vae_ddp.harness.permutation import FLOOR_FACTOR
 
 #: name -> (configuration, fields changed from the exact spec, factor it isolates).
@@ -36,21 +34,27 @@ LABELS = {"gradient": "gradient", "kl": "KL", "reconstruction": "reconstruction"
 FLOOR_RATIO = FLOOR_FACTOR
 
 
+#: What the ranking orders by, in words (the box, the tables and "Is it a bug?" state it).
+RANKED_BY = ("how far one step's gradient moves from one device's, as a multiple of how far another global batch "
+             "moves it (1: as different as another batch), each default alone with every other change on; the "
+             "defaults that change what DDP trains before those that change only its luck")
+
+
 def ranking(result: dict) -> list[dict]:
-    """The training factors by what they change in what DDP trains, most serious first: each
-    variant's effect (``different`` before ``inconclusive``, ``same distribution`` and ``exact``,
-    [`KINDS`][vae_ddp.harness.effect.KINDS]' order; then the larger bias, then the noise ratio
-    further from 1), on the gradient. Logging changes what is plotted, not what is trained: it is
-    not ranked with these. Empty where the study measured no effects (``--effect_batches 0``)."""
+    """The training factors, largest first by one quantity (:data:`RANKED_BY`): the defaults whose
+    effect is ``different`` (they change what DDP trains) before the others, in
+    [`KINDS`][vae_ddp.harness.effect.KINDS]' order, and within a kind the larger
+    ``ratio_to_batch_noise`` of the whole gradient (``ratio``). Logging changes what is plotted, not
+    what is trained: it is not ranked with these. Empty where the study measured no effects
+    (``--effect_batches 0``)."""
     from vae_ddp.harness import effect as stats
 
     rows = [{"factor": VARIANTS[name][2] if name in VARIANTS else v["factor"], "variant": name,
-             "kind": v["effect"]["kind"], "bias": v["effect"]["gradient"]["bias"],
-             "variance_ratio": v["effect"]["gradient"]["variance_ratio"]}
+             "kind": v["effect"]["kind"], "ratio": v["ratio_to_batch_noise"]["all"],
+             "bias": v["effect"]["gradient"]["bias"], "variance_ratio": v["effect"]["gradient"]["variance_ratio"]}
             for name, v in result["variants"].items()
             if v.get("effect") and name not in (DEFAULT_VARIANT, "ddp, every fix")]
-    return sorted(rows, key=lambda r: (stats.KINDS.index(r["kind"]), -r["bias"],
-                                       -abs(math.log(r["variance_ratio"])) if r["variance_ratio"] > 0 else 0.0))
+    return sorted(rows, key=lambda r: (stats.KINDS.index(r["kind"]), -r["ratio"]))
 
 
 def factor_effects(result: dict) -> dict[str, dict]:
