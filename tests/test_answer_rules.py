@@ -248,15 +248,25 @@ def test_the_faq_and_the_report_are_quoted_as_written():
 
 
 def test_the_reply_for_6789_is_generated_from_the_same_numbers():
-    from vae_ddp.studies.answer import HEADLINE, bug_or_expected, differences, ranked_defaults, reply
+    """The reply: at most 200 words of plain text in a block the page wraps, naming the project and linking
+    the page, scoped as the first screen (initial weights, not decided on GPUs), covering DDP's KL and DP,
+    the change in 1.2.6's names and 2.x's, with the two promises apart, and no advice for a CPU."""
+    from vae_ddp.studies.answer import HEADLINE, bug_or_expected, reply
 
     results = _results()
     text = reply(results)
-    assert text.startswith("```text\n") and text.rstrip().endswith("```")
-    assert HEADLINE[bug_or_expected(results["report_scale"], results["seeds"])["kind"]] in text
-    assert "{{ page_url }}" in text and "Trainer(sync_batchnorm=True)" in text
-    assert len(ranked_defaults(results["report_scale"])) == len(differences(results["report_scale"]))
-    assert sum(ln.startswith("- ") for ln in text.splitlines()) == len(ranked_defaults(results["report_scale"]))
+    assert text.startswith('<div class="reply" markdown>\n\n```text\n') and text.rstrip().endswith("</div>")
+    body = text.split("```text\n", 1)[1].split("```", 1)[0]
+    assert len(body.split()) <= 200, len(body.split())
+    head = HEADLINE[bug_or_expected(results["report_scale"], results["seeds"])["kind"]]
+    assert head[0].lower() + head[1:] in body and "vae-ddp" in body and "{{ page_url }}" in body
+    assert "initial weights" in body and "Not decided" in body and "GPUs" in body
+    assert "DDP's KL:" in body and "\nDP:" in body
+    assert "replace_sampler_ddp=False" in body and "use_distributed_sampler=False" in body
+    assert "Trainer(sync_batchnorm=True)" in body and "sync_dist=True" in body and "global_rank" in body
+    assert "The same model in distribution" in body and "The same step as one GPU" in body
+    for cpu_only in ("GlobalSyncBatchNorm", "on CPU", "on a CPU:", "--accelerator gpu"):
+        assert cpu_only not in body, cpu_only
 
 
 def test_the_pages_show_what_the_rules_write(generated):

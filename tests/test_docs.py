@@ -1081,6 +1081,44 @@ def test_tables_fit_the_column_on_a_desktop_and_show_the_verdict_on_a_phone(rend
     assert not problems, "\n".join(problems)
 
 
+#: The pages a reader of the answer reads whole: no table on them scrolls sideways on a phone.
+MAIN_PAGES = ["/", "/is-it-a-bug/", "/dataparallel/", "/audit/", "/factors/optimizer/"]
+
+
+@pytest.mark.parametrize("path", MAIN_PAGES)
+def test_no_table_of_a_main_page_scrolls_sideways_on_a_phone(rendered, path):
+    """At 390 x 844 every table of the main pages (collapsed blocks opened) is as narrow as its column:
+    each row is read as a block of "header: value" lines (tools/site_hooks.py labels the cells,
+    docs/stylesheets/extra.css stacks them), none scrolls sideways. Before the stacking, 29 of Home's
+    tables scrolled."""
+    widths = rendered["phone"][path]["widths"]
+    assert widths, f"{path}: no table, nothing checked"
+    problems = [f"{path}: table '{t['head']}' is {t['width']} px wide in a {t['column']} px column"
+                for t in widths if t["width"] > t["column"] + 1]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_reply_and_the_command_for_2_gpus_fit_their_boxes(server, browser):
+    """The reply for #6789 wraps (no line wider than its box) at 1280 and at 390 px, and the report's
+    command with every change fits its box at 1280 px, on "Is it a bug?"."""
+    problems = []
+    for viewport in (_DESKTOP, _PHONE):
+        page = browser.new_page(viewport=viewport)
+        page.goto(server + "/is-it-a-bug/", wait_until="networkidle")
+        reply = page.locator("article .reply pre code").first
+        sizes = reply.evaluate("e => [e.scrollWidth, e.clientWidth, e.innerText.split(/\\s+/).length]")
+        assert sizes[2] > 50, f"the reply is {sizes[2]} words: not found"
+        if sizes[0] > sizes[1] + 1:
+            problems.append(f"{viewport['width']} px: the reply is {sizes[0]} px wide in a {sizes[1]} px box")
+        if viewport is _DESKTOP:
+            command = page.locator("article pre code", has_text="use_distributed_sampler false").first
+            sizes = command.evaluate("e => [e.scrollWidth, e.clientWidth]")
+            if sizes[0] > sizes[1] + 1:
+                problems.append(f"1280 px: the command for 2 GPUs is {sizes[0]} px wide in a {sizes[1]} px box")
+        page.close()
+    assert not problems, "\n".join(problems)
+
+
 def test_is_it_a_bug_is_among_the_first_navigation_items(rendered):
     """"Is it a bug?", the question most readers come with, is one of the first three items of
     the navigation after Home."""

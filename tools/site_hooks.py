@@ -108,9 +108,43 @@ def link_figures(html: str) -> str:
     return _IMG.sub(wrap, html)
 
 
+_TABLE = re.compile(r"<table>(.*?)</table>", re.S)
+_TH = re.compile(r"<th\b[^>]*>(.*?)</th>", re.S)
+_TR = re.compile(r"<tr>(.*?)</tr>", re.S)
+_TD = re.compile(r"<td\b")
+_TAG = re.compile(r"<[^>]+>")
+
+
+def label_cells(html: str) -> str:
+    """``html`` with every cell of a Markdown table's body labelled with its column's header
+    (``data-label``), so that a phone's stylesheet (docs/stylesheets/extra.css) shows each row as a block
+    of "header: value" lines instead of a table wider than the screen."""
+    def table(m: re.Match) -> str:
+        inner = m.group(1)
+        heads = [html_escape(_TAG.sub("", h).strip()) for h in _TH.findall(inner)]
+        if not heads or "<tbody>" not in inner:
+            return m.group(0)
+        head, body = inner.split("<tbody>", 1)
+
+        def row(r: re.Match) -> str:
+            cells = iter(heads)
+            return "<tr>" + _TD.sub(lambda _: f'<td data-label="{next(cells, "")}"', r.group(1)) + "</tr>"
+
+        return "<table>" + head + "<tbody>" + _TR.sub(row, body) + "</table>"
+
+    return _TABLE.sub(table, html)
+
+
+def html_escape(text: str) -> str:
+    """A header's text (already HTML, its entities kept) as an attribute value."""
+    return text.replace('"', "&quot;")
+
+
 def on_page_content(html: str, page, config, files) -> str:  # MkDocs calls it with these names
     if PAGE_URL in html:
         html = html.replace(PAGE_URL, page_url(config.get("site_url"), page.url))
+    if "<table>" in html:
+        html = label_cells(html)
     return link_figures(html) if "<img" in html else html
 
 
