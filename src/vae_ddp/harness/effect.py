@@ -211,6 +211,8 @@ def decompose(single, ddp, groups: Optional[Sequence] = None, floor: float = 0.0
 
     Returns:
         ``{"kind", "bias", "bias_ci": [lo, hi], "variance_ratio", "variance_ratio_ci": [lo, hi],
+        "variance_ratio_ci_normal": the F interval alone (what it would be if the rows were normal),
+        "largest_share": [of x, of y] (the share of each side's spread that its largest row carries),
         "sd", "rows", "groups", "dims": [d_eff of x, of y], "largest_row":
         max_i ||y_i - x_i|| / ||x_i||}``, floats (``bias`` in units of ``sd``; ``inf`` where one
         device's step does not vary and DDP's is off it, ``nan`` where neither varies).
@@ -246,18 +248,31 @@ def decompose(single, ddp, groups: Optional[Sequence] = None, floor: float = 0.0
         ratio = ty / tx
         ratio_ci = [ratio / float(sps.f.ppf(1 - alpha / 2, dof * ey, dof * ex)),
                     ratio / float(sps.f.ppf(alpha / 2, dof * ey, dof * ex))]
+        normal_ci = list(ratio_ci)
         jack = _jackknife_ratio(x, y, g, alpha)
         if jack is not None:  # the union: the F interval where the rows are normal, the jackknife's where not
             ratio_ci = [min(ratio_ci[0], jack[0]), max(ratio_ci[1], jack[1])]
     else:
         ratio = math.nan if tx == ty == 0 else (math.inf if tx == 0 else 0.0)
         ratio_ci = [ratio, ratio]
+        normal_ci = list(ratio_ci)
+    shares = [_largest_share(xc), _largest_share(yc)]
     exact = bool(np.all(np.linalg.norm(d, axis=1) <= floor * norms))
     if exact:
-        bias, bias_ci, ratio, ratio_ci = 0.0, [0.0, 0.0], 1.0, [1.0, 1.0]
+        bias, bias_ci, ratio, ratio_ci, normal_ci = 0.0, [0.0, 0.0], 1.0, [1.0, 1.0], [1.0, 1.0]
     return {"kind": classify(exact, bias_ci, ratio_ci), "bias": bias, "bias_ci": bias_ci,
-            "variance_ratio": ratio, "variance_ratio_ci": ratio_ci, "sd": math.sqrt(tx), "rows": n, "groups": k,
+            "variance_ratio": ratio, "variance_ratio_ci": ratio_ci, "variance_ratio_ci_normal": normal_ci,
+            "largest_share": shares, "sd": math.sqrt(tx), "rows": n, "groups": k,
             "dims": [ex, ey], "largest_row": largest}
+
+
+def _largest_share(zc: np.ndarray) -> float:
+    """The share of the within-group spread (the sum of the centred rows' squared norms) that its
+    largest row carries: ``1 / n`` where the rows share it evenly, near 1 where one row carries it all;
+    0 where nothing varies."""
+    w = (zc * zc).sum(axis=1)
+    total = float(w.sum())
+    return float(w.max()) / total if total > 0 else 0.0
 
 
 def _centred_sums(gram: np.ndarray, g: np.ndarray) -> tuple[float, np.ndarray]:

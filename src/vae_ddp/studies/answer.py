@@ -434,7 +434,7 @@ def faq_section(results: dict[str, dict | None]) -> str:
             "So the division keeps the global batch size, which DDP needs, but not \"exactly the same\": that also "
             "takes every change of the table above:\n\n"
             + "".join(f"- {_factor(k)}: {DOCUMENTED[k].change}\n" for k in ranked_defaults(rs)) + "\n"
-            "Scaling the learning rate with the number of devices, suggested in the thread, is not what DDP at the "
+            "Scaling the learning rate with the number of devices is not what DDP at the "
             "same global batch needs: [the learning-rate page](questions/learning-rate.md) measures DDP's gradient "
             "and update at the one-device learning rate equal to one device's to rounding; a learning rate scaled "
             "by N is for a global batch N times larger, another run.\n")

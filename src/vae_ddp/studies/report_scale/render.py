@@ -107,7 +107,38 @@ def _effect_lines(result: dict) -> list[str]:
         lines += [f"- {factor}, {LABELS[q]}: {_interval(e[q])}" for q in QUANTITIES]
     if lg:
         lines += [f"- Logging, {LABELS[q]}: {_interval(lg[q])}" for q in ("kl", "reconstruction")]
-    return lines + [""]
+    return lines + [""] + _heavy_rows(rows)
+
+
+#: A spread is heavy-tailed, for the note under the intervals, where one global batch carries at least this share.
+HEAVY_SHARE = 0.25
+
+
+def _heavy_rows(rows: list) -> list[str]:
+    """Where one global batch carries a large share of a spread (:data:`HEAVY_SHARE`) and the rows' jackknife
+    widened the noise ratio's interval: its share on each side and the interval from the F distribution alone
+    (normal rows) beside the one shown ([`vae_ddp.harness.effect`][vae_ddp.harness.effect])."""
+    notes = []
+    for factor, _, e in rows:
+        for q in QUANTITIES:
+            part = e[q]
+            shares, normal = part.get("largest_share"), part.get("variance_ratio_ci_normal")
+            if not shares or not normal or max(shares) < HEAVY_SHARE:
+                continue
+            lo, hi = part["variance_ratio_ci"]
+            if lo >= normal[0] * 0.99 and hi <= normal[1] * 1.01:  # the jackknife widened nothing
+                continue
+            notes.append(f"- {factor}, {LABELS[q]}: the largest of {part['rows']} global batches carries "
+                         f"{shares[1]:.0%} of DDP's spread (one device's largest, {shares[0]:.0%} of its own); "
+                         f"noise ratio "
+                         f"{_f(part['variance_ratio'])}, [{_f(normal[0])}, {_f(normal[1])}] from the F distribution "
+                         f"alone, [{_f(lo)}, {_f(hi)}] as shown")
+    if not notes:
+        return []
+    return ([f"Heavy tails: where one global batch carries {HEAVY_SHARE:.0%} or more of a spread, a ratio of two "
+             "spreads rests mostly on that batch, and an interval that assumes normal rows (the F distribution's) "
+             "is too narrow; each interval above is joined with the rows' jackknife, which assumes no "
+             "distribution. Where that widened it:", ""] + notes + [""])
 
 
 def render(result: dict) -> str:
