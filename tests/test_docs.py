@@ -944,7 +944,9 @@ def test_install_command_uses_the_configured_repository(site):
     assert f"git clone {url} && cd" in _page_text(gallery), "clone command missing on /gallery/"
     for html in (audit, gallery):
         assert f'<a href="{url}">the repository</a>' in html
-    keys = _site_hooks().PLACEHOLDERS
+    keep = _page_text((site / "keep-it-fixed" / "index.html").read_text())
+    assert f'VAE_DDP: "vae-ddp @ git+{url}"' in keep, "the workflow's install line lacks the repository"
+    keys = _site_hooks().PLACEHOLDERS + (_site_hooks().REPO_URL,)
     left = [(path, k) for path in pages(site)
             for k in keys if k in _page_text((site / path.strip("/") / "index.html").read_text())]
     assert not left, f"placeholders not rendered: {left}"

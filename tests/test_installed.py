@@ -51,6 +51,27 @@ def test_the_workflow_installs_the_package_and_runs_the_test_file():
     assert imported == {"pytest", "torch", "pytorch_lightning", "sklearn", "vae_ddp"}  # what the install step brings
 
 
+@pytest.mark.timeout(600)
+def test_the_workflows_install_line_installs_the_project_from_its_repository(tmp_path):
+    """The workflow's ``VAE_DDP`` is the project installed from its repository (``vae-ddp @ git+<address>``,
+    the address the site writes): with the address of a local clone, pip installs it into a throwaway
+    environment (no dependencies, no index), and the package imports from there."""
+    requirement = _workflow()["jobs"]["ddp"]["env"]["VAE_DDP"]
+    name, _, address = requirement.partition(" @ git+")
+    assert name == "vae-ddp" and address == "{{ repo_url }}", requirement
+    venv = tmp_path / "venv"
+    _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], timeout=120)
+    python = venv / "bin" / "python"
+    purelib = Path(_run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                        timeout=60).strip())
+    (purelib / "_system_site_packages.pth").write_text("\n".join(site.getsitepackages()) + "\n")  # setuptools
+    local = requirement.replace("{{ repo_url }}", ROOT.as_uri())
+    _run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index",
+          "--no-build-isolation", "-q", local], timeout=500, cwd=tmp_path)
+    where = _run([str(python), "-c", "import vae_ddp; print(vae_ddp.__file__)"], timeout=120, cwd=tmp_path)
+    assert Path(where.strip()).is_relative_to(purelib), where
+
+
 #: this process's environment without what points Python at the checkout (PYTHONPATH) or at pytest's run
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("PYTEST")}
 
