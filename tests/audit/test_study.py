@@ -204,7 +204,7 @@ def test_per_rank_padding_is_named_not_the_reduction(tmp_path):
     assert not result["unexplained"]
     assert f["sampler"]["exposed"] and not f["sampler"]["automatic_fix"], f["sampler"]
     assert "differ in shape" in f["sampler"]["evidence"] and "max_length=L" in f["sampler"]["fix"]
-    assert "needs your code" in log and "(see docs/factors/sampler.md)" in log  # no published site here
+    assert "needs your code" in log and '(see the "Sampler and data order" page' in log  # no published site here
     # measured too: what is left with every automatic fix on, ranked by it among what bites
     assert (f["sampler"]["left_after_fixes"] == max(result["grad_steps"])
             and result["findings"][0]["factor"] == "sampler")

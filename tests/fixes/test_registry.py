@@ -297,13 +297,22 @@ def test_batchnorm_check_sees_the_layers_and_the_plugin():
 
 
 def test_the_audit_links_each_page_where_a_reader_finds_it(monkeypatch):
-    """Without a published site the link is the page's file in a checkout; with the package's
-    ``Documentation`` URL it is the page's MkDocs directory URL under it."""
+    """Without a published site the link is the page's title (its heading on the site) and its path on the
+    site, not a file of a checkout; with the package's ``Documentation`` URL it is the page's MkDocs
+    directory URL under it."""
     from vae_ddp.fixes import factor
 
     monkeypatch.setattr(factor, "docs_url", lambda: "")
-    for f in registry.factors():
-        assert (ROOT / factor.page_url(f.page)).is_file(), f.page
+    pages = {f.page for f in registry.factors()} | set(factor.PAGE_TITLES)
+    for page in pages:
+        text = (ROOT / "docs" / page).read_text()
+        if text.startswith("---\n"):  # the page's metadata (YAML, whose comments also start with "# ")
+            text = text.split("\n---\n", 1)[1]
+        heading = next(line[2:].strip() for line in text.splitlines() if line.startswith("# "))
+        assert factor.page_title(page) == heading, (page, heading)
+        assert factor.page_url(page).startswith(f'the "{heading}" page of the vae-ddp documentation (')
+    noise = factor.page_url("factors/noise.md")
+    assert "docs/" not in noise and noise.endswith("(factors/noise/)"), noise
     monkeypatch.setattr(factor, "docs_url", lambda: "https://example.org/vae-ddp/")
     assert factor.page_url("factors/noise.md") == "https://example.org/vae-ddp/factors/noise/"
     assert factor.page_url("index.md") == "https://example.org/vae-ddp/"

@@ -334,18 +334,36 @@ def docs_url() -> str:
     return ""
 
 
+#: The titles of the pages the audit links that are not a factor's (a factor's page is titled by its name).
+PAGE_TITLES = {"audit.md": "Audit your own model", "recipe.md": "The recipe: DDP that matches one device",
+               "index.md": "Why doesn't DDP reproduce one device?"}
+
+
+def page_title(page: str) -> str:
+    """The title of a docs page (relative to ``docs/``): a factor's name for its page, else :data:`PAGE_TITLES`'s,
+    else the page's path (tests/fixes/test_registry.py checks them against the pages' headings)."""
+    from vae_ddp.fixes import registry
+
+    for f in registry.factors():
+        if f.page == page:
+            return f.name
+    return PAGE_TITLES.get(page, page)
+
+
 def page_url(page: str) -> str:
     """Where a reader of the audit's output finds ``page`` (a docs page, relative to ``docs/``).
 
     ``factors/noise.md`` becomes ``<site>/factors/noise/`` (MkDocs' directory URLs;
-    ``index.md`` is the site's root) under [`docs_url`][vae_ddp.fixes.factor.docs_url], or the
-    file in a checkout, ``docs/factors/noise.md``, when the package names no published site.
+    ``index.md`` is the site's root) under [`docs_url`][vae_ddp.fixes.factor.docs_url]; when the
+    package names no published site, the page by its title and its path on the site:
+    ``the "Random streams per rank" page of the vae-ddp documentation (factors/noise/)``, not a
+    file of a checkout, which an installed package's user does not have.
     """
-    base = docs_url()
-    if not base:
-        return f"docs/{page}"
     stem = page.removesuffix(".md")
     stem = "" if stem == "index" else stem.removesuffix("/index") + "/"
+    base = docs_url()
+    if not base:
+        return f'the "{page_title(page)}" page of the vae-ddp documentation ({stem or "its home page"})'
     return base + stem
 
 
