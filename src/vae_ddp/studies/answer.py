@@ -275,7 +275,7 @@ def _ddp_kl_line(rs: dict, kl: dict) -> str:
     measured = ""
     if noise:
         lo, hi = noise["variance_ratio_ci"]
-        measured = f" (measured {_g(noise['variance_ratio'])}x, {CONFIDENCE:.0%} interval {_n(lo)} to {_n(hi)})"
+        measured = f" (measured alone: {_g(noise['variance_ratio'])}x, {CONFIDENCE:.0%} interval {_n(lo)} to {_n(hi)})"
     k = kl["seeds"]
     return (f"**DDP's KL** (the report's first observation): the same noise on every rank makes a batch's KL "
             f"noisier, at most {n} times the variance{measured}; Lightning plots rank 0's {_per_rank(rs)} samples. "
