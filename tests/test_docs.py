@@ -912,6 +912,20 @@ def test_every_figure_opens_at_full_size(site):
     assert not missing, missing
 
 
+def test_site_hooks_label_each_table_cell_with_its_column():
+    """Every body cell of a table carries its column's header text (tags removed, quotes escaped) as
+    ``data-label``, which the phone stylesheet shows before the value; a table without a header is left."""
+    hooks = _site_hooks()
+    html = ('<table>\n<thead>\n<tr>\n<th>factor <code>"x"</code></th>\n<th align="right">ratio</th>\n</tr>\n</thead>'
+            '\n<tbody>\n<tr>\n<td>BatchNorm</td>\n<td align="right">0.4</td>\n</tr>\n<tr>\n<td>noise</td>\n'
+            '<td>0.8</td>\n</tr>\n</tbody>\n</table>')
+    out = hooks.label_cells(html)
+    assert out.count('<td data-label="factor &quot;x&quot;">') == 2 and out.count('<td data-label="ratio"') == 2
+    assert '<td data-label="ratio" align="right">0.4</td>' in out
+    bare = "<table>\n<tbody>\n<tr>\n<td>1</td>\n</tr>\n</tbody>\n</table>"
+    assert hooks.label_cells(bare) == bare
+
+
 def test_site_hooks_render_the_install_command_from_repo_url():
     """The hook writes one install line from the site setting ``repo_url`` (pyproject's name, pip's
     ``name @ git+URL``), a clone line and a link; without an address it names no made-up one."""
