@@ -58,14 +58,14 @@ def test_the_workflows_install_line_installs_the_project_from_its_repository(tmp
     environment (no dependencies, no index), and the package imports from there."""
     requirement = _workflow()["jobs"]["ddp"]["env"]["VAE_DDP"]
     name, _, address = requirement.partition(" @ git+")
-    assert name == "vae-ddp" and address == "{{ repo_url }}", requirement
+    assert name == "vae-ddp" and address == "{{repo_url}}", requirement
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], timeout=120)
     python = venv / "bin" / "python"
     purelib = Path(_run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                         timeout=60).strip())
     (purelib / "_system_site_packages.pth").write_text("\n".join(site.getsitepackages()) + "\n")  # setuptools
-    local = requirement.replace("{{ repo_url }}", ROOT.as_uri())
+    local = requirement.replace("{{repo_url}}", ROOT.as_uri())
     _run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index",
           "--no-build-isolation", "-q", local], timeout=500, cwd=tmp_path)
     where = _run([str(python), "-c", "import vae_ddp; print(vae_ddp.__file__)"], timeout=120, cwd=tmp_path)

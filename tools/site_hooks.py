@@ -9,8 +9,8 @@ workflow sets it to the repository that publishes the site). A page writes
 - ``{{ clone_command }}``: one line that clones the repository and enters it (for what needs the
   repository's files: ``examples/``, the extras such as ``.[gallery]``);
 - ``{{ repo_link }}``: a Markdown link to the repository;
-- ``{{ repo_url }}``: the repository's address alone, in an included file (the keep-it-fixed workflow's
-  requirement, ``vae-ddp @ git+{{ repo_url }}``), replaced in the page's HTML;
+- ``{{repo_url}}``: the repository's address alone, in an included file (the keep-it-fixed workflow's
+  requirement, ``vae-ddp @ git+{{repo_url}}``), replaced in the page's HTML;
 - ``{{ page_url }}``: the page's own address (``site_url`` and the page's URL; without a
   ``site_url``, words that say to link this page), for text a reader posts elsewhere; replaced in
   the page's HTML (``on_page_content``), so an included snippet may use it too.
@@ -143,7 +143,7 @@ def html_escape(text: str) -> str:
 
 
 #: In an included file (the keep-it-fixed workflow), the repository's address; replaced in the page's HTML.
-REPO_URL = "{{ repo_url }}"
+REPO_URL = "{{repo_url}}"
 #: What it becomes without a ``repo_url`` (a local build): a word that says what to put there.
 NO_REPO_URL = "URL-OF-THE-vae-ddp-REPOSITORY"
 
