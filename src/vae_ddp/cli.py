@@ -178,19 +178,31 @@ def _import_or_end_at_ctrl_c(argv: list[str]) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def entry() -> None:
-    """The ``vae-ddp`` command: ``main``'s exit code. After a Ctrl-C it leaves with 130 through
-    ``os._exit``, once the output is flushed and ``main`` has cleaned up: a KeyboardInterrupt that went
-    through a C-level run of Python code while torch or Lightning imported leaves CPython marked to end
-    by re-raising SIGINT at exit (exit status -2 in about 4 runs of 10 with Ctrl-C 1 to 3 s after the start,
-    measured) although ``main`` caught it and returned 130."""
-    _import_or_end_at_ctrl_c(sys.argv[1:])
-    code = main()
-    if code == 130:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(130)
+def _leave(code: int) -> None:
+    """End the command with ``code`` once the output is flushed. ``os._exit`` after a Ctrl-C (130: see
+    [`entry`][vae_ddp.cli.entry]) and when a thread that is not a daemon is still running (one the user's model
+    or data started: the interpreter would wait for it at exit, and the command with it, after the report was
+    written); otherwise ``sys.exit``. Raises ``SystemExit`` (that is how it ends)."""
+    import threading
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    waiting = [t for t in threading.enumerate() if t is not threading.current_thread() and not t.daemon]
+    if code == 130 or waiting:
+        os._exit(code)
     sys.exit(code)
+
+
+def entry() -> None:
+    """The ``vae-ddp`` command: ``main``'s exit code. It ends through ``os._exit``, once the output is flushed
+    and ``main`` has cleaned up, after a Ctrl-C (130: a KeyboardInterrupt that went
+    through a C-level run of Python code while torch or Lightning imported leaves CPython marked to end
+    by re-raising SIGINT at exit; exit status -2 in about 4 runs of 10 with Ctrl-C 1 to 3 s after the start,
+    measured, although ``main`` caught it and returned 130) and when the user's code left a thread running
+    (``_leave``: the command only borrows the model and the data; the Python API and the
+    pytest helper leave the caller's threads alone). Raises ``SystemExit`` (that is how it ends)."""
+    _import_or_end_at_ctrl_c(sys.argv[1:])
+    _leave(main())
 
 
 if __name__ == "__main__":
