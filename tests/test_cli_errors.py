@@ -292,3 +292,30 @@ def test_a_runs_folder_planted_as_a_link_is_refused(tmp_path, capsys):
     code, err = _run(capsys, "compare", "--configs", "[single]", "--steps", "1", "--out", str(out))
     assert code == 2 and err.count("\n") == 1 and f"{out / 'runs'} is a link to {victim}" in err, err
     assert list(victim.iterdir()) == []
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("command", [["compare", "--steps", "1"], AUDIT], ids=["compare", "audit"])
+def test_sigterm_while_it_imports_is_143_and_one_line(command, tmp_path):
+    """SIGTERM 0.5, 2 and 5 s after the start (the command imports jsonargparse, torch and Lightning,
+    or has just begun) ended by the signal (-15) with nothing on stderr, while SIGTERM later said
+    ``vae-ddp: terminated`` with exit code 143: the same now from the command's first line of code."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    for i, delay in enumerate((0.5, 2.0, 5.0)):
+        proc = subprocess.Popen([sys.executable, "-m", "vae_ddp.cli", *command, "--out", str(tmp_path / f"o{i}")],
+                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        try:
+            time.sleep(delay)  # the moment of the signal, not a wait for a condition
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        assert proc.returncode == 143 and "Traceback" not in err, (delay, proc.returncode, err)
+        assert err.strip().splitlines()[-1] == "vae-ddp: terminated", (delay, err)

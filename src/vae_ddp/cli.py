@@ -91,7 +91,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     folder's file system filled up after training started (one line naming it), 2 bad
     input (one line: a jsonargparse error, or [`input_error`][vae_ddp.errors.input_error]), 130 Ctrl-C,
     143 SIGTERM (``vae-ddp: terminated`` on stderr; every rank and worker it started ended). Ctrl-C
-    while it imports is 130 too (this module imports only the standard library at its top). The run
+    while it imports is 130 too (this module imports only the standard library at its top), SIGTERM 143
+    (the command's [`entry`][vae_ddp.cli.entry] takes it at its first line). The run
     has a ``TMPDIR`` of its own ([`private_tmpdir`][vae_ddp.utils.private_tmpdir])."""
     audit = (sys.argv[1:] if argv is None else list(argv))[:1] == ["audit"]
     try:
@@ -178,6 +179,20 @@ def _import_or_end_at_ctrl_c(argv: list[str]) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def _end_at_sigterm() -> None:
+    """SIGTERM before [`main`][vae_ddp.cli.main] takes it over (while the command imports jsonargparse, torch and
+    Lightning) and after main returned: one line, ``vae-ddp: terminated``, and exit code 143, as SIGTERM
+    during a run ends (Python's default ended with -15 and nothing on stderr). Nothing needs cleaning then:
+    no folder, no process exists before main's handler or after main returned."""
+    import signal
+
+    def terminated(signum, frame):
+        print("vae-ddp: terminated", file=sys.stderr, flush=True)
+        os._exit(143)
+
+    signal.signal(signal.SIGTERM, terminated)
+
+
 def _leave(code: int) -> None:
     """End the command with ``code`` once the output is flushed. ``os._exit`` after a Ctrl-C (130: see
     [`entry`][vae_ddp.cli.entry]) and when a thread that is not a daemon is still running (one the user's model
@@ -194,13 +209,15 @@ def _leave(code: int) -> None:
 
 
 def entry() -> None:
-    """The ``vae-ddp`` command: ``main``'s exit code. It ends through ``os._exit``, once the output is flushed
+    """The ``vae-ddp`` command: ``main``'s exit code. Its first line takes SIGTERM (143 from the start,
+    ``_end_at_sigterm``). It ends through ``os._exit``, once the output is flushed
     and ``main`` has cleaned up, after a Ctrl-C (130: a KeyboardInterrupt that went
     through a C-level run of Python code while torch or Lightning imported leaves CPython marked to end
     by re-raising SIGINT at exit; exit status -2 in about 4 runs of 10 with Ctrl-C 1 to 3 s after the start,
     measured, although ``main`` caught it and returned 130) and when the user's code left a thread running
     (``_leave``: the command only borrows the model and the data; the Python API and the
     pytest helper leave the caller's threads alone). Raises ``SystemExit`` (that is how it ends)."""
+    _end_at_sigterm()
     _import_or_end_at_ctrl_c(sys.argv[1:])
     _leave(main())
 
