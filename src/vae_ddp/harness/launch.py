@@ -33,6 +33,8 @@ CHILD = "vae_ddp.harness"
 RUNNER = "vae_ddp.harness.runner:train_specs"
 
 _ERROR_LINE = re.compile(r"^(\[rank\d+\]: )?[A-Za-z_][\w.]*(Error|Exception)(:|$)")
+#: the ``[rankN]: `` torch puts in front of each line a rank writes
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ")
 #: what a rank's watcher, the job's child or the guard says of a rank that ended (vae_ddp.ranks)
 _RANK_LINE = re.compile(r"^vae-ddp: rank (?P<rank>\d+) \(PID (?P<pid>\d+)\) (?P<how>.*?)(: ending every rank)?$")
 #: what a process of a launch says when it starts a run, and when a run fails in it (say_run)
@@ -264,7 +266,7 @@ def _failure(label: str, code: Optional[int], lines: list[str], log: Path, out_d
         # worker's own traceback below it: its last line is what went wrong (the dataset's words)
         own = next((ln for ln in lines[at + 1:] if _ERROR_LINE.match(ln)), None)
         if own is not None:
-            first = f"{first.rstrip('.')}: {re.sub(r'^[[]rank[0-9]+[]]: ', '', own)}"
+            first = f"{first.rstrip('.')}: {_RANK_PREFIX.sub('', own)}"
     rank = next((m for m in map(_RANK_LINE.match, lines) if m), None)
     label = _which_run(label, lines, rank["pid"] if rank else None)
     # the launch's own exit code (137: rank 0 ended by its watcher) is not the rank's: the last line says that
