@@ -168,6 +168,7 @@ def _import_or_end_at_ctrl_c(argv: list[str]) -> None:
     def interrupted(signum, frame):
         print("vae-ddp audit: interrupted; no verdict" if argv[:1] == ["audit"] else "vae-ddp: interrupted",
               file=sys.stderr, flush=True)
+        _tidy()
         os._exit(130)
 
     signal.signal(signal.SIGINT, interrupted)
@@ -182,15 +183,29 @@ def _import_or_end_at_ctrl_c(argv: list[str]) -> None:
 def _end_at_sigterm() -> None:
     """SIGTERM before [`main`][vae_ddp.cli.main] takes it over (while the command imports jsonargparse, torch and
     Lightning) and after main returned: one line, ``vae-ddp: terminated``, and exit code 143, as SIGTERM
-    during a run ends (Python's default ended with -15 and nothing on stderr). Nothing needs cleaning then:
-    no folder, no process exists before main's handler or after main returned."""
+    during a run ends (Python's default ended with -15 and nothing on stderr). Nothing needs cleaning then
+    but the empty folder the imports may have made (``_tidy``): no other folder, no process exists before
+    main's handler or after main returned."""
     import signal
 
     def terminated(signum, frame):
         print("vae-ddp: terminated", file=sys.stderr, flush=True)
+        _tidy()
         os._exit(143)
 
     signal.signal(signal.SIGTERM, terminated)
+
+
+#: Folders the command's imports create that it removes at its end if they are empty (``entry``).
+_MADE: list[str] = []
+
+
+def _tidy() -> None:
+    """Remove the folders of ``_MADE`` that are empty: TMPDIR as the command found it."""
+    from vae_ddp.utils import remove_if_empty
+
+    for path in _MADE:
+        remove_if_empty(path)
 
 
 def _leave(code: int) -> None:
@@ -200,6 +215,7 @@ def _leave(code: int) -> None:
     written); otherwise ``sys.exit``. Raises ``SystemExit`` (that is how it ends)."""
     import threading
 
+    _tidy()
     sys.stdout.flush()
     sys.stderr.flush()
     waiting = [t for t in threading.enumerate() if t is not threading.current_thread() and not t.daemon]
@@ -216,8 +232,14 @@ def entry() -> None:
     by re-raising SIGINT at exit; exit status -2 in about 4 runs of 10 with Ctrl-C 1 to 3 s after the start,
     measured, although ``main`` caught it and returned 130) and when the user's code left a thread running
     (``_leave``: the command only borrows the model and the data; the Python API and the
-    pytest helper leave the caller's threads alone). Raises ``SystemExit`` (that is how it ends)."""
+    pytest helper leave the caller's threads alone). The empty cache folder of torch inductor that importing
+    Lightning makes in TMPDIR is removed at the end, if it did not exist before
+    ([`inductor_folder_to_remove`][vae_ddp.utils.inductor_folder_to_remove]). Raises ``SystemExit`` (that is
+    how it ends)."""
     _end_at_sigterm()
+    from vae_ddp.utils import inductor_folder_to_remove
+
+    _MADE[:] = filter(None, [inductor_folder_to_remove()])  # importing Lightning makes it: removed if empty
     _import_or_end_at_ctrl_c(sys.argv[1:])
     _leave(main())
 
