@@ -92,7 +92,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     input (one line: a jsonargparse error, or [`input_error`][vae_ddp.errors.input_error]), 130 Ctrl-C,
     143 SIGTERM (``vae-ddp: terminated`` on stderr; every rank and worker it started ended). Ctrl-C
     while it imports is 130 too (this module imports only the standard library at its top), SIGTERM 143
-    (the command's [`entry`][vae_ddp.cli.entry] takes it at its first line). The run
+    (the command's ``entry`` takes it at its first line). The run
     has a ``TMPDIR`` of its own ([`private_tmpdir`][vae_ddp.utils.private_tmpdir])."""
     audit = (sys.argv[1:] if argv is None else list(argv))[:1] == ["audit"]
     try:
@@ -210,7 +210,7 @@ def _tidy() -> None:
 
 def _leave(code: int) -> None:
     """End the command with ``code`` once the output is flushed. ``os._exit`` after a Ctrl-C (130: see
-    [`entry`][vae_ddp.cli.entry]) and when a thread that is not a daemon is still running (one the user's model
+    ``entry``) and when a thread that is not a daemon is still running (one the user's model
     or data started: the interpreter would wait for it at exit, and the command with it, after the report was
     written); otherwise ``sys.exit``. Raises ``SystemExit`` (that is how it ends)."""
     import threading
