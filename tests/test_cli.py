@@ -3,6 +3,10 @@
 import dataclasses
 import itertools
 import functools
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -144,3 +148,53 @@ def test_the_help_lists_every_subcommand_without_torch():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.splitlines()[-1] == "0 []", proc.stdout[-2000:] + proc.stderr[-2000:]
     assert all(f"    {name} " in proc.stdout for name in COMMANDS), proc.stdout
+
+
+THREADED = """
+import threading
+
+import torch
+from pytorch_lightning import LightningModule
+from torch import nn
+from torch.nn import functional as F
+
+
+class Threaded(LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Linear(8, 1)
+        threading.Thread(target=threading.Event().wait, args=(600,), name="users-thread").start()  # not a daemon
+
+    def forward(self, x):
+        return self.net(x).squeeze(-1)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.mse_loss(self(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=1e-2)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_thread_the_users_model_leaves_running_does_not_hold_the_command(tmp_path):
+    """A model whose ``__init__`` starts a thread that is not a daemon (it waits 600 s): the audit wrote
+    its report, then the ``vae-ddp`` process waited for that thread at exit (``threading._shutdown``) for
+    as long as it ran. The command borrows the model: it exits with its code once the report is written."""
+    (tmp_path / "threaded.py").write_text(THREADED)
+    out = tmp_path / "o"
+    model = f"{tmp_path}/threaded.py:Threaded"
+    proc = subprocess.Popen([sys.executable, "-m", "vae_ddp.cli", "audit", "--model", model, "--data",
+                             "examples.audit_models.Regression", "--steps", "2", "--effect_batches", "0",
+                             "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        _, err = proc.communicate(timeout=240)  # the audit alone: about 10 s on an idle machine
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"still running 240 s after the start; report written: {(out / 'audit.json').exists()}")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0 and (out / "audit.json").exists(), (proc.returncode, err[-2000:])

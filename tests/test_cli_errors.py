@@ -292,3 +292,105 @@ def test_a_runs_folder_planted_as_a_link_is_refused(tmp_path, capsys):
     code, err = _run(capsys, "compare", "--configs", "[single]", "--steps", "1", "--out", str(out))
     assert code == 2 and err.count("\n") == 1 and f"{out / 'runs'} is a link to {victim}" in err, err
     assert list(victim.iterdir()) == []
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("command", [["compare", "--steps", "1"], AUDIT], ids=["compare", "audit"])
+def test_sigterm_while_it_imports_is_143_and_one_line(command, tmp_path):
+    """SIGTERM 0.5, 2 and 5 s after the start (the command imports jsonargparse, torch and Lightning,
+    or has just begun) ended by the signal (-15) with nothing on stderr, while SIGTERM later said
+    ``vae-ddp: terminated`` with exit code 143: the same now from the command's first line of code."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    for i, delay in enumerate((0.5, 2.0, 5.0)):
+        proc = subprocess.Popen([sys.executable, "-m", "vae_ddp.cli", *command, "--out", str(tmp_path / f"o{i}")],
+                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        try:
+            time.sleep(delay)  # the moment of the signal, not a wait for a condition
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        assert proc.returncode == 143 and "Traceback" not in err, (delay, proc.returncode, err)
+        assert err.strip().splitlines()[-1] == "vae-ddp: terminated", (delay, err)
+
+
+def _started_with(mark: str) -> list[int]:
+    """Live (not zombie) processes whose environment holds ``VAE_DDP_TEST_MARK=mark``: whatever the command
+    started, however it started them (they inherit its environment)."""
+    from pathlib import Path
+
+    found = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and f"VAE_DDP_TEST_MARK={mark}".encode() in (d / "environ").read_bytes().split(b"\0") \
+                    and (d / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                found.append(int(d.name))
+        except OSError:
+            continue
+    return found
+
+
+def _still_running(pids: list[int], seconds: float) -> list[int]:
+    """Those of ``pids`` still running ``seconds`` after the call: each pidfd turns readable when its process
+    ends (an event, not a poll of a condition)."""
+    import select
+    import time
+
+    fds = {}
+    for pid in pids:
+        try:
+            fds[os.pidfd_open(pid)] = pid
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + seconds
+    try:
+        while fds and (left := deadline - time.monotonic()) > 0:
+            for fd in select.select(list(fds), [], [], left)[0]:
+                os.close(fd)
+                fds.pop(fd)
+        return sorted(fds.values())
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("refusal", ["out is a file", "lock is a link", "API: out is a file"])
+def test_no_process_outlives_a_fast_refusal(tmp_path, refusal):
+    """After a refusal (exit 2) the zygote the audit had started (``--zygote vae_ddp.audit.run``) went on
+    importing torch and Lightning, busy, 8-13 s after the command returned: 2 s after it, no process it
+    started is running (whatever layer starts them: the test finds them by a variable of their environment)."""
+    import signal
+    import subprocess
+    import sys
+    import uuid
+
+    mark, out = uuid.uuid4().hex, tmp_path / "o"
+    if refusal.endswith("out is a file"):
+        out.write_text("")
+    else:
+        out.mkdir()
+        (out / ".vae-ddp.lock").symlink_to(tmp_path / "victim")
+    if refusal.startswith("API"):
+        cmd = [sys.executable, "-c", "import sys; from vae_ddp.audit.api import audit; from examples.audit_models "
+               f"import Plain, Regression; audit(Plain, Regression, out={str(out)!r})"]
+    else:
+        cmd = [sys.executable, "-m", "vae_ddp.cli", *AUDIT, "--out", str(out)]
+    err = tmp_path / "stderr.txt"
+    try:
+        with open(err, "w") as stderr:  # a file, not a pipe: a pipe's reader would wait for every writer to end
+            code = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, VAE_DDP_TEST_MARK=mark),
+                                  stdout=subprocess.DEVNULL, stderr=stderr, timeout=180).returncode
+        assert code == (1 if refusal.startswith("API") else 2), err.read_text()[-2000:]
+        left = _still_running(_started_with(mark), 2.0)
+        assert not left, [open(f"/proc/{p}/cmdline").read().replace("\0", " ") for p in left]
+    finally:
+        for pid in _started_with(mark):
+            os.kill(pid, signal.SIGKILL)

@@ -82,3 +82,39 @@ def test_no_two_fixes_import_each_other():
     graph = fixes_graph()
     assert "vae_ddp.fixes.dropout" in graph["vae_ddp.fixes.randomness"]  # the callback swaps dropout layers
     assert cycles(graph) == [], f"import circles among vae_ddp.fixes modules: {cycles(graph)}"
+
+
+RE_CALLS = {"compile", "sub", "subn", "match", "fullmatch", "search", "split", "findall", "finditer"}
+
+
+def literal_patterns(source: str) -> list[tuple[int, str]]:
+    """``(line, pattern)`` of every ``re.NAME("literal", ...)`` call of ``source`` (``NAME``: ``RE_CALLS``)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in RE_CALLS
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "re" and node.args
+                and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            found.append((node.lineno, node.args[0].value))
+    return found
+
+
+def test_every_regular_expression_compiles_without_a_warning():
+    """``re.sub(r'^[[]rank...', ...)`` in harness/launch.py printed ``FutureWarning: Possible nested set at
+    position 2`` when it first ran, in front of the DataLoader worker's error it was cleaning up. Every literal
+    pattern of the package compiles with warnings as errors (``re``'s cache emptied first: a cached pattern
+    warns no more)."""
+    import re
+    import warnings
+
+    checked, bad = 0, []
+    for path in sorted((SRC / "vae_ddp").rglob("*.py")):
+        for line, pattern in literal_patterns(path.read_text()):
+            checked += 1
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                try:
+                    re.purge()
+                    re.compile(pattern)
+                except (Warning, re.error) as err:
+                    bad.append(f"{path.relative_to(SRC)}:{line}: {pattern!r}: {err}")
+    assert checked > 10 and not bad, bad

@@ -49,3 +49,35 @@ def test_a_run_leaves_nothing_in_tmpdir(tmp_path, monkeypatch, request, ending):
     code, _, err = main_captured(["compare", "--configs", "[single]", "--steps", "2", "--out", str(tmp_path / "o")])
     assert code == (0 if ending == "exit 0" else 143), err
     assert list(tmp.iterdir()) == []
+
+
+def _inductor_cache_name() -> str:
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    return Path(default_cache_dir()).name  # torch's own rule: torchinductor_USER
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("before", ["nothing", "a cache"])
+def test_an_audit_leaves_tmpdir_as_it_found_it(tmp_path, request, before):
+    """``vae-ddp audit`` left an empty ``torchinductor_root/`` in TMPDIR (importing Lightning makes inductor's
+    default cache folder, and names it in ``TORCHINDUCTOR_CACHE_DIR``, which the runs inherited): TMPDIR is as
+    the command found it; an inductor cache that existed before is left as it was, its files untouched."""
+    import os
+    import subprocess
+    import sys
+
+    from helpers import ROOT
+
+    tmp = Path(tempfile.mkdtemp(prefix="t59-", dir="/tmp"))  # short: a forkserver socket's path is in it
+    request.addfinalizer(lambda: shutil.rmtree(tmp, ignore_errors=True))
+    if before == "a cache":
+        (tmp / _inductor_cache_name() / "kept").mkdir(parents=True)
+    found = sorted(p.relative_to(tmp) for p in tmp.rglob("*"))
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"} | {"TMPDIR": str(tmp)}
+    proc = subprocess.run([sys.executable, "-m", "vae_ddp.cli", "audit", "--model", "examples.audit_models.Plain",
+                           "--data", "examples.audit_models.Regression", "--steps", "2", "--effect_batches", "0",
+                           "--out", str(tmp_path / "o")], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=240, start_new_session=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert sorted(p.relative_to(tmp) for p in tmp.rglob("*")) == found

@@ -91,7 +91,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     folder's file system filled up after training started (one line naming it), 2 bad
     input (one line: a jsonargparse error, or [`input_error`][vae_ddp.errors.input_error]), 130 Ctrl-C,
     143 SIGTERM (``vae-ddp: terminated`` on stderr; every rank and worker it started ended). Ctrl-C
-    while it imports is 130 too (this module imports only the standard library at its top). The run
+    while it imports is 130 too (this module imports only the standard library at its top), SIGTERM 143
+    (the command's ``entry`` takes it at its first line). The run
     has a ``TMPDIR`` of its own ([`private_tmpdir`][vae_ddp.utils.private_tmpdir])."""
     audit = (sys.argv[1:] if argv is None else list(argv))[:1] == ["audit"]
     try:
@@ -167,6 +168,7 @@ def _import_or_end_at_ctrl_c(argv: list[str]) -> None:
     def interrupted(signum, frame):
         print("vae-ddp audit: interrupted; no verdict" if argv[:1] == ["audit"] else "vae-ddp: interrupted",
               file=sys.stderr, flush=True)
+        _tidy()
         os._exit(130)
 
     signal.signal(signal.SIGINT, interrupted)
@@ -178,19 +180,68 @@ def _import_or_end_at_ctrl_c(argv: list[str]) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def entry() -> None:
-    """The ``vae-ddp`` command: ``main``'s exit code. After a Ctrl-C it leaves with 130 through
-    ``os._exit``, once the output is flushed and ``main`` has cleaned up: a KeyboardInterrupt that went
-    through a C-level run of Python code while torch or Lightning imported leaves CPython marked to end
-    by re-raising SIGINT at exit (exit status -2 in about 4 runs of 10 with Ctrl-C 1 to 3 s after the start,
-    measured) although ``main`` caught it and returned 130."""
-    _import_or_end_at_ctrl_c(sys.argv[1:])
-    code = main()
-    if code == 130:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(130)
+def _end_at_sigterm() -> None:
+    """SIGTERM before [`main`][vae_ddp.cli.main] takes it over (while the command imports jsonargparse, torch and
+    Lightning) and after main returned: one line, ``vae-ddp: terminated``, and exit code 143, as SIGTERM
+    during a run ends (Python's default ended with -15 and nothing on stderr). Nothing needs cleaning then
+    but the empty folder the imports may have made (``_tidy``): no other folder, no process exists before
+    main's handler or after main returned."""
+    import signal
+
+    def terminated(signum, frame):
+        print("vae-ddp: terminated", file=sys.stderr, flush=True)
+        _tidy()
+        os._exit(143)
+
+    signal.signal(signal.SIGTERM, terminated)
+
+
+#: Folders the command's imports create that it removes at its end if they are empty (``entry``).
+_MADE: list[str] = []
+
+
+def _tidy() -> None:
+    """Remove the folders of ``_MADE`` that are empty: TMPDIR as the command found it."""
+    from vae_ddp.utils import remove_if_empty
+
+    for path in _MADE:
+        remove_if_empty(path)
+
+
+def _leave(code: int) -> None:
+    """End the command with ``code`` once the output is flushed. ``os._exit`` after a Ctrl-C (130: see
+    ``entry``) and when a thread that is not a daemon is still running (one the user's model
+    or data started: the interpreter would wait for it at exit, and the command with it, after the report was
+    written); otherwise ``sys.exit``. Raises ``SystemExit`` (that is how it ends)."""
+    import threading
+
+    _tidy()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    waiting = [t for t in threading.enumerate() if t is not threading.current_thread() and not t.daemon]
+    if code == 130 or waiting:
+        os._exit(code)
     sys.exit(code)
+
+
+def entry() -> None:
+    """The ``vae-ddp`` command: ``main``'s exit code. Its first line takes SIGTERM (143 from the start,
+    ``_end_at_sigterm``). It ends through ``os._exit``, once the output is flushed
+    and ``main`` has cleaned up, after a Ctrl-C (130: a KeyboardInterrupt that went
+    through a C-level run of Python code while torch or Lightning imported leaves CPython marked to end
+    by re-raising SIGINT at exit; exit status -2 in about 4 runs of 10 with Ctrl-C 1 to 3 s after the start,
+    measured, although ``main`` caught it and returned 130) and when the user's code left a thread running
+    (``_leave``: the command only borrows the model and the data; the Python API and the
+    pytest helper leave the caller's threads alone). The empty cache folder of torch inductor that importing
+    Lightning makes in TMPDIR is removed at the end, if it did not exist before
+    ([`inductor_folder_to_remove`][vae_ddp.utils.inductor_folder_to_remove]). Raises ``SystemExit`` (that is
+    how it ends)."""
+    _end_at_sigterm()
+    from vae_ddp.utils import inductor_folder_to_remove
+
+    _MADE[:] = filter(None, [inductor_folder_to_remove()])  # importing Lightning makes it: removed if empty
+    _import_or_end_at_ctrl_c(sys.argv[1:])
+    _leave(main())
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ from typing import Iterator, Optional
 
 from vae_ddp.errors import UserError
 
-__all__ = ["quiet", "close_process_group", "check_writable", "out_folder_lock", "FolderInUse", "private_tmpdir"]
+__all__ = ["quiet", "close_process_group", "check_writable", "out_folder_lock", "FolderInUse", "private_tmpdir",
+           "inductor_folder_to_remove", "remove_if_empty"]
 
 
 class FolderInUse(UserError):
@@ -101,7 +102,9 @@ def private_tmpdir() -> Iterator[Optional[Path]]:
     block runs, removed with all that the run's processes left in it when the block ends, however
     it ends (an exception, ``KeyboardInterrupt``, SIGTERM raised as an exception): DataLoader
     workers' ``pymp-*`` folders and forkserver sockets, torch inductor's ``torchinductor_*``
-    cache, torch elastic's folders, the guards' heartbeat folders. The folder is made anew
+    cache (``TORCHINDUCTOR_CACHE_DIR`` points into the folder while the block runs, unless it names a folder
+    other than inductor's default: the user's choice), torch elastic's folders, the guards' heartbeat
+    folders. The folder is made anew
     (``tempfile.mkdtemp``: ``RUN_TMP``, the PID and a random part, mode 0700), so that a folder or
     link of that name made by another user is never used. A run ended by SIGKILL leaves
     its folder; the next run removes every such folder of this user's whose run is gone: the run holds
@@ -126,19 +129,64 @@ def private_tmpdir() -> Iterator[Optional[Path]]:
 
     owner = os.open(os.path.join(path, RUN_TMP_OWNER), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     fcntl.flock(owner, fcntl.LOCK_EX)  # held while this run lives; released by the kernel however it ends
-    saved_env, saved = os.environ.get("TMPDIR"), tempfile.tempdir
+    saved_env, saved, saved_cache = os.environ.get("TMPDIR"), tempfile.tempdir, os.environ.get(INDUCTOR_CACHE)
     os.environ["TMPDIR"], tempfile.tempdir = path, path
+    if saved_cache is None or os.path.abspath(saved_cache) == _inductor_default(base):  # not the user's choice
+        os.environ[INDUCTOR_CACHE] = os.path.join(path, "torchinductor")
     try:
         yield Path(path)
     finally:
         os.close(owner)
-        if saved_env is None:
-            os.environ.pop("TMPDIR", None)
-        else:
-            os.environ["TMPDIR"] = saved_env
+        _restore_env({"TMPDIR": saved_env, INDUCTOR_CACHE: saved_cache})
         tempfile.tempdir = saved
         _release_multiprocessing(path)
         shutil.rmtree(path, ignore_errors=True)
+
+
+#: torch inductor's cache folder setting; unset, ``cache_dir()`` in torch/_inductor/runtime/cache_dir_utils.py
+#: uses TMPDIR/torchinductor_USER, which importing Lightning creates and then names in this variable
+INDUCTOR_CACHE = "TORCHINDUCTOR_CACHE_DIR"
+
+
+def _inductor_default(base: str) -> str:
+    """Inductor's default cache folder in ``base`` (its ``default_cache_dir``: ``torchinductor_`` and the user)."""
+    import getpass
+    import re
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, ModuleNotFoundError, OSError):
+        user = f"uid_{os.getuid()}"
+    return os.path.join(os.path.abspath(base), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
+
+
+def _restore_env(saved: dict[str, Optional[str]]) -> None:
+    """Set each variable of ``saved`` back to its value (None: unset)."""
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+def inductor_folder_to_remove() -> Optional[str]:
+    """Before a command imports torch and Lightning: inductor's default cache folder in TMPDIR when
+    ``TORCHINDUCTOR_CACHE_DIR`` is unset and that folder does not exist (the imports create it, empty:
+    [`remove_if_empty`][vae_ddp.utils.remove_if_empty] it when the command ends), else None: a cache that
+    existed before, or the user's, is never removed. Raises nothing."""
+    import tempfile
+
+    if os.environ.get(INDUCTOR_CACHE) is not None:
+        return None
+    path = _inductor_default(tempfile.gettempdir())
+    return None if os.path.lexists(path) else path
+
+
+def remove_if_empty(path: Optional[str]) -> None:
+    """Remove the folder ``path`` if it is empty (not a link, nothing in it); else leave it. Raises nothing."""
+    if path:
+        with contextlib.suppress(OSError):
+            os.rmdir(path)
 
 
 def _release_multiprocessing(path: str) -> None:

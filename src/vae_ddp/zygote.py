@@ -14,7 +14,7 @@ a new interpreter under [`guard.run`][vae_ddp.guard.run], without the imports. T
 as descriptors (``SCM_RIGHTS``), the environment and folder with the request; the launch's exit
 code comes back.
 
-The zygote ends within 0.1 s of its caller's death, even by SIGKILL (it polls its parent:
+The zygote ends within 0.1 s of its caller's death, even by SIGKILL and while it imports (it polls its parent:
 ``PR_SET_PDEATHSIG`` would fire when the caller's *thread* that started it ends, and it serves all
 the caller's threads), and its guards with it (they end their trees); it ignores SIGINT (a
 terminal's Ctrl-C is the caller's to handle). It never computes: its only threads are OpenBLAS's
@@ -204,8 +204,7 @@ def serve(module: str, fd: int, caller: int, guard_forked: Callable[..., int]) -
     [`vae_ddp.guard.guard_forked`][vae_ddp.guard.guard_forked], given by the guard's entry point
     ``python -m vae_ddp.guard --zygote MODULE FD CALLER``, which runs this: this module imports no
     guard, whose [`run_all`][vae_ddp.guard.run_all] starts zygotes) and send back the guard's pid,
-    later its exit code; end when ``caller`` (the parent) dies or closes the socket."""
-    import importlib
+    later its exit code; end when ``caller`` (the parent) dies or closes the socket, also while it imports."""
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # no PR_SET_PDEATHSIG: Linux sends it when the *thread* that started this process ends, and a
@@ -214,8 +213,7 @@ def serve(module: str, fd: int, caller: int, guard_forked: Callable[..., int]) -
     if os.getppid() != caller:
         return 1
     sock = socket.socket(fileno=fd)
-    for name in module.split(","):
-        importlib.import_module(name)
+    _import_while_the_caller_lives(module.split(","), caller)
     with contextlib.suppress(OSError):
         sock.send(b"ready")
     waiting: dict[int, socket.socket] = {}
@@ -247,3 +245,28 @@ def serve(module: str, fd: int, caller: int, guard_forked: Callable[..., int]) -
             reply.send(json.dumps({"pid": pid}).encode())
         waiting[pid] = reply
     return 0
+
+
+def _import_while_the_caller_lives(modules: list[str], caller: int) -> None:
+    """Import ``modules`` (seconds: torch and Lightning) while a thread checks every 0.1 s that ``caller`` is
+    still this process's parent and ends the process (``os._exit(0)``: nothing started yet) when it is not: a
+    caller that refused its input at once left its zygote importing, busy, 8-13 s after it had ended. The
+    thread is joined before this returns (the zygote forks with one Python thread). Raises what an import
+    raises."""
+    import importlib
+
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.1):
+            if os.getppid() != caller:
+                os._exit(0)
+
+    watcher = threading.Thread(target=watch, name="zygote-caller-watch", daemon=True)
+    watcher.start()
+    try:
+        for name in modules:
+            importlib.import_module(name)
+    finally:
+        done.set()
+        watcher.join()

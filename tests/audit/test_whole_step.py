@@ -10,6 +10,7 @@ against one device, float64; it does not import vae_ddp).
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -185,7 +186,9 @@ def test_a_clean_module_is_clean_by_the_ground_truth_too(truth):
 
 def test_a_loss_that_turns_nan_is_one_line_naming_the_run_rank_and_step(tmp_path):
     """`Diverging` returns NaN from its second step: exit code 3, the run, the rank and the batch in the
-    error line, and no audit.json that could read as a verdict."""
+    error line, and no audit.json that could read as a verdict. The last line names the process that failed
+    first, the one-device runs' (it blamed "rank 1 of run 'single'", a rank that run does not have: DDP's
+    rank 1 failed after it, for want of the reference's weights), and the DDP run that failed because of it."""
     from vae_ddp.cli import main_captured
 
     out = tmp_path / "audit"
@@ -195,6 +198,11 @@ def test_a_loss_that_turns_nan_is_one_line_naming_the_run_rank_and_step(tmp_path
     first = stderr.strip().splitlines()[0]
     assert code == 3 and not (out / "audit.json").exists(), stderr[-2000:]
     assert "run 'single': the gradient is not finite (NaN or infinite) at training batch 1 on rank 0" in first, first
+    last = stderr.strip().splitlines()[-1]
+    assert re.fullmatch(r"one device's process \(PID \d+\) failed first, in run 'single'; then rank "
+                        r"\d of run '[^']+' exited with code 1 after step \d", last), last
+    log = (out / "runs" / "stderr.log").read_text()
+    assert "RuntimeError: no reference weights: run 'single' failed" in log, log[-3000:]
 
 
 @pytest.mark.parametrize("data", list(DATA))

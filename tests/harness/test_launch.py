@@ -134,3 +134,33 @@ def test_a_failure_names_the_run_that_failed_not_the_jobs_every_run(tmp_path):
     killed = [ln for ln in log if "failed in" not in ln and "Connection" not in ln]  # no process raised
     lines = str(_failure(job, 137, killed, tmp_path / "stderr.log", tmp_path)).splitlines()
     assert lines[0] == "run 'ddp+fixed' failed" and lines[-1].startswith("rank 1 of run 'ddp+fixed' was"), lines
+
+
+def test_the_last_line_names_the_process_that_failed_first(tmp_path):
+    """An audit's log whose one-device run failed first (NaN at batch 1), then both DDP ranks for want of its
+    weights, rank 1 reaped first: the last line blamed "rank 1 of run 'single'", a rank that run does not
+    have. It names the process that raised first, by its role, then the rank that ended; a rank that
+    raised first is named the same way; a rank killed (it could not say so) is still the last line."""
+    from vae_ddp.harness.launch import _failure
+
+    log = ["vae-ddp: PID 11 starts run 'single'", "vae-ddp: PID 20 starts run 'ddp'",
+           "vae-ddp: PID 21 starts run 'ddp'",
+           "vae-ddp: run 'single' failed in PID 11 (one device)",
+           "RuntimeError: run 'single': the gradient is not finite (NaN or infinite) at training batch 1 on rank 0",
+           "vae-ddp: PID 20 starts run 'ddp+fixed-forced'", "vae-ddp: PID 21 starts run 'ddp+fixed-forced'",
+           "vae-ddp: run 'ddp+fixed-forced' failed in PID 20 (rank 0)",
+           "vae-ddp: run 'ddp+fixed-forced' failed in PID 21 (rank 1)",
+           "RuntimeError: no reference weights: run 'single' failed",
+           "vae-ddp: rank 1 (PID 21) exited with code 1 after step 4: ending every rank",
+           "vae-ddp: rank 0 (PID 20) was killed by SIGKILL after step 4"]
+    lines = str(_failure("single, ddp", -9, log, tmp_path / "stderr.log", tmp_path)).splitlines()
+    assert lines[0].startswith("run 'single' failed; first error: RuntimeError: run 'single': the gradient"), lines
+    assert lines[-1] == ("one device's process (PID 11) failed first, in run 'single'; then rank 1 of run "
+                         "'ddp+fixed-forced' exited with code 1 after step 4"), lines
+    ranks = [ln for ln in log if "PID 11" not in ln]  # rank 0 raised first, rank 1 was reaped first
+    lines = str(_failure("single, ddp", -9, ranks, tmp_path / "stderr.log", tmp_path)).splitlines()
+    assert lines[-1] == ("rank 0 (PID 20) failed first, in run 'ddp+fixed-forced'; then rank 1 of run "
+                         "'ddp+fixed-forced' exited with code 1 after step 4"), lines
+    killed = log[:-2] + ["vae-ddp: rank 1 (PID 21) was killed by SIGKILL after step 4: ending every rank"]
+    lines = str(_failure("single, ddp", -9, killed, tmp_path / "stderr.log", tmp_path)).splitlines()
+    assert lines[-1] == "rank 1 of run 'ddp+fixed-forced' was killed by SIGKILL after step 4", lines  # its own run

@@ -211,14 +211,17 @@ def wait_for_steps(steps_file: Path, timeout: float = WAIT_S) -> list[dict]:
     once it has written them; the guard's heartbeat goes on meanwhile.
 
     Raises:
-        RuntimeError: the reference failed (its marker file exists) or ``timeout`` seconds passed.
+        RuntimeError: the reference failed (its marker file exists: ``no reference weights: run 'LABEL'
+            failed``, the run that failed) or ``timeout`` seconds passed.
     """
     rank = int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")))
     deadline = time.monotonic() + timeout
     reference = int(os.environ.get(BESIDE_PID, "0"))  # the one-device runs: the group beside the ranks
     while not steps_file.exists():
-        if failed_marker(steps_file).exists():
-            raise RuntimeError(f"the one-device reference run failed; no weights in {steps_file}")
+        if failed_marker(steps_file).exists():  # the failed run's label in it (train_runs)
+            failed = failed_marker(steps_file).read_text().strip()
+            raise RuntimeError(f"no reference weights: run '{failed}' failed" if failed else
+                               f"no reference weights: the one-device reference run failed (no {steps_file})")
         if reference and not alive(reference) and not steps_file.exists():  # killed, or left another way
             raise RuntimeError(f"the one-device reference run (PID {reference}) ended without writing {steps_file}")
         if time.monotonic() > deadline:
@@ -239,15 +242,20 @@ def train_runs(runs: list[AuditRun], out: Path) -> int:
     beside them, no second import of torch and Lightning): ``_train(runs, out)``; if it fails,
     the line ``vae-ddp: run 'LABEL' failed in PID P`` names the run on stderr
     ([`launch`][vae_ddp.harness.launch.launch] names it, not the job's every label), and the
-    teacher-forced runs waiting for the weights these runs record are told so (their marker file)."""
+    teacher-forced runs waiting for the weights these runs record are told so (their marker file, which
+    holds the label of the run that failed).
+
+    Raises:
+        BaseException: what training raised (the user's error with the audit's settings, a signal's), again.
+    """
     try:
         return _train(runs, out)
     except BaseException:
         if _CURRENT:
-            say_run(_CURRENT[-1], failed=True)
+            say_run(_CURRENT[-1], failed=True, world_size=runs[0].world_size)
         for run in runs:
             if run.steps_file and not run.teacher_forced:
-                failed_marker(Path(run.steps_file)).touch()
+                failed_marker(Path(run.steps_file)).write_text(_CURRENT[-1] if _CURRENT else "")
         raise
 
 

@@ -125,7 +125,7 @@ def import_class(class_path: str, file: Optional[str] = None) -> type:
 
 def failed_marker(steps_file: Path) -> Path:
     """The file whose presence tells the teacher-forced runs waiting for ``steps_file`` that
-    the reference run failed."""
+    the reference run failed; it holds the label of the run that failed (``train_runs``)."""
     return steps_file.with_suffix(".failed")
 
 

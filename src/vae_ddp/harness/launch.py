@@ -33,11 +33,13 @@ CHILD = "vae_ddp.harness"
 RUNNER = "vae_ddp.harness.runner:train_specs"
 
 _ERROR_LINE = re.compile(r"^(\[rank\d+\]: )?[A-Za-z_][\w.]*(Error|Exception)(:|$)")
+#: the ``[rankN]: `` torch puts in front of each line a rank writes
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ")
 #: what a rank's watcher, the job's child or the guard says of a rank that ended (vae_ddp.ranks)
 _RANK_LINE = re.compile(r"^vae-ddp: rank (?P<rank>\d+) \(PID (?P<pid>\d+)\) (?P<how>.*?)(: ending every rank)?$")
 #: what a process of a launch says when it starts a run, and when a run fails in it (say_run)
 _STARTS = re.compile(r"^vae-ddp: PID (?P<pid>\d+) starts run '(?P<label>[^']*)'$")
-_FAILED = re.compile(r"^vae-ddp: run '(?P<label>[^']*)' failed in PID (?P<pid>\d+)$")
+_FAILED = re.compile(r"^vae-ddp: run '(?P<label>[^']*)' failed in PID (?P<pid>\d+)( \((?P<role>[^)]*)\))?$")
 #: what a full file system looks like in a run's stderr
 _NO_SPACE = ("No space left on device", "no space left on the file system", "unexpected pos", "file write failed")
 
@@ -155,11 +157,18 @@ def launch(spec: Job, out_dir: Path, timeout: Optional[float] = None, quiet: boo
 
 
 # --------------------------------------------------------------------------- the child's side
-def say_run(label: str, failed: bool = False) -> None:
+def say_run(label: str, failed: bool = False, world_size: Optional[int] = None) -> None:
     """On stderr, in a launch's process: ``vae-ddp: PID P starts run 'LABEL'``, or with ``failed``
-    ``vae-ddp: run 'LABEL' failed in PID P``: the lines by which [`launch`][vae_ddp.harness.launch.launch]
-    names the run that failed (not the job's every label)."""
-    text = f"run '{label}' failed in PID {os.getpid()}" if failed else f"PID {os.getpid()} starts run '{label}'"
+    ``vae-ddp: run 'LABEL' failed in PID P (ROLE)``: the lines by which [`launch`][vae_ddp.harness.launch.launch]
+    names the run that failed (not the job's every label) and the process that failed first. ``ROLE``:
+    ``rank N`` (``$RANK``, else ``$LOCAL_RANK``, else 0) in a run of ``world_size`` > 1, ``one device`` in a run
+    of one process; ``world_size`` None: ``rank N`` where either variable is set. Raises nothing."""
+    if failed:
+        rank = os.environ.get("RANK", os.environ.get("LOCAL_RANK"))
+        ddp = rank is not None if world_size is None else world_size > 1
+        text = f"run '{label}' failed in PID {os.getpid()} ({f'rank {rank or 0}' if ddp else 'one device'})"
+    else:
+        text = f"PID {os.getpid()} starts run '{label}'"
     beats.say(f"vae-ddp: {text}")
 
 
@@ -264,19 +273,46 @@ def _failure(label: str, code: Optional[int], lines: list[str], log: Path, out_d
         # worker's own traceback below it: its last line is what went wrong (the dataset's words)
         own = next((ln for ln in lines[at + 1:] if _ERROR_LINE.match(ln)), None)
         if own is not None:
-            first = f"{first.rstrip('.')}: {re.sub(r'^[[]rank[0-9]+[]]: ', '', own)}"
+            first = f"{first.rstrip('.')}: {_RANK_PREFIX.sub('', own)}"
     rank = next((m for m in map(_RANK_LINE.match, lines) if m), None)
     label = _which_run(label, lines, rank["pid"] if rank else None)
     # the launch's own exit code (137: rank 0 ended by its watcher) is not the rank's: the last line says that
     what = "timed out" if code is None else "failed" if rank else f"exited with code {code}"
     text = f"run '{label}' {what}" + (f"; first error: {first}" if first else "")
     text += f"\n(full stderr of all ranks: {log})"
-    if rank:
-        text += f"\nrank {rank['rank']} of run '{label}' {rank['how']}"
+    first_failed = _failed_first(lines, rank)
+    if first_failed:
+        text += f"\n{first_failed}"
+    elif rank:
+        text += f"\nrank {rank['rank']} of run '{_run_of(rank['pid'], lines, label)}' {rank['how']}"
     elif code == 0:  # the launch ended without a word and without its results
         text += (f"\nrank 0 of run '{label}' exited with code 0 before the runs ended (sys.exit or os._exit in the "
                  "training code?)")
     return RunFailed(text)
+
+
+def _failed_first(lines: list[str], rank: Optional[re.Match]) -> Optional[str]:
+    """The last line when a process raised before the rank that ended (``rank``, the first that the ranks'
+    watcher named) exited: the one-device runs beside the ranks, or another rank. A process that raises
+    says so at once (``say_run``), while the watcher names a rank once it exited: the first ``failed in``
+    line is the first failure in time, unless the rank was killed or left with code 0 (it said nothing then).
+    None: ``rank``'s own line is the last (or there is no rank's line)."""
+    first = next((m for m in map(_FAILED.match, lines) if m), None)
+    if not (rank and first and first["role"]) or first["pid"] == rank["pid"] or not _raised(rank["how"]):
+        return None
+    who = "one device's process" if first["role"] == "one device" else first["role"]
+    return (f"{who} (PID {first['pid']}) failed first, in run '{first['label']}'; then rank {rank['rank']} of run "
+            f"'{_run_of(rank['pid'], lines, first['label'])}' {rank['how']}")
+
+
+def _run_of(pid: str, lines: list[str], default: str) -> str:
+    """The run process ``pid`` started last (what it was training when it ended), else ``default``."""
+    return next((m["label"] for m in map(_STARTS.match, reversed(lines)) if m and m["pid"] == pid), default)
+
+
+def _raised(how: str) -> bool:
+    """Whether a rank that ended ``how`` (``exited with code 1 after step 3``) left with a failure's code."""
+    return how.startswith("exited with code ") and not how.startswith("exited with code 0")
 
 
 def _which_run(label: str, lines: list[str], pid: Optional[str] = None) -> str:

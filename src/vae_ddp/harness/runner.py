@@ -143,7 +143,7 @@ def train_specs(specs: list[RunSpec], out_dir: Path) -> int:
         try:
             runs = [train_one(spec, seed, where) for seed in spec.seeds]
         except BaseException:
-            say_run(spec.label, failed=True)
+            say_run(spec.label, failed=True, world_size=spec.world_size)
             raise
         runs = [r and dict(r, params=r["params"] and f"{k}/{r['params']}", steps=r.get("steps") and f"{k}/{r['steps']}")
                 for r in runs]
