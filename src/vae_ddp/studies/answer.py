@@ -184,21 +184,6 @@ def _where(rs: dict) -> str:
             f"{s['world_size']} x {_per_rank(rs)}, from the same weights")
 
 
-def _sizes(key: str, e: dict) -> str:
-    """A default's measured sizes: ``gradient noise 2.88x, KL noise 8x`` (the gradient and the KL where
-    detected), logging's plotted KL and reconstruction."""
-    from vae_ddp.studies.report_scale import CELL, effect_cell, logging_cell
-
-    if key == "logging":
-        cells = (f"{'KL' if q == 'kl' else q} {logging_cell(e[q])}" for q in ("kl", "reconstruction"))
-        return "the plot only (" + ", ".join(cells) + ")"
-    if e["gradient"]["kind"] == "same distribution":
-        return "luck only"
-    parts = [f"{'KL' if q == 'kl' else q} {effect_cell(e[q]).removeprefix(CELL['different'] + ': ')}"
-             for q in ("gradient", "kl") if e[q]["kind"] == "different"]
-    return ", ".join(parts) or effect_cell(e["gradient"])
-
-
 def ranked_defaults(rs: dict) -> list[str]:
     """The defaults that differ, by measured effect: those that change what DDP trains in the study's
     ranking (``report_scale.json``'s ``ranking``), then logging (the plot), then the luck."""
@@ -210,12 +195,6 @@ def ranked_defaults(rs: dict) -> list[str]:
                     key=lambda k: order.index(get(k).name) if get(k).name in order else len(order))
     rest = [k for k in diffs if k not in trains and k != "logging"]
     return trains + (["logging"] if "logging" in diffs else []) + rest
-
-
-def _default_line(rs: dict, key: str) -> str:
-    """``[Random streams per rank](factors/noise.md) (the same noise on every rank): gradient noise 2.88x, ...``."""
-    short = DOCUMENTED[key].short.format(per_rank=_per_rank(rs))
-    return f"{_factor(key)} ({short}): {_sizes(key, differences(rs)[key])}"
 
 
 def kl_words(seeds: dict, lh: dict | None) -> dict[str, dict]:
