@@ -186,15 +186,14 @@ def _where(rs: dict) -> str:
 
 def ranked_defaults(rs: dict) -> list[str]:
     """The defaults that differ, by measured effect: those that change what DDP trains in the study's
-    ranking (``report_scale.json``'s ``ranking``), then logging (the plot), then the luck."""
+    ranking (``report_scale.json``'s ``ranking``), then those that change only the luck, then logging (the plot)."""
     diffs = differences(rs)
     from vae_ddp.fixes.registry import get
 
-    order = [r["factor"] for r in rs.get("ranking", [])]
-    trains = sorted((k for k, e in diffs.items() if k != "logging" and e["gradient"]["kind"] == "different"),
+    order = [r["factor"] for r in rs.get("ranking", [])]  # what changes what DDP trains first (its rule)
+    ranked = sorted((k for k in diffs if k != "logging"),
                     key=lambda k: order.index(get(k).name) if get(k).name in order else len(order))
-    rest = [k for k in diffs if k not in trains and k != "logging"]
-    return trains + (["logging"] if "logging" in diffs else []) + rest
+    return ranked + (["logging"] if "logging" in diffs else [])
 
 
 def kl_words(seeds: dict, lh: dict | None) -> dict[str, dict]:
@@ -334,7 +333,9 @@ def documented_table(rs: dict) -> str:
         label, url, _, _ = b.source
         rows.append(f"- {_factor(k)}: {b.what.format(per_rank=_per_rank(rs))}. Documented: [{label}]({url}). "
                     f"The change: {b.change}.")
-    return "\n".join(rows) + "\n"
+    from vae_ddp.studies.report_scale.variants import RANKED_BY
+
+    return f"Ranked by {RANKED_BY}; logging, which changes the plot only, after them.\n\n" + "\n".join(rows) + "\n"
 
 
 def kl_section(results: dict[str, dict | None]) -> str:

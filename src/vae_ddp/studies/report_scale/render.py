@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 
 from vae_ddp.harness.effect import detected
-from vae_ddp.studies.report_scale.variants import DEFAULT_VARIANT, FLOOR_RATIO, LABELS, QUANTITIES, VARIANTS, ranking
+from vae_ddp.studies.report_scale.variants import (DEFAULT_VARIANT, FLOOR_RATIO, LABELS, QUANTITIES, RANKED_BY,
+                                                   VARIANTS, ranking)
 
 
 def _f(v: float | None) -> str:
@@ -83,6 +84,7 @@ def _effect_lines(result: dict) -> list[str]:
     lines = [f"What each factor changes in one step ({s['model']} VAE, global batch "
              f"{s['global_batch_size']}, {s['world_size']} ranks x {s['global_batch_size'] // s['world_size']}, "
              f"{s['effect_batches']} global batches from the same initial weights)", "",
+             f"Lightning's defaults together first, then each factor alone, ranked by {RANKED_BY}.", "",
              "| factor | gradient | KL | reconstruction |", "|---|---|---|---|"]
     lines += [f"| {factor} | {effect_cell(e['gradient'])} | {effect_cell(e['kl'])} "
               f"| {effect_cell(e['reconstruction'])} |" for factor, _, e in rows]
