@@ -216,8 +216,8 @@ def kl_words(seeds: dict, lh: dict | None) -> dict[str, dict]:
     return out
 
 
-_KL_WORD = {"equivalent": "matches one device's", "different": "differs from one device's",
-            "inconclusive": "is not decided"}
+_KL_WORD = {"equivalent": "is within one seed-to-seed standard deviation of one device's",
+            "different": "differs from one device's", "inconclusive": "is not decided"}
 
 
 def _kl_seeds(k: dict) -> str:
@@ -253,25 +253,29 @@ def _ddp_kl_line(rs: dict, kl: dict) -> str:
     measured = ""
     if noise:
         lo, hi = noise["variance_ratio_ci"]
-        measured = f" (measured alone: {_g(noise['variance_ratio'])}x, {CONFIDENCE:.0%} interval {_n(lo)} to {_n(hi)})"
+        share = (noise.get("largest_share") or [0.0, 0.0])[1]
+        heavy = (f"; one of the {noise['rows']} batches carries {share:.0%} of DDP's spread" if share >= 0.25 else "")
+        measured = (f" (measured alone, DDP's variance over one device's: {_g(noise['variance_ratio'])}x, "
+                    f"{CONFIDENCE:.0%} interval {_n(lo)} to {_n(hi)}{heavy})")
     k = kl["seeds"]
     return (f"**DDP's KL** (the report's first observation): the same noise on every rank makes a batch's KL "
-            f"noisier, at most {n} times the variance{measured}; Lightning plots rank 0's {_per_rank(rs)} samples. "
+            f"noisier, in expectation at most {n} times the variance{measured}; Lightning plots rank 0's "
+            f"{_per_rank(rs)} samples. "
             f"Whole trainings ({k['model']} VAE, batch {k['batch']}, {k['scope']}): DDP's final KL "
-            f"{_KL_WORD[k['word']]}. The report's gap: not reproduced, "
-            "[not decided at its scale](is-it-a-bug.md#the-kl).")
+            f"{_KL_WORD[k['word']]}. The report's KL gap was not reproduced; at its scale (full CIFAR-10, GPUs, "
+            "many epochs) it is [not decided here](is-it-a-bug.md#the-kl).")
 
 
 def _dp_line(rs: dict) -> str:
-    """DP's match, from the mechanisms as read from Lightning 1.x's source (what they predict, what is left),
-    with one step of each measured in the ranking's quantity."""
+    """DP's match, from the mechanisms as read from Lightning 1.x's source (inferred, not run on GPUs): they do
+    not set DP apart from DDP; what does, a candidate not measured; one step of each in the ranking's unit."""
     v = rs["variants"]
     dp = v["dp (emulation of Lightning 1.x DP)"]["ratio_to_batch_noise"]["all"]
     ddp = v["ddp, Lightning defaults"]["ratio_to_batch_noise"]["all"]
-    return ("**DP's match** (the second): Lightning 1.2.6's DP shares DDP's noise and BatchNorm defaults and plots "
-            "one chunk; only its sampler differs. These mechanisms predict DP to differ as DDP does; one step "
-            f"measured here moves the gradient by {_g(dp)} for [DP](#dp-and-ddp), {_g(ddp)} for DDP (the unit "
-            "above). The report's DP match is left unexplained.")
+    return ("**DP's match** (the second): DP shares DDP's noise and BatchNorm defaults (read from 1.2.6's source; "
+            f"one step here: [DP](#dp-and-ddp) {_g(dp)}, DDP {_g(ddp)}), so they do not explain it. A candidate, not "
+            "measured: DP keeps one device's sampler, so its curve follows one device's batch-to-batch ups and "
+            "downs; DDP's sampler deals other batches.")
 
 
 def _ranked_line(rs: dict) -> str:
@@ -287,11 +291,13 @@ def _ranked_line(rs: dict) -> str:
             continue
         ratio = rs["variants"][FACTOR_VARIANTS[k]]["ratio_to_batch_noise"]["all"]
         kind = e["gradient"]["kind"]
-        what = {"different": "another model", "same distribution": "other luck only"}.get(kind, "not resolved")
+        what = {"different": "changes the model", "same distribution": "luck only"}.get(kind, "not resolved")
         parts.append(f"{_factor(k)} {_g(ratio)} ({what})")
     together = rs["variants"]["ddp, Lightning defaults"]["ratio_to_batch_noise"]["all"]
-    return ("**Ranked** by how far a default alone moves one step's gradient, as a multiple of how far another "
-            "batch moves it: " + "; ".join(parts) + f". All defaults together: {_g(together)}.")
+    n = rs["settings"]["grad_steps"]
+    return ("**Ranked**: what changes the model first, then by how far a default alone moves one step's gradient, "
+            f"in multiples of how far another batch moves it ({n} batches, no interval): " + "; ".join(parts)
+            + f". All defaults together: {_g(together)} (not a sum).")
 
 
 def first_screen(results: dict[str, dict | None]) -> str:
@@ -311,12 +317,14 @@ def first_screen(results: dict[str, dict | None]) -> str:
         why = (f"**Measured**: {_scope_line(rs)}: {verdict['why']} "
                "([the evidence](is-it-a-bug.md#documented-behaviour)). GPUs not run here.")
     bullets = [why, _ranked_line(rs), _ddp_kl_line(rs, kl), _dp_line(rs),
-               "**Same model in distribution** (other draws, as another seed): "
-               "`torch.manual_seed(seed + self.global_rank)` in `setup`, `Trainer(sync_batchnorm=True)`, "
-               "`self.log(..., sync_dist=True)`; the same names in 1.2.6.",
-               "**Same step as one device**, also: `q.rsample()` becomes `mu + std * eps`, `eps` this rank's rows "
-               "of one global-batch draw; `Trainer(use_distributed_sampler=False)` (1.2.6: `replace_sampler_ddp=False`)"
-               " with a [global-batch sampler](is-it-a-bug.md#the-change-for-2-gpus)."]
+               "**Same model in distribution** (independent draws, as one device's are): `q.rsample()` becomes "
+               "`mu + std * eps`, `eps` from a generator seeded `seed + self.global_rank` at the first "
+               "`training_step` ([noise](factors/noise.md); in 1.2.6 a seed in `setup` is undone); "
+               "`Trainer(sync_batchnorm=True)`; `self.log(..., sync_dist=True)`: the same names in 1.2.6.",
+               "**Same step as one device**, instead: `eps` the rank's rows of one global-batch draw from a "
+               "generator seeded alike on every rank, drawn so on one device too; `Trainer(use_distributed_sampler"
+               "=False)` (1.2.6: `replace_sampler_ddp=False`) with a "
+               "[global-batch sampler](is-it-a-bug.md#the-change-for-2-gpus)."]
     body = "\n".join(f"    - {b}" for b in bullets)
     return f'!!! info "{HEADLINE[verdict["kind"]]} ([#6789]({UPSTREAM}))"\n\n{body}\n'
 
@@ -395,7 +403,9 @@ def dp_account(results: dict[str, dict | None]) -> str:
     return (f"DP (Lightning 1.x; a [single-process emulation](dataparallel.md) here) shares two of DDP's defaults: "
             "each replica normalises its own chunk and every replica draws the same noise. It differs in one: a "
             "single process keeps one device's `RandomSampler` (the same batches as one device in the first epoch, "
-            "other batches afterwards). By the measurements it is no closer to one device than DDP. One step at "
+            "other batches afterwards in this emulation; on GPUs, whose noise comes from CUDA generators that do not "
+            "move the sampler's, possibly one device's batches in every epoch). By the measurements it is no closer "
+            "to one device than DDP. One step at "
             f"the report's scale: DP {effect_cell(dp['gradient'])} on the gradient and, on the KL, "
             f"{effect_cell(e)} (95% interval {_n(e['bias_ci'][0])} to {_n(e['bias_ci'][1])} sd); DDP "
             f"{effect_cell(ddp['gradient'])} on the gradient, its KL {effect_cell(ddp['kl'])}. Over whole trainings "
@@ -462,18 +472,19 @@ def reply(results: dict[str, dict | None]) -> str:
     scope = (f"one step of the bolts {'ResNet-18 ' if s.get('model') == 'resnet18' else ''}VAE at "
              f"{s['global_batch_size']} = {n} x {per_rank} from its initial weights ({_lightning()}, CPU)")
     head = HEADLINE[verdict["kind"]]
-    out = [f"vae-ddp, a measurement of this report ({{{{ page_url }}}}), finds: {head[0].lower() + head[1:]}, for "
-           f"what it measured: {scope}. "
-           + ("With the changes below, DDP's step is one device's up to rounding; each default that differs is "
-              "documented. " if verdict["kind"] == "expected" else f"{verdict['why'][0].upper()}{verdict['why'][1:]}. ")
+    out = [f"vae-ddp ({{{{ page_url }}}}) measured this report. {head}, for {scope}: "
+           + ("with the changes below DDP's step equals one device's up to rounding, and each differing default is "
+              "documented. " if verdict["kind"] == "expected" else f"{verdict['why']}. ")
            + "Not decided: trained weights, full runs on GPUs.",
-           f"DDP's KL: every rank draws the same noise (Lightning seeds the ranks alike), which makes a batch's KL "
-           f"noisier, at most {n} times the variance; the logged curve is rank 0's {per_rank} samples. Whole "
-           f"trainings of a small VAE: DDP's final KL {_KL_WORD[k['word']]}. Your gap was not reproduced.",
-           "DP: 1.2.6's DP shares DDP's noise and BatchNorm defaults; only its sampler differs. That predicts DP to "
-           "differ as DDP does; why your DP curve matched is not explained.",
-           "The same model in distribution: `torch.manual_seed(1234 + self.global_rank)` in `setup`, "
-           "`Trainer(sync_batchnorm=True)`, `self.log(..., sync_dist=True)`. The same step as one GPU, also: draw "
-           "`eps` for the global batch and keep this rank's rows, and `Trainer(replace_sampler_ddp=False)` (2.x: "
+           f"DDP's KL: every rank draws the same noise, making a batch's KL "
+           f"noisier; the logged curve is rank 0's {per_rank} samples. Whole trainings of a small VAE: DDP's final "
+           f"KL {_KL_WORD[k['word']]}. Your gap was not reproduced.",
+           "DP: by 1.2.6's source it shares DDP's noise and BatchNorm defaults, which cannot explain its match. A "
+           "candidate, not measured: DP keeps one GPU's sampler, so its curve follows the single run's "
+           "batch-to-batch ups and downs; DDP's sampler deals other batches.",
+           "The same model in distribution: draw `eps` from your own generator seeded `1234 + self.global_rank` at "
+           "the first `training_step` (1.2.6 undoes a seed set in `setup`), `Trainer(sync_batchnorm=True)`, "
+           "`self.log(..., sync_dist=True)`. The same step as one GPU, instead: `eps` this rank's rows of one "
+           "global-batch draw, and `Trainer(replace_sampler_ddp=False)` (2.x: "
            "`use_distributed_sampler=False`) with a global-batch sampler."]
     return '<div class="reply" markdown>\n\n```text\n' + "\n\n".join(out) + "\n```\n\n</div>\n"
