@@ -319,7 +319,7 @@ def first_screen(results: dict[str, dict | None]) -> str:
     bullets = [why, _ranked_line(rs), _ddp_kl_line(rs, kl), _dp_line(rs),
                "**Same model in distribution** (independent draws, as one device's are): `q.rsample()` becomes "
                "`mu + std * eps`, `eps` from a generator seeded `seed + self.global_rank` at the first "
-               "`training_step` ([noise](factors/noise.md); in 1.2.6 a seed in `setup` is undone); "
+               "`training_step`, after Lightning's own seeding in any version ([noise](factors/noise.md)); "
                "`Trainer(sync_batchnorm=True)`; `self.log(..., sync_dist=True)`: the same names in 1.2.6.",
                "**Same step as one device**, instead: `eps` the rank's rows of one global-batch draw from a "
                "generator seeded alike on every rank, drawn so on one device too; `Trainer(use_distributed_sampler"
@@ -483,7 +483,7 @@ def reply(results: dict[str, dict | None]) -> str:
            "candidate, not measured: DP keeps one GPU's sampler, so its curve follows the single run's "
            "batch-to-batch ups and downs; DDP's sampler deals other batches.",
            "The same model in distribution: draw `eps` from your own generator seeded `1234 + self.global_rank` at "
-           "the first `training_step` (1.2.6 undoes a seed set in `setup`), `Trainer(sync_batchnorm=True)`, "
+           "the first `training_step` (after Lightning's own seeding), `Trainer(sync_batchnorm=True)`, "
            "`self.log(..., sync_dist=True)`. The same step as one GPU, instead: `eps` this rank's rows of one "
            "global-batch draw, and `Trainer(replace_sampler_ddp=False)` (2.x: "
            "`use_distributed_sampler=False`) with a global-batch sampler."]
