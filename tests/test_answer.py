@@ -38,6 +38,35 @@ def test_committed_report_scale_is_what_the_study_renders():
     assert '--8<-- "docs/results/report-scale/command.md"' in home
 
 
+@pytest.mark.skipif(not (REPORT_SCALE / "gradient_rows.npz").is_file(), reason="report-scale rows not committed")
+def test_committed_report_scale_effects_are_the_estimator_on_its_rows():
+    """The committed effects are this version's estimator applied to the rows the study kept (its KL and
+    reconstruction per global batch, its gradient sketches): a change of vae_ddp.harness.effect fails here until
+    ``vae_ddp.studies.report_scale.reread`` has written them anew. Both sides took the same global batches
+    (the recorded dataset indices)."""
+    import math
+
+    from vae_ddp.harness.effect import decompose
+    from vae_ddp.studies.report_scale import rows_of
+
+    r = json.loads((REPORT_SCALE / "report_scale.json").read_text())
+    x, ys = rows_of(r, REPORT_SCALE)
+    floor = r["variants"]["ddp, every fix"]["effect"]["floor"]
+    for name, y in ys.items():
+        assert r["variants"][name]["batches_as_single"] == [len(x["kl"])] * 2, name
+        for q in ("gradient", "kl", "reconstruction"):
+            fresh, kept = decompose(x[q], y[q], floor=floor[q]), r["variants"][name]["effect"][q]
+            assert fresh["kind"] == kept["kind"], (name, q)
+            for key in ("variance_ratio", "bias"):
+                assert math.isclose(fresh[key], kept[key], rel_tol=1e-9, abs_tol=1e-12), (name, q, key)
+            for key in ("variance_ratio_ci", "bias_ci"):
+                assert all(math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12) or a == b
+                           for a, b in zip(fresh[key], kept[key])), (name, q, key)
+    # the KL's noise ratio with the noise shared: at most 2 in expectation, and the interval allows it
+    kl = r["variants"]["ddp, noise back to default"]["effect"]["kl"]
+    assert kl["variance_ratio_ci"][0] <= r["settings"]["world_size"], kl
+
+
 def test_report_scale_reduced(generated):
     """The reduced study of the build: with every fix DDP's gradient is one device's up to
     float32 rounding; each factor alone moves it by a sizeable share of the batch noise."""

@@ -157,6 +157,7 @@ def test_every_number_on_the_first_screen_is_in_the_committed_json():
     from vae_ddp.harness.effect import CONFIDENCE
 
     values.append(100 * CONFIDENCE)  # "95% interval": the intervals' stated confidence
+    values += [100 * v for v in list(values)]  # a share written as a percentage
     box = first_screen(results)
     text = _NAMES.sub(" ", box)
     tokens = _NUMBER.findall(text)

@@ -290,7 +290,7 @@ def _ranked_line(rs: dict) -> str:
             parts.append(f"{_factor(k)}: the plot only")
             continue
         ratio = rs["variants"][FACTOR_VARIANTS[k]]["ratio_to_batch_noise"]["all"]
-        kind = e["gradient"]["kind"]
+        kind = e["kind"]  # the ranking's: the most serious of the gradient's, the KL's and the reconstruction's
         what = {"different": "changes the model", "same distribution": "luck only"}.get(kind, "not resolved")
         parts.append(f"{_factor(k)} {_g(ratio)} ({what})")
     together = rs["variants"]["ddp, Lightning defaults"]["ratio_to_batch_noise"]["all"]

@@ -64,7 +64,7 @@ from vae_ddp.studies.report_scale.variants import (DEFAULT_VARIANT, FACTOR_VARIA
                                                    VARIANTS, factor_effects, ranking)
 
 __all__ = ["VARIANTS", "FACTOR_VARIANTS", "command_md", "effect_cell", "effect_line", "factor_effects", "logging_cell",
-           "logging_effect", "plot", "ranking", "render", "report_scale",
+           "logging_effect", "plot", "ranking", "reread", "render", "report_scale", "rows_of",
            "CELL", "per_sample_terms"]  # the last two: what answer.py, compare.py and examples/ import from here
 
 #: The parameter groups of the gradient differences.
@@ -286,22 +286,28 @@ def _scalar_rows(runs: dict[str, tuple[dict, dict]], names: list[str]) -> dict[s
 
 
 def _quantities(saved: dict, info: dict) -> dict[str, list]:
-    """One run's rows per quantity: each step's gradient sketch, the global batch's KL and reconstruction."""
+    """One run's rows per quantity: each step's gradient sketch (rounded to float32, as
+    ``gradient_rows.npz`` keeps it), the global batch's KL and reconstruction."""
     recs = info["records"]
-    return {"gradient": [t.numpy() for t in saved["sketches"]], "kl": [r["kl"] for r in recs],
+    return {"gradient": [t.float().double().numpy() for t in saved["sketches"]], "kl": [r["kl"] for r in recs],
             "reconstruction": [r["recon_loss"] for r in recs]}
 
 
 def _effects(runs: dict[str, tuple[dict, dict]], names: list[str]) -> dict[str, dict]:
+    """Each variant's effects (``_decompose_all``) from the runs' rows."""
+    return _decompose_all(_quantities(*runs["single"]),
+                          {name: _quantities(*runs[f"variant{i}"]) for i, name in enumerate(names)})
+
+
+def _decompose_all(x: dict[str, list], ys: dict[str, dict[str, list]]) -> dict[str, dict]:
     """Each variant's [`decompose`][vae_ddp.harness.effect.decompose] against ``single`` per quantity
     (``{"gradient": effect, "kl": ..., "reconstruction": ...}`` with ``"kind"``, the most serious of
-    the three): the rows are the frozen runs' steps, one global batch each, all from the initial
-    weights (one group). The floor: ``FLOOR_RATIO`` times the largest relative difference of
-    ``ddp, every fix`` where it ran (0 where it did not: only the same bits are ``exact``)."""
+    the three): the rows (``x``: one device's, ``ys``: each variant's, per quantity) are the frozen
+    runs' steps, one global batch each, all from the initial weights (one group). The floor:
+    ``FLOOR_RATIO`` times the largest relative difference of ``ddp, every fix`` where it ran (0 where
+    it did not: only the same bits are ``exact``)."""
     from vae_ddp.harness import effect as stats
 
-    x = _quantities(*runs["single"])
-    ys = {name: _quantities(*runs[f"variant{i}"]) for i, name in enumerate(names)}
     floor = dict.fromkeys(QUANTITIES, 0.0)
     if "ddp, every fix" in ys:
         floor = {q: FLOOR_RATIO * stats.decompose(x[q], ys["ddp, every fix"][q])["largest_row"] for q in QUANTITIES}
@@ -310,6 +316,45 @@ def _effects(runs: dict[str, tuple[dict, dict]], names: list[str]) -> dict[str, 
         parts = {q: stats.decompose(x[q], y[q], floor=floor[q]) for q in QUANTITIES}
         out[name] = dict(parts, kind=min((p["kind"] for p in parts.values()), key=stats.KINDS.index), floor=floor)
     return out
+
+
+def rows_of(result: dict, folder: Path) -> tuple[dict[str, list], dict[str, dict[str, list]]]:
+    """The rows a committed result was decomposed from: ``(one device's, {variant: its})``, per quantity,
+    from ``report_scale.json``'s ``rows`` and ``folder``'s ``gradient_rows.npz``."""
+    import numpy as np
+
+    with np.load(Path(folder) / "gradient_rows.npz") as z:
+        sketches = {name: z[name.replace(" ", "_")].astype(np.float64) for name in result["rows"]}
+
+    def of(name: str) -> dict[str, list]:
+        return {"gradient": list(sketches[name]), **result["rows"][name]}
+
+    return of("single"), {name: of(name) for name in result["settings"]["variants"]}
+
+
+def reread(out_dir: Path) -> dict:
+    """Decompose a study's effects again from the rows it kept (``report_scale.json``'s ``rows``,
+    ``gradient_rows.npz``), with this version's estimator, and write the folder anew (its JSON,
+    tables, command and figure): what a change of [`vae_ddp.harness.effect`][vae_ddp.harness.effect]
+    needs instead of training again. Returns the new ``report_scale.json`` content.
+
+    Raises:
+        FileNotFoundError: ``out_dir`` holds no ``report_scale.json`` or ``gradient_rows.npz``.
+        KeyError: a result written before the study kept its rows."""
+    import numpy as np
+
+    out = Path(out_dir)
+    result = json.loads((out / "report_scale.json").read_text())
+    x, ys = rows_of(result, out)
+    effects = _decompose_all(x, ys)
+    for name, effect in effects.items():
+        result["variants"][name]["effect"] = effect
+    if result.get("logging"):
+        result["logging"]["effect"] = logging_effect(result["logging"])
+    result["ranking"] = ranking(result)
+    sketches = {name: np.asarray(rows["gradient"]) for name, rows in {"single": x, **ys}.items()}
+    _write(result, out, sketches)
+    return result
 
 
 def logging_effect(logging: dict) -> dict[str, dict]:
