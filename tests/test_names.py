@@ -93,14 +93,16 @@ def test_report_scale_names_each_factor_as_the_registry_does():
 
 #: the nav's factor groups (tools/site_hooks.py), by what the report-scale study measures of each factor's one step
 GROUPS = {"different": "Change what DDP trains", "same distribution": "Change only the luck",
+          "inconclusive": "Not resolved at the report's scale",
           "logging": "Change only the plot", None: "Not a cause at equal per-device batches"}
 
 
 def test_nav_groups_the_factors_by_their_measured_kind():
     """The nav says which factors change what DDP trains, which only the luck or the plot, and
     which are no cause at equal per-device batches: each factor page sits under the group that the
-    committed report-scale study's kind on the gradient names (logging: the plotted value; a factor
-    the study does not isolate: no cause)."""
+    committed report-scale study's kind of the factor's step names (the ranking's: the most serious of the
+    gradient's, the KL's and the reconstruction's; logging: the plotted value; a factor the study does not
+    isolate: no cause)."""
     import json
 
     from vae_ddp.studies.report_scale import factor_effects
@@ -113,5 +115,5 @@ def test_nav_groups_the_factors_by_their_measured_kind():
     effects = factor_effects(rs)
     for f in registry.factors():
         e = effects.get(f.key)
-        kind = "logging" if f.key == "logging" else (e["gradient"]["kind"] if e else None)
+        kind = "logging" if f.key == "logging" else (e["kind"] if e else None)
         assert group_of.get(f.page) == GROUPS[kind], (f.key, kind, group_of.get(f.page))

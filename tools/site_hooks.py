@@ -160,11 +160,12 @@ def on_page_content(html: str, page, config, files) -> str:  # MkDocs calls it w
 
 def group_of(factor, effect: dict | None) -> str:
     """The key of ``GROUPS`` a factor's nav entry goes under: the kind the report-scale study
-    measured on its gradient; ``plot`` when it measured only the plotted value (logging changes
-    no gradient); ``no cause`` for a factor it does not isolate whose fix is another factor's
-    (``fixed_by``: gone at equal per-device batches with that fix); else ``unmeasured``."""
+    measured of its one step (the most serious of the gradient's, the KL's and the reconstruction's:
+    the kind its ranking and the first screen use); ``plot`` when it measured only the plotted value
+    (logging changes no gradient); ``no cause`` for a factor it does not isolate whose fix is another
+    factor's (``fixed_by``: gone at equal per-device batches with that fix); else ``unmeasured``."""
     if effect and "gradient" in effect:
-        return effect["gradient"]["kind"]
+        return effect["kind"]
     if effect:
         return "plot"
     return "no cause" if factor.fixed_by else "unmeasured"
