@@ -262,8 +262,8 @@ def _ddp_kl_line(rs: dict, kl: dict) -> str:
             f"noisier, in expectation at most {n} times the variance{measured}; Lightning plots rank 0's "
             f"{_per_rank(rs)} samples. "
             f"Whole trainings ({k['model']} VAE, batch {k['batch']}, {k['scope']}): DDP's final KL "
-            f"{_KL_WORD[k['word']]}. The report's KL gap was not reproduced; at its scale (full CIFAR-10, GPUs, "
-            "many epochs) it is [not decided here](is-it-a-bug.md#the-kl).")
+            f"{_KL_WORD[k['word']]}. The report's gap: not reproduced; at its scale (full CIFAR-10, GPUs, many "
+            "epochs) [not decided here](is-it-a-bug.md#the-kl).")
 
 
 def _dp_line(rs: dict) -> str:
@@ -275,7 +275,7 @@ def _dp_line(rs: dict) -> str:
     return ("**DP's match** (the second): DP shares DDP's noise and BatchNorm defaults (read from 1.2.6's source; "
             f"one step here: [DP](#dp-and-ddp) {_g(dp)}, DDP {_g(ddp)}), so they do not explain it. A candidate, not "
             "measured: DP keeps one device's sampler, so its curve follows one device's batch-to-batch ups and "
-            "downs; DDP's sampler deals other batches.")
+            "downs, DDP's does not.")
 
 
 def _ranked_line(rs: dict) -> str:
@@ -295,8 +295,8 @@ def _ranked_line(rs: dict) -> str:
         parts.append(f"{_factor(k)} {_g(ratio)} ({what})")
     together = rs["variants"]["ddp, Lightning defaults"]["ratio_to_batch_noise"]["all"]
     n = rs["settings"]["grad_steps"]
-    return ("**Ranked**: what changes the model first, then by how far a default alone moves one step's gradient, "
-            f"in multiples of how far another batch moves it ({n} batches, no interval): " + "; ".join(parts)
+    return ("**Ranked**: changes to the model first, then by how far a default alone moves one step's gradient, "
+            f"in multiples of another batch's move ({n} batches, no interval): " + "; ".join(parts)
             + f". All defaults together: {_g(together)} (not a sum).")
 
 
@@ -312,17 +312,17 @@ def first_screen(results: dict[str, dict | None]) -> str:
         why = (f"**Measured**: {_scope_line(rs)}: with every change below, DDP's step is one device's up to "
                "rounding ([the report's scale](index.md#the-reports-scale)); every difference left is a "
                "[documented default](is-it-a-bug.md#documented-behaviour). Not decided here: trained weights, "
-               "whole trainings at this size, GPUs, Lightning 1.2.6 itself ([read from its source](legacy.md)).")
+               "whole trainings at this size, GPUs, Lightning 1.2.6 ([read, not run](legacy.md)).")
     else:
         why = (f"**Measured**: {_scope_line(rs)}: {verdict['why']} "
                "([the evidence](is-it-a-bug.md#documented-behaviour)). GPUs not run here.")
     bullets = [why, _ranked_line(rs), _ddp_kl_line(rs, kl), _dp_line(rs),
-               "**Same model in distribution** (independent draws, as one device's are): `q.rsample()` becomes "
-               "`mu + std * eps`, `eps` from a generator seeded `seed + self.global_rank` at the first "
-               "`training_step`, after Lightning's own seeding in any version ([noise](factors/noise.md)); "
+               "**Same model in distribution** (independent draws): `q.rsample()` becomes `mu + std * eps`, `eps` "
+               "from a generator seeded `seed + self.global_rank` at the first `training_step` "
+               "([after Lightning's seeding](factors/noise.md)); "
                "`Trainer(sync_batchnorm=True)`; `self.log(..., sync_dist=True)`: the same names in 1.2.6.",
-               "**Same step as one device**, instead: `eps` the rank's rows of one global-batch draw from a "
-               "generator seeded alike on every rank, drawn so on one device too; `Trainer(use_distributed_sampler"
+               "**Same step as one device**, instead: `eps` the rank's rows of one global-batch draw, seeded "
+               "alike on every rank and on one device; `Trainer(use_distributed_sampler"
                "=False)` (1.2.6: `replace_sampler_ddp=False`) with a "
                "[global-batch sampler](is-it-a-bug.md#the-change-for-2-gpus)."]
     body = "\n".join(f"    - {b}" for b in bullets)
