@@ -265,9 +265,12 @@ def test_ctrl_c_while_it_imports_is_130_without_a_traceback(command, tmp_path):
     # at several moments of the imports: a Ctrl-C 1 to 3 s after the start ended 4 runs of 10 with -2 (CPython
     # re-raised SIGINT at exit after main had caught it and returned 130)
     for i, delay in enumerate((1.0, 1.6, 2.2)):
+        # a terminal's Ctrl-C: SIGINT at its default in the command, whatever this run inherited (a shell's
+        # background job ignores it, and the command keeps an ignored SIGINT ignored)
         proc = subprocess.Popen([sys.executable, "-m", "vae_ddp.cli", *command, "--out", str(tmp_path / f"o{i}")],
                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)
+                                start_new_session=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         try:
             time.sleep(delay)
             proc.send_signal(signal.SIGINT)

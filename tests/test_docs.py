@@ -1017,7 +1017,7 @@ def test_factor_pages_show_the_number_home_ranks_them_by(site):
             assert words in text, (f.key, words)
             # the factor table's row: the factor's page link, then the same words
             row = next(_page_text(r) for r in rows
-                       if re.search(rf'<td><a href="[^"]*{f.key}/">{re.escape(f.name)}</a></td>', r))
+                       if re.search(rf'<td[^>]*><a href="[^"]*{f.key}/">{re.escape(f.name)}</a></td>', r))
             assert words in row, (f.key, row)
         elif f.key not in effects:
             assert "this factor has no row" in text, f.key

@@ -143,6 +143,13 @@ class Audit:
     mechanism: str = "another model"
 
 
+#: The titles of the pages the audit links that are not a factor's (a factor's page is titled by its name).
+PAGE_TITLES = {"audit.md": "Audit your own model", "recipe.md": "The recipe: DDP that matches one device",
+               "index.md": "Why doesn't DDP reproduce one device?"}
+#: Each factor's page and its name, noted as the factor is made.
+_TITLES: dict[str, str] = {}
+
+
 @dataclass(frozen=True)
 class Factor:
     """One factor that makes DDP on N devices differ from one device, declared in parts: who it
@@ -197,6 +204,7 @@ class Factor:
         unknown = set(self.watch) - set(HOOKS)
         if unknown:
             raise ValueError(f"factor {self.key!r}: watch hooks {sorted(unknown)} are not among {HOOKS}")
+        _TITLES.setdefault(self.page, self.name)  # its page is titled by its name (page_title)
 
     @property
     def ablation_label(self) -> str:
@@ -334,20 +342,11 @@ def docs_url() -> str:
     return ""
 
 
-#: The titles of the pages the audit links that are not a factor's (a factor's page is titled by its name).
-PAGE_TITLES = {"audit.md": "Audit your own model", "recipe.md": "The recipe: DDP that matches one device",
-               "index.md": "Why doesn't DDP reproduce one device?"}
-
-
 def page_title(page: str) -> str:
-    """The title of a docs page (relative to ``docs/``): a factor's name for its page, else :data:`PAGE_TITLES`'s,
-    else the page's path (tests/fixes/test_registry.py checks them against the pages' headings)."""
-    from vae_ddp.fixes import registry
-
-    for f in registry.factors():
-        if f.page == page:
-            return f.name
-    return PAGE_TITLES.get(page, page)
+    """The title of a docs page (relative to ``docs/``): :data:`PAGE_TITLES`'s (pages several rows share), else
+    the name of the factor whose page it is (each ``Factor`` notes it when made), else the page's path
+    (tests/fixes/test_registry.py checks them against the pages' headings)."""
+    return PAGE_TITLES.get(page) or _TITLES.get(page, page)
 
 
 def page_url(page: str) -> str:
