@@ -90,8 +90,9 @@ $(LEGACY_VENV)/.installed: examples/legacy/requirements.txt
 
 legacy: $(LEGACY_VENV)/.installed  ## .venv-legacy: Lightning 1.9.5 + lightning-bolts 0.7.0 (+ this package, no deps)
 
-legacy-test: legacy  ## parity of bolts' VAE and the port, the report's script, the 1.9.5 factor check
-	$(LPY) -m pytest tests_legacy
+legacy-test: legacy  ## parity of bolts' VAE and the port, the report's script and its change, the 1.9.5 factor check
+	$(LPY) -m pytest -p no:cacheprovider tests_legacy > examples/legacy/results/legacy-test.txt 2>&1; \
+	  rc=$$?; cat examples/legacy/results/legacy-test.txt; exit $$rc
 
 clean:
 	rm -rf $(OUT) site docs/generated

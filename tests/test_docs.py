@@ -358,6 +358,7 @@ RUN_BY_TESTS = {
     "examples/gallery.py": "tests/test_gallery.py",  # its audits: the reduced gallery (the full one: make gallery)
     "examples/keep_it_fixed/test_ddp.py": "tests/test_installed.py",  # in a fresh venv, as its workflow runs it
     "examples/legacy/vae.py": "tests_legacy/test_report_script.py",
+    "examples/legacy/vae_changed.py": "tests_legacy/test_changed_script.py",
     "examples/legacy/imagefolder_cifar10.py": "tests_legacy/test_report_script.py",
 }
 

@@ -20,7 +20,7 @@ index in CIFAR-10's label order (the alphabetical folder order).
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 from pl_bolts.datamodules import CIFAR10DataModule
 from torchvision.datasets import ImageFolder
@@ -77,8 +77,13 @@ class ImageFolderCIFAR10DataModule(CIFAR10DataModule):
     name = "cifar10-imagefolder"
     dataset_cls = ImageFolderCIFAR10
 
-    def __init__(self, data_dir: Optional[str] = None, *args: Any, **kwargs: Any) -> None:
-        super().__init__(data_dir, *args, **kwargs)
+    def __init__(self, data_dir: Optional[str] = None, val_split: Union[int, float] = 0.2, num_workers: int = 0,
+                 normalize: bool = False, batch_size: int = 32, seed: int = 42, shuffle: bool = True,
+                 pin_memory: bool = True, drop_last: bool = False, *args: Any, **kwargs: Any) -> None:
+        # bolts' signature spelled out: Lightning's ``from_argparse_args`` passes only the arguments it sees
+        # in ``__init__``'s signature (with ``*args, **kwargs`` alone, ``--batch_size`` was silently dropped)
+        super().__init__(data_dir, val_split, num_workers, normalize, batch_size, seed, shuffle, pin_memory,
+                         drop_last, *args, **kwargs)
         check_image_folder(self.data_dir, "train")
 
     @property

@@ -92,3 +92,32 @@ def test_a_failing_rank_ends_the_whole_run(cifar_dir, tmp_path):
         launch(Job({"ddp": [spec]}), tmp_path, quiet=True, timeout=300, entry=[sys.executable, str(script)])
     assert "rank 1 exploded on purpose" in str(err.value)
     assert "exited with code" in str(err.value)  # ended by itself, not by our timeout
+
+
+def test_a_run_starts_from_the_weights_of_init_weights(cifar_dir, tmp_path):
+    """``init_weights``: the first step starts from the file's weights (every key), not the seed's."""
+    from vae_ddp.model import VAE
+
+    torch.manual_seed(123)
+    other = VAE(input_height=32, enc_type="small", latent_dim=32).state_dict()
+    torch.save({"state_dict": other, "adam_v": {}}, tmp_path / "w.pt")
+    spec = _spec(cifar_dir, config="single", steps=1, init_weights=str(tmp_path / "w.pt"),
+                 steps_file=str(tmp_path / "steps.pt"))
+    launch_by_world_size([spec], tmp_path / "out", quiet=True)
+    first = torch.load(tmp_path / "steps.pt")["states"][0]
+    assert set(first) == set(other)
+    assert all(torch.equal(first[k], other[k]) for k in other)
+    seeded = _spec(cifar_dir, config="single", steps=1).meta_model()  # shapes only: the seed's draw differs
+    assert set(seeded.state_dict()) == set(other)
+
+
+def test_init_weights_that_do_not_fit_are_one_line_before_any_run(cifar_dir, tmp_path):
+    from vae_ddp.errors import UserError
+    from vae_ddp.model import VAE
+
+    torch.save(VAE(input_height=32, enc_type="small", latent_dim=16).state_dict(), tmp_path / "w.pt")
+    fit = r"does not fit --model small \(latent 32\): \S+ is \(2048, 16\) in the file, \(2048, 32\) in the model"
+    with pytest.raises(UserError, match=fit):
+        _spec(cifar_dir, init_weights=str(tmp_path / "w.pt"))
+    with pytest.raises(UserError, match="no such file"):
+        _spec(cifar_dir, init_weights=str(tmp_path / "none.pt"))

@@ -18,6 +18,7 @@ import json
 import re
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal, Optional
 
 import torch
@@ -101,6 +102,11 @@ class RunSpec:
             ``teacher_forced`` run reads the weights from it and starts every step from them,
             writing its own gradients beside its parameters (``steps-<seed>.pt``). None: off.
         teacher_forced: start every step from the weights recorded in ``steps_file``.
+        init_weights: a file of weights every seed starts from instead of its initial ones (the model's
+            ``state_dict``, or ``{"state_dict": ...}`` as ``save_params`` writes it, e.g. one device's
+            final weights of an earlier run; the same architecture, every key), so that a step is
+            compared from trained weights. The seed still seeds the data order and the noise.
+            None: the initial weights of ``seed_everything(seed)``.
         label: name used in progress lines and results.
     """
 
@@ -131,6 +137,7 @@ class RunSpec:
     permute_seed: Optional[int] = None
     steps_file: Optional[str] = None
     teacher_forced: bool = False
+    init_weights: Optional[str] = None
     label: str = ""
 
     @property
@@ -147,11 +154,7 @@ class RunSpec:
         """Bytes of the parameters of this run's model, counted on a model built on torch's ``meta``
         device (no memory, milliseconds): what [`check_memory`][vae_ddp.harness.resources.check_memory]
         counts per rank."""
-        from vae_ddp.model import VAE
-
-        with torch.device("meta"):
-            model = VAE(input_height=32, enc_type=self.model, latent_dim=self.latent_dim or 32)
-        return sum(p.numel() for p in model.parameters()) * (8 if self.dtype == "float64" else 4)
+        return sum(p.numel() for p in self.meta_model().parameters()) * (8 if self.dtype == "float64" else 4)
 
     def saved_bytes(self) -> int:
         """Bytes of the tensors this run writes at most ([`space_needed`][vae_ddp.harness.resources.space_needed]
@@ -225,6 +228,8 @@ class RunSpec:
                 raise UserError(in_flags(str(err))) from None
         if spec.latent_dim is None:
             spec.latent_dim = 256 if self.model == "resnet18" else 32
+        if spec.init_weights is not None:
+            initial_weights(spec)  # read and checked against the model before any run starts
         if not spec.label:
             spec.label = self.config if not spec.fixes() else f"{self.config}+fixed"
         return spec
@@ -232,6 +237,44 @@ class RunSpec:
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
 
+    def meta_model(self) -> torch.nn.Module:
+        """This run's model built on torch's ``meta`` device (no memory, milliseconds)."""
+        from vae_ddp.model import VAE
+
+        with torch.device("meta"):
+            return VAE(input_height=32, enc_type=self.model, latent_dim=self.latent_dim or 32)
+
     @classmethod
     def from_json(cls, text: str) -> "RunSpec":
         return cls(**json.loads(text))
+
+
+def initial_weights(spec: RunSpec) -> dict[str, torch.Tensor]:
+    """The state dict of ``spec.init_weights`` (memory-mapped, on the CPU), checked against the model of
+    ``spec`` (the same keys and shapes; ``latent_dim`` resolved).
+
+    Raises:
+        UserError: the file is missing, is not a file of tensors ``torch.load`` reads with
+            ``weights_only=True``, or does not fit the model (one line: the first key that differs).
+    """
+    path = Path(spec.init_weights)
+    if not path.is_file():
+        raise UserError(f"--init_weights {spec.init_weights}: no such file: give a weights file an earlier run "
+                        "wrote (e.g. one device's params-0.pt)")
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as err:  # noqa: BLE001  (any unreadable file is the user's input)
+        raise UserError(f"--init_weights {spec.init_weights}: not a weights file torch.load reads "
+                        f"({type(err).__name__}): give a state dict or a params-<seed>.pt file") from None
+    state = saved.get("state_dict", saved) if isinstance(saved, dict) else None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise UserError(f"--init_weights {spec.init_weights}: holds no state dict: give a state dict or a "
+                        "params-<seed>.pt file")
+    expected = {k: tuple(v.shape) for k, v in spec.meta_model().state_dict().items()}
+    for key in sorted(set(expected) | set(state)):
+        shape = tuple(state[key].shape) if key in state else None
+        if shape != expected.get(key):
+            raise UserError(f"--init_weights {spec.init_weights} does not fit --model {spec.model} (latent "
+                            f"{spec.latent_dim}): {key} is {shape or 'missing'} in the file, "
+                            f"{expected.get(key) or 'absent'} in the model")
+    return state

@@ -27,7 +27,7 @@ from vae_ddp.model import VAE
 from vae_ddp import heartbeat
 from vae_ddp.outputs import replacing, write_atomic
 from vae_ddp.ranks import cluster_plugins
-from vae_ddp.harness.configs import RunSpec
+from vae_ddp.harness.configs import RunSpec, initial_weights
 from vae_ddp.harness.launch import say_run
 from vae_ddp.dp import DataParallelVAE
 from vae_ddp.recording import GlobalBatchRecorder
@@ -92,6 +92,8 @@ def train_one(spec: RunSpec, seed: int, out_dir: Optional[Path] = None, progress
     pl.seed_everything(seed, verbose=False)
     dm = build_datamodule(spec, seed)
     model = build_model(spec, seed)
+    if spec.init_weights is not None:  # after the seed's own initial weights were drawn: the data and noise keep it
+        model.load_state_dict(initial_weights(spec))
     recorder = GlobalBatchRecorder(spec.steps, spec.val_every, f"{spec.label} seed {seed}", progress,
                                    record_indices=spec.record_indices)
     callbacks: list = [recorder]
