@@ -65,11 +65,23 @@ def test_the_workflows_install_line_installs_the_project_from_its_repository(tmp
     purelib = Path(_run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                         timeout=60).strip())
     (purelib / "_system_site_packages.pth").write_text("\n".join(site.getsitepackages()) + "\n")  # setuptools
-    local = requirement.replace("{{repo_url}}", ROOT.as_uri())
+    # the repository as the Pages workflow leaves it: its site address written in (tools/site_address.py)
+    clone = tmp_path / "clone"
+    _run(["git", "clone", "-q", str(ROOT), str(clone)], timeout=120)
+    _run([sys.executable, str(ROOT / "tools" / "site_address.py"), SITE, str(clone / "pyproject.toml")], timeout=60)
+    _run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "site address"], timeout=60, cwd=clone)
+    local = requirement.replace("{{repo_url}}", clone.as_uri())
     _run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index",
           "--no-build-isolation", "-q", local], timeout=500, cwd=tmp_path)
     where = _run([str(python), "-c", "import vae_ddp; print(vae_ddp.__file__)"], timeout=120, cwd=tmp_path)
     assert Path(where.strip()).is_relative_to(purelib), where
+    # a message of the installed package names a page a user can open, under the site's address
+    url = _run([str(python), "-c", "from vae_ddp.fixes.factor import page_url; print(page_url('factors/noise.md'))"],
+               timeout=120, cwd=tmp_path)
+    assert url.strip() == SITE + "factors/noise/", url
+
+
+SITE = "https://owner.github.io/vae-ddp/"
 
 
 #: this process's environment without what points Python at the checkout (PYTHONPATH) or at pytest's run
