@@ -148,6 +148,7 @@ def test_the_help_lists_every_subcommand_without_torch():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.splitlines()[-1] == "0 []", proc.stdout[-2000:] + proc.stderr[-2000:]
     assert all(f"    {name} " in proc.stdout for name in COMMANDS), proc.stdout
+    assert proc.stdout.startswith("usage: vae-ddp {audit,"), proc.stdout[:200]  # the usage line names the audit
 
 
 THREADED = """

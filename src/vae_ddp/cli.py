@@ -27,7 +27,8 @@ def build_parser(spec_cls: Optional[type] = None, flags: bool = True):
 
     from vae_ddp.studies import COMMANDS
 
-    parser = ArgumentParser(prog="vae-ddp", exit_on_error=False, description="Why DDP on N devices with per-device "
+    parser = ArgumentParser(prog="vae-ddp", exit_on_error=False, usage=f"vae-ddp {{audit,{','.join(COMMANDS)}}} ...",
+                            description="Why DDP on N devices with per-device "
                             "batch B/N does not reproduce one device with batch B, measured on the bolts CIFAR-10 VAE",
                             epilog="vae-ddp audit --model MODEL --data DATA ...: audit your own LightningModule")
     sub = parser.add_subcommands(dest="command")
