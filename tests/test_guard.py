@@ -401,15 +401,20 @@ def test_no_process_of_an_audit_outlives_its_top_process(tmp_path, sig):
     """A 2-rank audit, its top ``vae-ddp`` process ended mid-run by TERM, INT or KILL (what
     ``subprocess.run(timeout=...)`` sends): 15 s later no process of the launch is alive; TERM
     and INT are said in the last line (``vae-ddp: terminated``, exit 143; ``interrupted``, 130) and
-    the output folder's lock is gone with the run."""
-    from vae_ddp.utils import LOCK_NAME
+    the output folder's lock is gone with the run. The run's own temporary folder goes too, after KILL as
+    well (the audit's guard, which outlives its caller, removes it: nothing is left in TMPDIR)."""
+    import shutil
+    import tempfile
+
+    from vae_ddp.utils import LOCK_NAME, RUN_TMP
 
     out, beats = tmp_path / "audit", tmp_path / "beats"
+    tmp = Path(tempfile.mkdtemp(prefix="t59k-", dir="/tmp"))  # short: a forkserver socket's path is in it
     stderr = open(tmp_path / "stderr.txt", "w")
     beats.mkdir()
     events = beats_in(beats)
     # this test as the outer guard (its heartbeat folder): the audit's guard passes its runs' beats on to it
-    env = dict(os.environ, VAE_DDP_HEARTBEAT_DIR=str(beats))
+    env = dict(os.environ, VAE_DDP_HEARTBEAT_DIR=str(beats), TMPDIR=str(tmp))
     # Ctrl-C as a terminal delivers it: a background job of a shell without job control (`cmd &` in a
     # script) starts with SIGINT ignored, and Python leaves it ignored in the processes it starts
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -434,7 +439,9 @@ def test_no_process_of_an_audit_outlives_its_top_process(tmp_path, sig):
             assert top.returncode == {signal.SIGTERM: 143, signal.SIGINT: 130}[sig], (top.returncode, said[-3:])
             assert said and ("terminated" if sig == signal.SIGTERM else "interrupted") in said[-1], said[-3:]
             assert not (out / LOCK_NAME).exists()
+        assert not list(tmp.glob(f"{RUN_TMP}*")), sorted(p.name for p in tmp.rglob("*"))
     finally:
+        shutil.rmtree(tmp, ignore_errors=True)
         stderr.close()
         os.close(events)
         top.kill()

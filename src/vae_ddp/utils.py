@@ -250,6 +250,28 @@ def _run_gone(d: Path) -> bool:
         os.close(fd)
 
 
+def remove_tmpdir_of_dead_run(parent: int) -> None:
+    """In a guard that ends: when ``TMPDIR`` is the run folder (``private_tmpdir``) of a run that is gone (a
+    top process killed by SIGKILL leaves it), remove it. Gone: nobody holds its ``RUN_TMP_OWNER`` lock (a
+    guard a zygote forked), or the run's PID is the guard's ``parent`` and it no longer runs (a guard forked
+    from the run itself shares the run's lock). Nothing while the run lives. Raises nothing."""
+    import shutil
+    import tempfile
+
+    from vae_ddp.ranks import alive
+
+    base = Path(tempfile.gettempdir())
+    if not base.name.startswith(RUN_TMP) or base.is_symlink():
+        return
+    pid = base.name[len(RUN_TMP):].split("-")[0]
+    try:
+        gone = (pid == str(parent) and not alive(parent)) or (pid != str(os.getpid()) and _run_gone(base))
+    except OSError:
+        return
+    if gone:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def _remove_dead_tmpdirs(base: Path) -> None:
     """Remove the run folders (``RUN_TMP``) of this user's under ``base`` whose run is gone (killed by
     SIGKILL): ``_run_gone``."""
