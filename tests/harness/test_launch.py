@@ -116,6 +116,17 @@ def test_a_dataloader_workers_own_error_is_in_the_first_line(tmp_path):
                                         "label is missing"), str(err)
 
 
+def test_a_killed_guard_is_named_not_a_run_exit_code(tmp_path):
+    """kill -9 of a launch's guard read "run 'single, ddp' exited with code -9": the guard is named, and how."""
+    from vae_ddp.harness.launch import _failure
+
+    lines = str(_failure("single, ddp", -9, ["vae-ddp: PID 11 starts run 'single'"], tmp_path / "stderr.log",
+                         tmp_path)).splitlines()
+    assert lines[0].startswith("run 'single': its guard, the process that watches its ranks, was killed by SIGKILL")
+    assert lines[-1] == "the guard of run 'single' was killed by SIGKILL", lines
+    assert not any("exited with code -9" in ln for ln in lines)
+
+
 def test_a_failure_names_the_run_that_failed_not_the_jobs_every_run(tmp_path):
     """An audit's launch trains 22 runs; a failure named them all ("run 'single, floor-1, ...,
     effect-defaults'"): the run that says it failed, else the run the rank that ended was training."""

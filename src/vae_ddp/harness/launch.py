@@ -276,6 +276,11 @@ def _failure(label: str, code: Optional[int], lines: list[str], log: Path, out_d
             first = f"{first.rstrip('.')}: {_RANK_PREFIX.sub('', own)}"
     rank = next((m for m in map(_RANK_LINE.match, lines) if m), None)
     label = _which_run(label, lines, rank["pid"] if rank else None)
+    if code is not None and code < 0 and not rank:  # the guard itself ended by a signal (it returns 128 + N)
+        return RunFailed(f"run '{label}': its guard, the process that watches its ranks, "
+                         f"{beats.how_it_ended(code)}; its ranks ended with it"
+                         + (f"; first error: {first}" if first else "") + f"\n(full stderr of all ranks: {log})"
+                         + f"\nthe guard of run '{label}' {beats.how_it_ended(code)}")
     # the launch's own exit code (137: rank 0 ended by its watcher) is not the rank's: the last line says that
     what = "timed out" if code is None else "failed" if rank else f"exited with code {code}"
     text = f"run '{label}' {what}" + (f"; first error: {first}" if first else "")
