@@ -5,6 +5,8 @@ maps its exceptions to exit codes, the Python API to exceptions of its own.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 from pathlib import Path
 from typing import Any, Optional
@@ -35,7 +37,8 @@ def run_config(cfg: Any, out: Path, command: str, progress: bool = True, cwd: Op
     if run.accelerator == "cpu":  # the runs' process imports torch and Lightning beside the checks below
         zygote.warm("vae_ddp.audit.run")
     cost: list[str] = []
-    static, notes = preflight.check(run, data_cls, model_cls, cost)
+    with contextlib.redirect_stdout(io.StringIO()):  # the checks call training_step dozens of times: not shown
+        static, notes = preflight.check(run, data_cls, model_cls, cost)
     if progress:
         for line in cost:  # before anything starts: what the world size costs
             print(f"[audit] cost: {line}", flush=True)

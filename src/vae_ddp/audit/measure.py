@@ -66,7 +66,8 @@ def measure(plan: Plan, runs_dir: Path) -> Measured:
         RunFailed: a run failed or hung.
     """
     where = {"one-device": runs_dir / "one-device", "ddp": runs_dir / "ddp"}
-    launched = launch(Job({"one-device": plan.one_device, "ddp": plan.ddp}, together=True), runs_dir, quiet=True,
+    # not quiet: the user's own output of one device's reference run is shown (audit.run: the others' goes to the log)
+    launched = launch(Job({"one-device": plan.one_device, "ddp": plan.ddp}, together=True), runs_dir, quiet=False,
                       train="vae_ddp.audit.run:train_runs")
     one, first = ({s.label: (torch.load(where[tag] / f"{s.label}.pt"), launched[tag][s.label], where[tag])
                    for s in specs}

@@ -18,9 +18,11 @@ as ``localise.SYNC_GRADS``, right after it: the audit's check of its advice.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -46,6 +48,9 @@ from vae_ddp.probes import StepProbe
 from vae_ddp.ranks import alive, cluster_plugins
 from vae_ddp.utils import close_process_group, quiet
 from vae_ddp.workers import make_fork_safe
+
+#: the run whose user output (print) the audit shows: one device's reference run (audit.plan's label)
+REFERENCE = "single"
 
 __all__ = ["build", "train_runs"]
 
@@ -274,12 +279,16 @@ def _train(runs: list[AuditRun], out: Path) -> int:
             probe = StepProbe(wait_for_steps(Path(run.steps_file)) if run.teacher_forced else None,
                               record_states=not run.teacher_forced, lag=run.lag, label=run.label,
                               repeat=run.repeat, sketch=run.sketch, ranks_grads=run.label == localise.RANKS_GRADS)
-        model, dm, trainer = build(run, probe)
-        try:
-            with localise.watch_gathers(force=run.sync_grads) as gathers:
-                trainer.fit(model, datamodule=dm)
-        except Exception as err:  # the user's code failed under the audit's settings: the error names them
-            raise with_settings(err, run)
+        # the user's own output (print) is shown once, for one device's reference run; every other run's goes
+        # to the launch's log (its stderr), where its errors go
+        shown = run.label == REFERENCE and run.devices == 1
+        with contextlib.redirect_stdout(sys.stdout if shown else sys.stderr):
+            model, dm, trainer = build(run, probe)
+            try:
+                with localise.watch_gathers(force=run.sync_grads) as gathers:
+                    trainer.fit(model, datamodule=dm)
+            except Exception as err:  # the user's code failed under the audit's settings: the error names them
+                raise with_settings(err, run)
         if run.label == localise.RANKS_GRADS and run.devices > 1 and trainer.strategy.reduce_boolean_decision(
                 bool(gathers), all=False):  # a gather without gradient on any rank: its advice checked, next
             runs.insert(runs.index(run) + 1, run.replace(label=localise.SYNC_GRADS, sync_grads=True))
