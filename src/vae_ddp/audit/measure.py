@@ -4,6 +4,7 @@ what they saved ([`measure`][vae_ddp.audit.measure.measure] gives a [`Measured`]
 from __future__ import annotations
 
 from dataclasses import dataclass
+import sys
 from pathlib import Path
 
 import torch
@@ -66,8 +67,10 @@ def measure(plan: Plan, runs_dir: Path) -> Measured:
         RunFailed: a run failed or hung.
     """
     where = {"one-device": runs_dir / "one-device", "ddp": runs_dir / "ddp"}
-    # not quiet: the user's own output of one device's reference run is shown (audit.run: the others' goes to the log)
-    launched = launch(Job({"one-device": plan.one_device, "ddp": plan.ddp}, together=True), runs_dir, quiet=False,
+    # the user's own output of one device's reference run is shown (audit.run: the others' goes to the log), unless
+    # the caller silenced this process's output (the API without progress redirects sys.stdout)
+    launched = launch(Job({"one-device": plan.one_device, "ddp": plan.ddp}, together=True), runs_dir,
+                      quiet=sys.stdout is not sys.__stdout__,
                       train="vae_ddp.audit.run:train_runs")
     one, first = ({s.label: (torch.load(where[tag] / f"{s.label}.pt"), launched[tag][s.label], where[tag])
                    for s in specs}
