@@ -620,6 +620,10 @@ STOPPED = textwrap.dedent("""
             if r == 1 and i == 3:
                 os.kill(os.getpid(), signal.SIGSTOP)  # rank 1 stops; rank 0 goes on beating, or waits
             time.sleep(0.1)
+    def done():  # one device's runs beside the ranks, already ended when rank 1 stops
+        os.environ["VAE_DDP_ROLE"] = "one device's process"
+        beat(0, 0)
+    beside = fork(done)
     child = fork(lambda: rank(1))
     rank(0)
 """)
@@ -641,4 +645,8 @@ def test_a_stopped_rank_is_named_and_ended_while_others_beat(tmp_path, others):
     why = "a process was stopped for 2 s" if others == "beat" else "no process made progress for 2 s"
     assert last.startswith(f"vae-ddp guard: {why} in "), last
     assert "; rank 1 (PID " in last and ") is stopped (SIGSTOP), not running; " in last, last
+    # each process named once, by its role: the stopped one as stopped (no frame claimed for it), an ended one not
+    assert last.count("rank 1") == 1 and "one device" not in last, last
+    if others == "beat":
+        assert last.count("rank 0 in ") == 1, last
     assert took < 20 and not alive(str(script)), took

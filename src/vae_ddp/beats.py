@@ -22,6 +22,8 @@ __all__ = ["beat", "last_step", "how_it_ended", "under_guard", "say"]
 
 #: The guard's folder, set in the environment of the command it runs.
 _ENV_DIR = "VAE_DDP_HEARTBEAT_DIR"
+#: A process's role in the guard's messages where it is not a DDP rank (``one device's process``); unset: ``rank N``.
+ROLE = "VAE_DDP_ROLE"
 
 
 def under_guard() -> bool:
@@ -95,8 +97,9 @@ def _register(where: Path, pid: int, rank: Optional[int]) -> None:
     # handler (it resets SIGUSR1): register() would then install nothing, and SIGUSR1 would end it
     faulthandler.unregister(signal.SIGUSR1)
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True, chain=False)
+    role = os.environ.get(ROLE) or f"rank {rank}"  # what the guard's messages call this process
     (where / f"proc-{pid}.json").write_text(json.dumps(
-        {"pid": pid, "rank": rank, "main_thread": threading.main_thread().ident, "argv": sys.argv}))
+        {"pid": pid, "rank": rank, "role": role, "main_thread": threading.main_thread().ident, "argv": sys.argv}))
     path = where / f"beat-{pid}"
     path.touch()
     _STATE.update(pid=pid, beat=path, stacks=stacks)

@@ -296,7 +296,7 @@ class _Guard:
                     stopped[p["pid"]] = (p["rank"], self.stopped.get(p["pid"], now))
         self.stopped = {pid: since for pid, (_, since) in stopped.items()}
         late = sorted((rank, pid) for pid, (rank, since) in stopped.items() if now - since >= at_least)
-        return "; ".join(f"rank {rank} (PID {pid}) is stopped (SIGSTOP), not running" for rank, pid in late) or None
+        return "; ".join(f"{self._role(pid)} (PID {pid}) is stopped (SIGSTOP), not running" for _, pid in late) or None
 
     def _beat_outer(self) -> None:
         """A beat of this guard in the folder of the guard around it, if any."""
@@ -353,22 +353,32 @@ class _Guard:
                 time.sleep(0.1)
 
     def _dump(self) -> str:
-        """SIGUSR1 to every process (faulthandler dumps in each rank), then one phrase per rank."""
+        """SIGUSR1 to every process (faulthandler dumps in each rank), then one phrase per process that still
+        runs, by its role (``rank 1``, ``one device's process``, with its PID where two share a role); a
+        stopped process (named by ``_stopped_too_long``) and one that has exited are not named."""
+        import psutil
+
         procs = []
         for info in self.dir.glob("proc-*.json"):
-            with contextlib.suppress(OSError, ValueError):
-                procs.append(json.loads(info.read_text()))
+            with contextlib.suppress(OSError, ValueError, KeyError, psutil.Error):
+                p = json.loads(info.read_text())
+                if psutil.Process(p["pid"]).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD,
+                                                            psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP):
+                    procs.append(p)
         for p in procs:  # only the processes that registered a dump: SIGUSR1 would end the others
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(p["pid"], signal.SIGUSR1)
         time.sleep(2.0)
         parts, names = [], []
-        for p in sorted(procs, key=lambda p: (p["rank"], p["pid"])):
+        roles = [p.get("role") or f"rank {p['rank']}" for p in procs]
+        for p in sorted(procs, key=lambda p: (p.get("role") or f"rank {p['rank']}", p["pid"])):
+            role = p.get("role") or f"rank {p['rank']}"
+            who = role if roles.count(role) == 1 else f"{role} (PID {p['pid']})"
             stacks = self.dir / f"stacks-{p['pid']}.txt"
             dump = stacks.read_text(errors="replace") if stacks.exists() else ""
-            parts.append(f"--- rank {p['rank']} (pid {p['pid']}) ---\n{dump.rstrip() or '(no stacks: not responding)'}")
+            parts.append(f"--- {role} (pid {p['pid']}) ---\n{dump.rstrip() or '(no stacks: not responding)'}")
             where = _where_stuck(dump, p.get("main_thread"))
-            names.append(f"rank {p['rank']} in {where or 'an unknown frame (no stack dumped)'}")
+            names.append(f"{who} in {where or 'an unknown frame (no stack dumped)'}")
         sys.stderr.write("\n".join(parts) + ("\n" if parts else ""))
         return "; ".join(names) or "no process had started training (no heartbeat, no stacks)"
 
@@ -432,6 +442,14 @@ class _Guard:
                                  "(every rank's stacks above; all its processes ended)\n")
                 return TIMED_OUT if timed_out else STALLED
             time.sleep(_POLL_S)
+
+    def _role(self, pid: int) -> str:
+        """What process ``pid`` registered itself as (``rank 1``, ``one device's process``)."""
+        try:
+            p = json.loads((self.dir / f"proc-{pid}.json").read_text())
+            return p.get("role") or f"rank {p['rank']}"
+        except (OSError, ValueError, KeyError):
+            return f"rank {self._rank(pid)}"
 
     def _rank(self, pid: int) -> int:
         """The rank process ``pid`` registered with its first heartbeat (0 if none)."""

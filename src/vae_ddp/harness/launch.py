@@ -209,8 +209,14 @@ def run_job(argv: list[str]) -> int:
     groups = [(g["tag"], g["threads"], [parse(**d) for d in g["specs"]]) for g in job["groups"]]
 
     def ranks(tag: str, specs: list) -> int:
+        if specs[0].world_size == 1:  # named so by the guard's messages (not "rank 0")
+            os.environ[beats.ROLE] = "one device's process"
         return run_ranks(specs[0].world_size if specs[0].accelerator == "cpu" else 1,
                          lambda: train(specs, out_dir / tag))
+
+    def train_beside(tag: str, specs: list) -> Any:
+        os.environ[beats.ROLE] = "one device's process"
+        return train(specs, out_dir / tag)
 
     def alone(tag: str, threads: Optional[int], specs: list) -> int:
         if threads:  # what launch() sets for a launch of this world size alone
@@ -223,7 +229,7 @@ def run_job(argv: list[str]) -> int:
     code = 0
     if job["together"]:
         *beside, (tag, _, last) = groups
-        children = {} if "LOCAL_RANK" in os.environ else {fork(lambda t=t, s=s: train(s, out_dir / t)): t
+        children = {} if "LOCAL_RANK" in os.environ else {fork(lambda t=t, s=s: train_beside(t, s)): t
                                                            for t, _, s in beside}
         if children:
             os.environ[BESIDE_PID] = str(next(iter(children)))
