@@ -28,6 +28,12 @@ Cases:
   model that raises on rank 1): the folder must hold the earlier report or the new one, whole
   (``tables.md`` is the rendering of ``audit.json``); an audit that failed, or was terminated once
   it had read its command, must say the report there is the earlier one.
+- ``kills``: ``--kill_tries`` per target (10: 30 in all) of an audit (``vae-ddp audit``), the pytest helper
+  (``assert_ddp_matches_one_device`` in a user's test file run by pytest) and the docs runner
+  (``tools/results.py`` running the ``audit_batchnorm`` entry in a clone of the repository), the small
+  model, 2 steps: at a random moment, SIGKILL, SIGTERM or SIGINT to the top process, the guard or a rank.
+  Each try has its own ``TMPDIR`` and a mark in its environment: the processes with the mark still alive
+  20 s after the top process ended, and what is left in its ``TMPDIR``, are counted (0 and 0 wanted).
 - every run has its own ``TMPDIR``; anything left in it afterwards is counted.
 
 ``--control`` writes the kill case's files in place, one after the other, as the studies did
@@ -39,6 +45,7 @@ before their result sets: what the benchmark counts when writes are not atomic.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -371,13 +378,124 @@ def case_audit(work: Path, tmp: Path, tries: int, rng: random.Random) -> dict:
     return counts
 
 
+HELPER_TEST = """
+from examples.audit_models import Plain, Regression
+from vae_ddp.testing import assert_ddp_matches_one_device
+
+
+def test_ddp():
+    assert_ddp_matches_one_device(Plain, Regression, steps=2)
+"""
+
+
+def _marked(mark: str) -> list[int]:
+    """PIDs of the live processes whose environment holds ``VAE_DDP_PROBE=mark`` (zombies aside)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if f"VAE_DDP_PROBE={mark}".encode() in (proc / "environ").read_bytes().split(b"\0"):
+                if " Z " not in (proc / "stat").read_text().split(")", 1)[1][:4]:
+                    found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+def _victim(what: str, top: subprocess.Popen, mark: str, tmp: Path) -> "int | None":
+    """The PID to signal: the top process, a guard (``vae_ddp.guard`` in its command line) or a rank (a
+    process registered with a guard), among the processes of ``mark``."""
+    if what == "top":
+        return top.pid
+    if what == "rank":
+        pids = []
+        for info in tmp.glob("vae-ddp-run-*/vae-ddp-guard-*/proc-*.json"):
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                pids.append(json.loads(info.read_text())["pid"])
+        return random.choice(pids) if pids else None
+    guards = []
+    for pid in _marked(mark):
+        with contextlib.suppress(OSError):
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if b"vae_ddp.guard" in argv and b"--zygote" not in argv:
+                guards.append(pid)
+    return random.choice(guards) if guards else None
+
+
+def case_kills(work: Path, tries: int, rng: random.Random) -> dict:
+    """30 kills of the three ways the project starts processes: nothing may be left running or in TMPDIR."""
+    clone = work / "clone"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True, timeout=300)
+    (work / "test_helper.py").write_text(HELPER_TEST)
+    targets = {
+        "audit": ([sys.executable, "-m", "vae_ddp.cli", *AUDIT, "--model", "examples.audit_models.Plain",
+                   "--out", str(work / "kills-audit")], ROOT, {}),
+        "pytest helper": ([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           str(work / "test_helper.py")], ROOT, {}),
+        "docs runner": ([sys.executable, "tools/results.py", "audit_batchnorm"], clone,
+                        {"PYTHONPATH": str(clone / "src") + os.pathsep + str(clone)}),
+    }
+    report: dict = {}
+    for target, (cmd, cwd, extra) in targets.items():
+        counts = {"tries": tries, "processes_left": 0, "tmpdir_left": 0, "how": []}
+        period = None
+        for i in range(tries + 1):  # the first try, not counted, measures how long a whole run takes
+            mark = f"{target.replace(' ', '-')}-{i}-{os.getpid()}"
+            tmp = Path(tempfile.mkdtemp(prefix="k", dir=work))
+            if target == "docs runner":
+                shutil.rmtree(clone / "docs" / "generated" / "audit_batchnorm", ignore_errors=True)
+            env = dict(ENV, TMPDIR=str(tmp), VAE_DDP_PROBE=mark, **extra)
+            t0 = time.perf_counter()
+            top = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                   start_new_session=True)
+            how = "none"
+            if period is not None:
+                time.sleep(rng.uniform(0.0, period))
+                what, sig = rng.choice(["top", "guard", "rank"]), rng.choice(["SIGKILL", "SIGTERM", "SIGINT"])
+                pid = _victim(what, top, mark, tmp)
+                if pid is None and top.poll() is None:
+                    what, pid = "top", top.pid  # none of that kind (yet): the top process
+                how = f"{sig} to the {what}"
+                if pid is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, getattr(signal, sig))
+            try:
+                top.communicate(timeout=600)
+            except subprocess.TimeoutExpired:
+                top.kill()
+                top.communicate()
+                how += ", top process hung (killed after 600 s)"
+            if period is None:
+                period = time.perf_counter() - t0
+                counts["whole_run_exit"] = top.returncode  # 0: the target runs as it should, unkilled
+                shutil.rmtree(tmp, ignore_errors=True)
+                continue
+            deadline = time.monotonic() + 20
+            while _marked(mark) and time.monotonic() < deadline:
+                time.sleep(0.5)
+            left, files = _marked(mark), sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*"))
+            counts["processes_left"] += len(left)
+            counts["tmpdir_left"] += bool(files)
+            counts["how"].append(f"{how}: exit {top.returncode}" + (f", left {len(left)} processes" if left else "")
+                                 + (f", left in TMPDIR {files[:4]}" if files else ""))
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            shutil.rmtree(tmp, ignore_errors=True)
+        counts["seconds_per_run"] = period
+        report[target] = counts
+    return report
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tries", type=int, default=30, help="kills during output writes (default 30)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cases", nargs="+", default=["kill", "two-runs", "full-disk", "rank-killed", "changed-image",
-                                                  "audit-kill", "audit"])
+                                                  "audit-kill", "audit", "kills"])
     p.add_argument("--audit_tries", type=int, default=6, help="real audits killed, terminated or failing (default 6)")
+    p.add_argument("--kill_tries", type=int, default=10, help="kills per target of the kills case (default 10)")
     p.add_argument("--out", type=Path, default=None, help="folder for fault_injection.json")
     p.add_argument("--control", action="store_true",
                    help="kill case only: write the files in place, one after the other, as before the result sets "
@@ -396,6 +514,8 @@ def main(argv=None) -> int:
                 report[case] = case_audit_kill(work, args.tries, random.Random(args.seed))
             elif case == "audit":
                 report[case] = case_audit(work, tmp, args.audit_tries, random.Random(args.seed))
+            elif case == "kills":
+                report[case] = case_kills(work, args.kill_tries, random.Random(args.seed))
             else:
                 report[case] = {"two-runs": case_two_runs, "full-disk": case_full_disk, "rank-killed": case_rank_killed,
                                 "changed-image": case_changed_image}[case](work, tmp)
