@@ -472,11 +472,24 @@ def generate(root: Path, only: Optional[list[str]] = None, preload: tuple[str, .
     return {e["name"]: done[e["name"]] for e in todo}
 
 
+def _terminated(signum, frame) -> None:
+    raise KeyboardInterrupt  # SIGTERM ends it as Ctrl-C does: every entry's tree ended, TMPDIR as found
+
+
 if __name__ == "__main__":
+    import signal
+
+    signal.signal(signal.SIGTERM, _terminated)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     t0 = time.monotonic()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+    from vae_ddp.utils import private_tmpdir
+
     try:
-        done = generate(Path(__file__).resolve().parents[1], sys.argv[1:])
+        # a TMPDIR of its own for the runs and the zygote (whose imports would make inductor's cache folder in
+        # the user's), removed however it ends; after a SIGKILL, by the zygote or the guards, which outlive it
+        with private_tmpdir():
+            done = generate(Path(__file__).resolve().parents[1], sys.argv[1:])
     except ResultsError as err:
         sys.exit(f"error: {err}")
     except KeyboardInterrupt:  # every entry's tree has been ended (its guard); what finished is cached

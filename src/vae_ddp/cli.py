@@ -99,7 +99,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         from vae_ddp.utils import private_tmpdir
 
-        with _sigterm_says_terminated(), private_tmpdir():  # nothing left in TMPDIR, however it ends
+        with _sigterm_says_terminated(), private_tmpdir(tuple(_MADE)):  # nothing left in TMPDIR, however it ends
             return _main(argv)
     except Terminated:
         print("vae-ddp: terminated", file=sys.stderr, flush=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import warnings
@@ -94,10 +95,12 @@ LOCK_NAME = ".vae-ddp.lock"
 RUN_TMP = "vae-ddp-run-"
 #: The file in a run's temporary folder that its run holds an exclusive ``flock`` on while it lives.
 RUN_TMP_OWNER = ".owner"
+#: The file in a run's temporary folder that lists the folders outside it to remove with it if empty.
+RUN_TMP_ALSO = ".also-if-empty"
 
 
 @contextlib.contextmanager
-def private_tmpdir() -> Iterator[Optional[Path]]:
+def private_tmpdir(also_if_empty: tuple[str, ...] = ()) -> Iterator[Optional[Path]]:
     """A temporary folder of this run's own as ``TMPDIR`` (and ``tempfile.tempdir``) while the
     block runs, removed with all that the run's processes left in it when the block ends, however
     it ends (an exception, ``KeyboardInterrupt``, SIGTERM raised as an exception): DataLoader
@@ -111,6 +114,9 @@ def private_tmpdir() -> Iterator[Optional[Path]]:
     an exclusive ``flock`` on the folder's ``RUN_TMP_OWNER`` file while it lives (a PID is no proof: a
     run in another PID namespace, such as another container sharing ``/tmp``, has a PID this one
     cannot see). Where the temporary folder cannot be written, nothing changes (yields None).
+    ``also_if_empty``: folders outside it that the command made (the inductor cache its imports made in
+    TMPDIR), written into the folder (``RUN_TMP_ALSO``) so that whoever removes the folder of a run killed by
+    SIGKILL removes them too if they are empty (``remove_run_folder``).
     """
     import shutil
     import tempfile
@@ -129,6 +135,9 @@ def private_tmpdir() -> Iterator[Optional[Path]]:
 
     owner = os.open(os.path.join(path, RUN_TMP_OWNER), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     fcntl.flock(owner, fcntl.LOCK_EX)  # held while this run lives; released by the kernel however it ends
+    if also_if_empty:
+        with contextlib.suppress(OSError):
+            Path(path, RUN_TMP_ALSO).write_text(json.dumps(list(also_if_empty)))
     saved_env, saved, saved_cache = os.environ.get("TMPDIR"), tempfile.tempdir, os.environ.get(INDUCTOR_CACHE)
     os.environ["TMPDIR"], tempfile.tempdir = path, path
     if saved_cache is None or os.path.abspath(saved_cache) == _inductor_default(base):  # not the user's choice
@@ -255,7 +264,6 @@ def remove_tmpdir_of_dead_run(parent: int) -> None:
     top process killed by SIGKILL leaves it), remove it. Gone: nobody holds its ``RUN_TMP_OWNER`` lock (a
     guard a zygote forked), or the run's PID is the guard's ``parent`` and it no longer runs (a guard forked
     from the run itself shares the run's lock). Nothing while the run lives. Raises nothing."""
-    import shutil
     import tempfile
 
     from vae_ddp.ranks import alive
@@ -269,13 +277,25 @@ def remove_tmpdir_of_dead_run(parent: int) -> None:
     except OSError:
         return
     if gone:
-        shutil.rmtree(base, ignore_errors=True)
+        remove_run_folder(base)
+
+
+def remove_run_folder(path: Path) -> None:
+    """Remove the run folder ``path`` (of a run that is gone) and the folders its ``RUN_TMP_ALSO`` lists, those
+    only if empty. Raises nothing."""
+    import shutil
+
+    also = []
+    with contextlib.suppress(OSError, ValueError):
+        also = [str(p) for p in json.loads((path / RUN_TMP_ALSO).read_text())]
+    shutil.rmtree(path, ignore_errors=True)
+    for folder in also:
+        remove_if_empty(folder)
 
 
 def _remove_dead_tmpdirs(base: Path) -> None:
     """Remove the run folders (``RUN_TMP``) of this user's under ``base`` whose run is gone (killed by
     SIGKILL): ``_run_gone``."""
-    import shutil
     import stat
 
     for d in base.glob(f"{RUN_TMP}*"):
@@ -284,7 +304,7 @@ def _remove_dead_tmpdirs(base: Path) -> None:
         except OSError:
             continue
         if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and _run_gone(d):
-            shutil.rmtree(d, ignore_errors=True)
+            remove_run_folder(d)
 
 
 def quiet() -> None:
