@@ -424,7 +424,7 @@ def _victim(what: str, top: subprocess.Popen, mark: str, tmp: Path) -> "int | No
     return random.choice(guards) if guards else None
 
 
-def case_kills(work: Path, tries: int, rng: random.Random) -> dict:
+def case_kills(work: Path, tries: int, rng: random.Random, only: tuple[str, ...] = ()) -> dict:
     """30 kills of the three ways the project starts processes: nothing may be left running or in TMPDIR."""
     clone = work / "clone"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True, timeout=300)
@@ -439,6 +439,8 @@ def case_kills(work: Path, tries: int, rng: random.Random) -> dict:
     }
     report: dict = {}
     for target, (cmd, cwd, extra) in targets.items():
+        if only and target not in only:
+            continue
         counts = {"tries": tries, "processes_left": 0, "tmpdir_left": 0, "how": []}
         period = None
         for i in range(tries + 1):  # the first try, not counted, measures how long a whole run takes
@@ -499,6 +501,8 @@ def main(argv=None) -> int:
                                                   "audit-kill", "audit", "kills"])
     p.add_argument("--audit_tries", type=int, default=6, help="real audits killed, terminated or failing (default 6)")
     p.add_argument("--kill_tries", type=int, default=10, help="kills per target of the kills case (default 10)")
+    p.add_argument("--kill_targets", nargs="+", default=[], choices=["audit", "pytest helper", "docs runner"],
+                   help="the kills case's targets (default: all three)")
     p.add_argument("--out", type=Path, default=None, help="folder for fault_injection.json")
     p.add_argument("--control", action="store_true",
                    help="kill case only: write the files in place, one after the other, as before the result sets "
@@ -518,7 +522,7 @@ def main(argv=None) -> int:
             elif case == "audit":
                 report[case] = case_audit(work, tmp, args.audit_tries, random.Random(args.seed))
             elif case == "kills":
-                report[case] = case_kills(work, args.kill_tries, random.Random(args.seed))
+                report[case] = case_kills(work, args.kill_tries, random.Random(args.seed), tuple(args.kill_targets))
             else:
                 report[case] = {"two-runs": case_two_runs, "full-disk": case_full_disk, "rank-killed": case_rank_killed,
                                 "changed-image": case_changed_image}[case](work, tmp)
