@@ -72,7 +72,7 @@ def main(argv=None) -> dict:
     from vae_ddp.studies.equivalence import equivalence
 
     results = json.loads((args.training / f"seed-{args.seed}" / "results.json").read_text())
-    trained_steps = max(r["step"] for r in results["records"] if r["config"] == "single") + 1
+    trained_steps = max(r["step"] for r in results["records"] if r["config"] == "single")  # steps count from 1
     weights = _weights(args.weights or args.training, args.seed)
     base = RunSpec(data="imagefolder", data_dir=args.data_dir, model="resnet18", global_batch_size=256, devices=2,
                    steps=args.steps, seeds=[args.seed], dtype="float32", optimizer="adam")
@@ -82,6 +82,8 @@ def main(argv=None) -> dict:
         folder = args.out / part
         if (folder / "equivalence.json").is_file() and part in summary["parts"]:
             print(f"{part}: done before ({folder / 'equivalence.json'})", flush=True)
+            if init:  # what it started from, read again (a summary written by an earlier version of this script)
+                summary["parts"][part].update(trained_steps=trained_steps, weights_sha256=_sha256(weights))
             continue
         t0 = time.perf_counter()
         r = equivalence(RunSpec(**{**base.__dict__, "init_weights": init}), [2], folder, args.permutations)
@@ -92,6 +94,7 @@ def main(argv=None) -> dict:
             **({"trained_steps": trained_steps, "weights_sha256": _sha256(weights)} if init else {})}
         args.out.mkdir(parents=True, exist_ok=True)
         summary_file.write_text(json.dumps(summary, indent=1) + "\n")
+    summary_file.write_text(json.dumps(summary, indent=1) + "\n")
     (args.out / "summary.md").write_text(render(summary))
     print(render(summary))
     return summary

@@ -6,13 +6,15 @@ ResNet-18 VAE, Adam at lr 1e-4, Lightning's defaults, from the same seed and ini
 batch's value at every step; ``report_style.png``: the curves as the report plotted them beside the
 global batch's; one device's final weights in ``runs/``). A seed whose ``results.json`` exists is not
 trained again: the study resumes where it stopped, across sessions. ``times.json`` keeps each seed's
-wall time.
+wall time; ``kl_steps.png`` plots every seed's KL at every step, as logged and over the global batch, on a
+log scale (single steps can be orders of magnitude above the rest).
 
 The summary (``summary.json``, ``summary.md``) reads the KL as the report plotted it (rank 0's logged
 value for DDP, one replica's for DP) and over the global batch: each configuration's final KL (the mean
 over the last ``--last`` steps), its gap to one device's per seed, the mean gap over the seeds with its
 95% interval (Student's t over the seeds), and the smallest gap this study could have seen (the
-interval's half-width: a gap smaller than that is not told from none by these seeds and steps).
+interval's half-width: a gap smaller than that is not told from none by these seeds and steps), and each
+configuration's largest KL over the global batch with its step (``peaks``).
 
     python examples/report_training.py --data_dir DIR --seeds 0 1 --steps 40 --out docs/results/report-training
 """
@@ -57,14 +59,51 @@ def summarise(out: Path, seeds: list[int], last: int) -> dict:
             gaps[f"{c}, {curve}"] = {"per_seed": d, "mean": statistics.fmean(d) if d else None,
                                      "half_width": half, "relative": (statistics.fmean(d) / level) if d else None,
                                      "smallest_relative": (half / level) if half is not None else None}
-    return {"seeds": done, "last": last, "final": final, "gaps": gaps}
+    peaks = {c: [list(max(((r["kl"], r["step"]) for r in records[s] if r["config"] == c), default=()))
+                 for s in done] for c in CONFIGS}
+    steps = min((max(r["step"] for r in records[s]) for s in done), default=0)  # steps count from 1
+    return {"seeds": done, "steps": steps, "last": last, "final": final, "gaps": gaps, "peaks": peaks}
+
+
+def plot(out: Path, seeds: list[int]) -> Path:
+    """``OUT/kl_steps.png``: the KL (x kl_coeff) at every step of every seed trained so far, as Lightning
+    logged it (left) and over the global batch (right), one colour per configuration, one line style per
+    seed, log scale."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    done = [s for s in seeds if (out / f"seed-{s}" / "results.json").is_file()]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    styles = ["-", "--", ":", "-."]
+    for ax, (curve, key) in zip(axes, CURVES.items()):
+        for k, s in enumerate(done):
+            records = json.loads((out / f"seed-{s}" / "results.json").read_text())["records"]
+            for c, colour in zip(CONFIGS, ("C0", "C1", "C2")):
+                rows = [(r["step"], r[key]) for r in records if r["config"] == c and r.get(key) is not None]
+                ax.plot([a for a, _ in rows], [b for _, b in rows], styles[k % 4], color=colour, lw=1.2,
+                        label=f"{c}, seed {s}")
+        ax.set_yscale("log")
+        ax.set_xlabel("optimizer step")
+        ax.set_title(f"KL x kl_coeff, {curve}" + (" (rank 0's / one replica's rows)" if curve == "logged" else ""))
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("KL x kl_coeff (batch mean, log scale)")
+    axes[1].legend(fontsize=8, ncol=2)
+    fig.suptitle("The report's three configurations, ResNet-18 VAE, global batch 256 (DDP 2 x 128), CPU")
+    fig.tight_layout()
+    path = out / "kl_steps.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def render(summary: dict, steps: int, times: dict) -> str:
     """The summary as a Markdown table and the sentences under it."""
     n = len(summary["seeds"])
     lines = [f"KL after {steps} steps (the mean over the last {summary['last']}), {n} seed(s), against one device:",
-             "", "| configuration, curve | gap per seed | mean gap (share of one device's KL) | smallest gap seen |",
+             "", "| configuration, curve | gap per seed | mean gap (share of one device's KL) "
+             "| smallest gap it could see |",
              "|---|---|---|---|"]
     for name, g in summary["gaps"].items():
         per = ", ".join(f"{v:+.3g}" for v in g["per_seed"]) or "-"
@@ -72,6 +111,14 @@ def render(summary: dict, steps: int, times: dict) -> str:
         small = (f"{g['half_width']:.3g} ({g['smallest_relative']:.1%})" if g["half_width"] is not None
                  else "needs 2 seeds")
         lines.append(f"| {name} | {per} | {mean} | {small} |")
+    from vae_ddp.studies.answer import training_gap
+
+    lines += ["", "Read by the rule of the answer (a gap where the mean lies outside its interval): "
+              + "; ".join(f"{name}: {training_gap(summary, name)['words']}" for name in summary["gaps"])
+              + "."]
+    lines += ["", "Largest KL over the global batch: " + "; ".join(
+        f"{c}: " + ", ".join(f"seed {s} {p[0]:.3g} at step {p[1]}"
+                             for s, p in zip(summary["seeds"], summary["peaks"][c]) if p) for c in CONFIGS) + "."]
     if times:
         lines += ["", "Wall time per seed (three configurations): "
                   + ", ".join(f"seed {s}: {t / 60:.1f} min" for s, t in sorted(times.items()))]
@@ -113,6 +160,7 @@ def main(argv=None) -> dict:
     text = render(summary, args.steps, times)
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
     (args.out / "summary.md").write_text(text)
+    plot(args.out, args.seeds)
     print(text)
     return summary
 

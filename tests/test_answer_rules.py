@@ -181,7 +181,11 @@ def test_the_first_screen_answers_both_questions_with_links():
     kl = kl_words(results["seeds"], results["long_horizon"])
     assert f"DDP's final KL {_KL_WORD[kl['seeds']['word']]}" in box
     # the verdict's scope: the model, the weights, the batch, the data, the Lightning version, and what is not decided
-    assert "from its initial weights" in box and "Not decided here: trained weights" in box and "GPUs" in box
+    assert "from its initial weights" in box and "Not decided here: " in box and "GPUs" in box
+    if results.get("step_equality") and results.get("report_training"):  # trained weights and trainings: said
+        assert "from weights trained" in box and "-step trainings" in box and "longer trainings" in box
+    else:
+        assert "Not decided here: trained weights" in box
     assert "**DDP's KL**" in box and "**DP's match**" in box and "do not explain it" in box and "not measured" in box
     # the change, two promises, in 2.x and 1.2.6 names
     assert "**Same model in distribution**" in box and "**Same step as one device**" in box
@@ -291,3 +295,20 @@ def test_the_pages_show_what_the_rules_write(generated):
         assert (gen / "is-it-a-bug" / f"{name}.md").read_text() == text, name
     home = (ROOT / "docs" / "index.md").read_text()
     assert home.index('--8<-- "docs/generated/home_verdict/output.md"') < home.index("## ")
+
+
+def test_the_training_gap_rule_on_cases_whose_answer_is_known():
+    """A gap where the mean over the seeds lies outside its interval; none seen (with the smallest gap the
+    study sees) where it lies within; not decided without an interval."""
+    from vae_ddp.studies.answer import training_gap
+
+    def study(mean, half):
+        return {"gaps": {"ddp, logged": {"mean": mean, "half_width": half, "relative": mean / 0.02,
+                                         "smallest_relative": None if half is None else half / 0.02}}}
+
+    assert training_gap(study(0.004, 0.001)) == {"kind": "gap", "words": "a KL gap: DDP's +20% of one device's KL"}
+    assert training_gap(study(-0.004, 0.001))["kind"] == "gap"
+    assert training_gap(study(0.0005, 0.001)) == {"kind": "none seen",
+                                                   "words": "no KL gap beyond 5% of one device's KL"}
+    assert training_gap(study(0.0005, None))["kind"] == "not decided"
+    assert training_gap(None)["kind"] == "not decided"

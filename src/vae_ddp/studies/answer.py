@@ -27,7 +27,7 @@ from vae_ddp.harness.effect import CONFIDENCE
 from vae_ddp.studies.verdict import UPSTREAM, _factor, _g, _n, _scope, combine, worst
 
 __all__ = ["DOCUMENTED", "FAQ_QUOTE", "FAQ_URL", "REPORT_COMMAND", "Behaviour", "bug_or_expected", "dp_account",
-           "faq_section", "first_screen", "kl_section", "kl_words", "ranked_defaults", "reply"]
+           "faq_section", "first_screen", "kl_section", "kl_words", "ranked_defaults", "reply", "training_gap"]
 
 #: Lightning's GPU FAQ ("How should I adjust the batch size when using multiple devices?"), as it reads.
 FAQ_URL = "https://lightning.ai/docs/pytorch/stable/accelerators/gpu_faq.html"
@@ -245,6 +245,54 @@ def _scope_line(rs: dict) -> str:
             f"{_data(s)}, {s.get('dtype', 'float32')}, {_lightning()}, CPU)")
 
 
+def training_gap(rt: dict | None, curve: str = "ddp, logged") -> dict:
+    """The rule for the training study's KL gap (``report-training/summary.json``'s ``gaps[curve]``):
+    ``{"kind": "gap" | "none seen" | "not decided", "words"}``. A gap is "gap" where the mean gap over the
+    seeds lies outside its 95% interval's half-width; "none seen" where it lies within (the words give the
+    smallest gap the study could have seen, as a share of one device's KL); "not decided" without the study
+    or with one seed (no interval)."""
+    g = (rt or {}).get("gaps", {}).get(curve)
+    if not g or g.get("half_width") is None:
+        return {"kind": "not decided", "words": "not decided (no interval: the study needs 2 seeds)"}
+    if abs(g["mean"]) > g["half_width"]:
+        return {"kind": "gap", "words": f"a KL gap: DDP's {g['relative']:+.0%} of one device's KL"}
+    return {"kind": "none seen", "words": f"no KL gap beyond {g['smallest_relative']:.0%} of one device's KL"}
+
+
+def _trained_words(results: dict[str, dict | None]) -> str:
+    """The verdict's reach beyond the initial weights: the step from trained weights (``step-equality``) and
+    the training study (``report-training``), or "not decided" where either is absent."""
+    se, rt = results.get("step_equality"), results.get("report_training")
+    trained = (se or {}).get("parts", {}).get("trained")
+    out = []
+    if trained:
+        ok = trained["world_sizes"]["2"]["within_floor"]
+        out.append(f"{'the same' if ok else 'not the same'} from weights trained {trained['trained_steps']} steps "
+                   "([step equality](is-it-a-bug.md#trained-at-the-reports-scale))")
+    if rt:
+        steps = rt.get("steps") or "?"
+        out.append(f"{steps}-step trainings, {len(rt['seeds'])} seeds: "
+                   f"[{training_gap(rt)['words']}](is-it-a-bug.md#trained-at-the-reports-scale)")
+    rest = ("longer trainings, GPUs, Lightning 1.2.6 ([read, not run](legacy.md))" if trained and rt else
+            "trained weights, whole trainings at this size, GPUs, Lightning 1.2.6 ([read, not run](legacy.md))")
+    return ("Also " + "; ".join(out) + ". " if out else "") + f"Not decided here: {rest}."
+
+
+def _trained_reply(results: dict[str, dict | None]) -> tuple[str, str]:
+    """The reply's words for what ``_trained_words`` says on the first screen, without links: what the scope
+    gains (``" and weights trained 50 steps"`` where the step from trained weights is one device's) and
+    the sentence after the verdict."""
+    se, rt = results.get("step_equality"), results.get("report_training")
+    trained = (se or {}).get("parts", {}).get("trained")
+    if not (trained and rt):
+        return "", "Not decided: trained weights, full runs on GPUs."
+    ok = trained["world_sizes"]["2"]["within_floor"]
+    scope = f" and weights trained {trained['trained_steps']} steps" if ok else ""
+    said = "" if ok else f"From weights trained {trained['trained_steps']} steps the step differs. "
+    return scope, (f"{said}{rt['steps']}-step trainings: {training_gap(rt)['words']}. Not decided: full runs on "
+                   "GPUs.")
+
+
 def _ddp_kl_line(rs: dict, kl: dict) -> str:
     """DDP's KL: what the shared noise does to it (bounded by the world size, measured), what is plotted,
     what whole trainings showed, what is not decided."""
@@ -311,8 +359,7 @@ def first_screen(results: dict[str, dict | None]) -> str:
     if verdict["kind"] == "expected":
         why = (f"**Measured**: {_scope_line(rs)}: with every change below, DDP's step is one device's up to "
                "rounding ([the report's scale](index.md#the-reports-scale)); every difference left is a "
-               "[documented default](is-it-a-bug.md#documented-behaviour). Not decided here: trained weights, "
-               "whole trainings at this size, GPUs, Lightning 1.2.6 ([read, not run](legacy.md)).")
+               f"[documented default](is-it-a-bug.md#documented-behaviour). {_trained_words(results)}")
     else:
         why = (f"**Measured**: {_scope_line(rs)}: {verdict['why']} "
                "([the evidence](is-it-a-bug.md#documented-behaviour)). GPUs not run here.")
@@ -469,21 +516,23 @@ def reply(results: dict[str, dict | None]) -> str:
     k = kl_words(seeds, lh)["seeds"]
     s = rs["settings"]
     n, per_rank = s["world_size"], _per_rank(rs)
+    trained_scope, trained_said = _trained_reply(results)
     scope = (f"one step of the bolts {'ResNet-18 ' if s.get('model') == 'resnet18' else ''}VAE at "
-             f"{s['global_batch_size']} = {n} x {per_rank} from its initial weights ({_lightning()}, CPU)")
+             f"{s['global_batch_size']} = {n} x {per_rank} from initial weights{trained_scope} "
+             f"({_lightning()}, CPU)")
     head = HEADLINE[verdict["kind"]]
     out = [f"vae-ddp ({{{{ page_url }}}}) measured this report. {head}, for {scope}: "
            + ("with the changes below DDP's step equals one device's up to rounding, and each differing default is "
               "documented. " if verdict["kind"] == "expected" else f"{verdict['why']}. ")
-           + "Not decided: trained weights, full runs on GPUs.",
+           + trained_said,
            f"DDP's KL: every rank draws the same noise, making a batch's KL "
            f"noisier; the logged curve is rank 0's {per_rank} samples. Whole trainings of a small VAE: DDP's final "
-           f"KL {_KL_WORD[k['word']]}. Your gap was not reproduced.",
+           f"KL {_KL_WORD[k['word']]}. Your gap: not reproduced.",
            "DP: by 1.2.6's source it shares DDP's noise and BatchNorm defaults, which cannot explain its match. A "
            "candidate, not measured: DP keeps one GPU's sampler, so its curve follows the single run's "
-           "batch-to-batch ups and downs; DDP's sampler deals other batches.",
-           "The same model in distribution: draw `eps` from your own generator seeded `1234 + self.global_rank` at "
-           "the first `training_step` (after Lightning's own seeding), `Trainer(sync_batchnorm=True)`, "
+           "batch-to-batch ups and downs.",
+           "The same model in distribution: draw `eps` from a generator seeded `1234 + self.global_rank` at "
+           "the first `training_step` (after Lightning's seeding), `Trainer(sync_batchnorm=True)`, "
            "`self.log(..., sync_dist=True)`. The same step as one GPU, instead: `eps` this rank's rows of one "
            "global-batch draw, and `Trainer(replace_sampler_ddp=False)` (2.x: "
            "`use_distributed_sampler=False`) with a global-batch sampler."]

@@ -47,7 +47,9 @@ def load(root: Path) -> dict[str, dict | None]:
     res = Path(root) / "docs" / "results"
     return {"seeds": _read(res / "seeds-full" / "seeds.json"),
             "long_horizon": _read(res / "long-horizon" / "long-horizon.json"),
-            "report_scale": _read(res / "report-scale" / "report_scale.json")}
+            "report_scale": _read(res / "report-scale" / "report_scale.json"),
+            "report_training": _read(res / "report-training" / "summary.json"),
+            "step_equality": _read(res / "step-equality" / "summary.json")}
 
 
 def _g(v: float) -> str:
