@@ -183,7 +183,7 @@ def test_the_first_screen_answers_both_questions_with_links():
     # the verdict's scope: the model, the weights, the batch, the data, the Lightning version, and what is not decided
     assert "from its initial weights" in box and "Not decided here: " in box and "GPUs" in box
     if results.get("step_equality") and results.get("report_training"):  # trained weights and trainings: said
-        assert "from weights trained" in box and "-step trainings" in box and "longer trainings" in box
+        assert "from weights trained" in box and " seeds x " in box and "longer trainings" in box
     else:
         assert "Not decided here: trained weights" in box
     assert "**DDP's KL**" in box and "**DP's match**" in box and "do not explain it" in box and "not measured" in box

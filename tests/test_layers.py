@@ -215,7 +215,8 @@ def test_an_audits_processes_load_no_study_code(tmp_path):
 
 #: What runs as ``__main__`` in src/ and tools/: the commands a user types, and the two processes
 #: the project starts itself: the guard (which is also a zygote: ``--zygote``) and a launch's child.
-COMMANDS = {"src/vae_ddp/cli.py", "src/vae_ddp/audit/cli.py", "tools/results.py"}
+COMMANDS = {"src/vae_ddp/cli.py", "src/vae_ddp/audit/cli.py", "tools/results.py",
+            "tools/site_address.py"}  # the Pages workflow's step that writes the site's address
 CHILDREN = {"src/vae_ddp/guard.py", "src/vae_ddp/harness/__main__.py"}
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vae_ddp.harness.effect import CONFIDENCE
+from vae_ddp.studies.reach import trained_reply, trained_words, training_gap
 from vae_ddp.studies.verdict import UPSTREAM, _factor, _g, _n, _scope, combine, worst
 
 __all__ = ["DOCUMENTED", "FAQ_QUOTE", "FAQ_URL", "REPORT_COMMAND", "Behaviour", "bug_or_expected", "dp_account",
@@ -245,54 +246,6 @@ def _scope_line(rs: dict) -> str:
             f"{_data(s)}, {s.get('dtype', 'float32')}, {_lightning()}, CPU)")
 
 
-def training_gap(rt: dict | None, curve: str = "ddp, logged") -> dict:
-    """The rule for the training study's KL gap (``report-training/summary.json``'s ``gaps[curve]``):
-    ``{"kind": "gap" | "none seen" | "not decided", "words"}``. A gap is "gap" where the mean gap over the
-    seeds lies outside its 95% interval's half-width; "none seen" where it lies within (the words give the
-    smallest gap the study could have seen, as a share of one device's KL); "not decided" without the study
-    or with one seed (no interval)."""
-    g = (rt or {}).get("gaps", {}).get(curve)
-    if not g or g.get("half_width") is None:
-        return {"kind": "not decided", "words": "not decided (no interval: the study needs 2 seeds)"}
-    if abs(g["mean"]) > g["half_width"]:
-        return {"kind": "gap", "words": f"a KL gap: DDP's {g['relative']:+.0%} of one device's KL"}
-    return {"kind": "none seen", "words": f"no KL gap beyond {g['smallest_relative']:.0%} of one device's KL"}
-
-
-def _trained_words(results: dict[str, dict | None]) -> str:
-    """The verdict's reach beyond the initial weights: the step from trained weights (``step-equality``) and
-    the training study (``report-training``), or "not decided" where either is absent."""
-    se, rt = results.get("step_equality"), results.get("report_training")
-    trained = (se or {}).get("parts", {}).get("trained")
-    out = []
-    if trained:
-        ok = trained["world_sizes"]["2"]["within_floor"]
-        out.append(f"{'the same' if ok else 'not the same'} from weights trained {trained['trained_steps']} steps "
-                   "([step equality](is-it-a-bug.md#trained-at-the-reports-scale))")
-    if rt:
-        steps = rt.get("steps") or "?"
-        out.append(f"{steps}-step trainings, {len(rt['seeds'])} seeds: "
-                   f"[{training_gap(rt)['words']}](is-it-a-bug.md#trained-at-the-reports-scale)")
-    rest = ("longer trainings, GPUs, Lightning 1.2.6 ([read, not run](legacy.md))" if trained and rt else
-            "trained weights, whole trainings at this size, GPUs, Lightning 1.2.6 ([read, not run](legacy.md))")
-    return ("Also " + "; ".join(out) + ". " if out else "") + f"Not decided here: {rest}."
-
-
-def _trained_reply(results: dict[str, dict | None]) -> tuple[str, str]:
-    """The reply's words for what ``_trained_words`` says on the first screen, without links: what the scope
-    gains (``" and weights trained 50 steps"`` where the step from trained weights is one device's) and
-    the sentence after the verdict."""
-    se, rt = results.get("step_equality"), results.get("report_training")
-    trained = (se or {}).get("parts", {}).get("trained")
-    if not (trained and rt):
-        return "", "Not decided: trained weights, full runs on GPUs."
-    ok = trained["world_sizes"]["2"]["within_floor"]
-    scope = f" and weights trained {trained['trained_steps']} steps" if ok else ""
-    said = "" if ok else f"From weights trained {trained['trained_steps']} steps the step differs. "
-    return scope, (f"{said}{rt['steps']}-step trainings: {training_gap(rt)['words']}. Not decided: full runs on "
-                   "GPUs.")
-
-
 def _ddp_kl_line(rs: dict, kl: dict) -> str:
     """DDP's KL: what the shared noise does to it (bounded by the world size, measured), what is plotted,
     what whole trainings showed, what is not decided."""
@@ -357,9 +310,10 @@ def first_screen(results: dict[str, dict | None]) -> str:
     verdict = bug_or_expected(rs, seeds)
     kl = kl_words(seeds, lh)
     if verdict["kind"] == "expected":
+        also, rest = trained_words(results)
         why = (f"**Measured**: {_scope_line(rs)}: with every change below, DDP's step is one device's up to "
-               "rounding ([the report's scale](index.md#the-reports-scale)); every difference left is a "
-               f"[documented default](is-it-a-bug.md#documented-behaviour). {_trained_words(results)}")
+               f"rounding ([the report's scale](index.md#the-reports-scale)){also}; every difference left is a "
+               f"[documented default](is-it-a-bug.md#documented-behaviour). {rest}")
     else:
         why = (f"**Measured**: {_scope_line(rs)}: {verdict['why']} "
                "([the evidence](is-it-a-bug.md#documented-behaviour)). GPUs not run here.")
@@ -516,7 +470,7 @@ def reply(results: dict[str, dict | None]) -> str:
     k = kl_words(seeds, lh)["seeds"]
     s = rs["settings"]
     n, per_rank = s["world_size"], _per_rank(rs)
-    trained_scope, trained_said = _trained_reply(results)
+    trained_scope, trained_said = trained_reply(results)
     scope = (f"one step of the bolts {'ResNet-18 ' if s.get('model') == 'resnet18' else ''}VAE at "
              f"{s['global_batch_size']} = {n} x {per_rank} from initial weights{trained_scope} "
              f"({_lightning()}, CPU)")
