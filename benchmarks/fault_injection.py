@@ -450,8 +450,11 @@ def case_kills(work: Path, tries: int, rng: random.Random, only: tuple[str, ...]
                 shutil.rmtree(clone / "docs" / "generated" / "audit_batchnorm", ignore_errors=True)
             env = dict(ENV, TMPDIR=str(tmp), VAE_DDP_PROBE=mark, **extra)
             t0 = time.perf_counter()
+            # SIGINT at its default, as a terminal's Ctrl-C finds it (a background job of a shell starts with
+            # SIGINT ignored, and its children inherit that: a SIGINT try would then measure nothing)
             top = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                   start_new_session=True)
+                                   start_new_session=True,
+                                   preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
             how = "none"
             if period is not None:
                 time.sleep(rng.uniform(0.0, period))
