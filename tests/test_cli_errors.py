@@ -257,10 +257,10 @@ def test_a_bad_watchdog_setting_is_refused_before_any_work(command, value, tmp_p
 def test_ctrl_c_while_it_imports_is_130_without_a_traceback(command, tmp_path):
     """Ctrl-C in the first second (the command still imports jsonargparse, torch and Lightning)
     printed a Python traceback and ended by the signal (-2): one line and exit code 130 now."""
+    import contextlib
     import signal
     import subprocess
     import sys
-    import time
 
     # at several moments of the imports: a Ctrl-C 1 to 3 s after the start ended 4 runs of 10 with -2 (CPython
     # re-raised SIGINT at exit after main had caught it and returned 130)
@@ -272,7 +272,8 @@ def test_ctrl_c_while_it_imports_is_130_without_a_traceback(command, tmp_path):
                                 start_new_session=True,
                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         try:
-            time.sleep(delay)
+            with contextlib.suppress(subprocess.TimeoutExpired):  # the moment of the signal (earlier if it ended)
+                proc.wait(timeout=delay)
             proc.send_signal(signal.SIGINT)
             _, err = proc.communicate(timeout=30)
         finally:
@@ -303,17 +304,18 @@ def test_sigterm_while_it_imports_is_143_and_one_line(command, tmp_path):
     """SIGTERM 0.5, 2 and 5 s after the start (the command imports jsonargparse, torch and Lightning,
     or has just begun) ended by the signal (-15) with nothing on stderr, while SIGTERM later said
     ``vae-ddp: terminated`` with exit code 143: the same now from the command's first line of code."""
+    import contextlib
     import signal
     import subprocess
     import sys
-    import time
 
     for i, delay in enumerate((0.5, 2.0, 5.0)):
         proc = subprocess.Popen([sys.executable, "-m", "vae_ddp.cli", *command, "--out", str(tmp_path / f"o{i}")],
                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 start_new_session=True)
         try:
-            time.sleep(delay)  # the moment of the signal, not a wait for a condition
+            with contextlib.suppress(subprocess.TimeoutExpired):  # the moment of the signal (earlier if it ended)
+                proc.wait(timeout=delay)
             proc.send_signal(signal.SIGTERM)
             _, err = proc.communicate(timeout=30)
         finally:
