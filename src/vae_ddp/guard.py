@@ -223,6 +223,11 @@ def guard_forked(cmd: list[str], stall: Optional[float], grace: float, startup: 
 
 
 # --------------------------------------------------------------------------- the guard
+def _role_of(proc: dict) -> str:
+    """A registered process's name in the guard's messages (``proc-PID.json``): its role, else ``rank N``."""
+    return proc.get("role") or f"rank {proc['rank']}"
+
+
 _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+) in (\S+)', re.M)
 
 
@@ -370,9 +375,9 @@ class _Guard:
                 os.kill(p["pid"], signal.SIGUSR1)
         time.sleep(2.0)
         parts, names = [], []
-        roles = [p.get("role") or f"rank {p['rank']}" for p in procs]
-        for p in sorted(procs, key=lambda p: (p.get("role") or f"rank {p['rank']}", p["pid"])):
-            role = p.get("role") or f"rank {p['rank']}"
+        roles = [_role_of(p) for p in procs]
+        for p in sorted(procs, key=lambda p: (_role_of(p), p["pid"])):
+            role = _role_of(p)
             who = role if roles.count(role) == 1 else f"{role} (PID {p['pid']})"
             stacks = self.dir / f"stacks-{p['pid']}.txt"
             dump = stacks.read_text(errors="replace") if stacks.exists() else ""
@@ -446,8 +451,7 @@ class _Guard:
     def _role(self, pid: int) -> str:
         """What process ``pid`` registered itself as (``rank 1``, ``one device's process``)."""
         try:
-            p = json.loads((self.dir / f"proc-{pid}.json").read_text())
-            return p.get("role") or f"rank {p['rank']}"
+            return _role_of(json.loads((self.dir / f"proc-{pid}.json").read_text()))
         except (OSError, ValueError, KeyError):
             return f"rank {self._rank(pid)}"
 

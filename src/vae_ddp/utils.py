@@ -260,10 +260,11 @@ def _run_gone(d: Path) -> bool:
 
 
 def remove_tmpdir_of_dead_run(parent: int) -> None:
-    """In a guard that ends: when ``TMPDIR`` is the run folder (``private_tmpdir``) of a run that is gone (a
-    top process killed by SIGKILL leaves it), remove it. Gone: nobody holds its ``RUN_TMP_OWNER`` lock (a
-    guard a zygote forked), or the run's PID is the guard's ``parent`` and it no longer runs (a guard forked
-    from the run itself shares the run's lock). Nothing while the run lives. Raises nothing."""
+    """In a guard that ends, or a zygote whose caller died: when ``TMPDIR`` is the run folder
+    (``private_tmpdir``) of a run that is gone (a top process killed by SIGKILL leaves it), remove it. Gone:
+    nobody holds its ``RUN_TMP_OWNER`` lock (a guard a zygote forked, the zygote), or the run's PID is
+    ``parent`` and it no longer runs (a guard forked from the run itself shares the run's lock). Nothing while
+    the run lives. Raises nothing."""
     import tempfile
 
     from vae_ddp.ranks import alive
