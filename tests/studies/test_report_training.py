@@ -53,3 +53,31 @@ def test_is_it_a_bug_shows_both():
     for include in ('--8<-- "docs/results/report-training/summary.md"',
                     '--8<-- "docs/results/step-equality/summary.md"', "results/report-training/kl_steps.png"):
         assert include in page, include
+
+
+@pytest.mark.skipif(not (EQUALITY / "summary.json").is_file(), reason="the studies are not committed")
+def test_both_scripts_resume_where_they_stopped(tmp_path, monkeypatch):
+    """A seed whose results.json exists is not trained again, a part whose equivalence.json exists is not
+    run again: the page's "Both resume where they stopped"."""
+    import shutil
+
+    import vae_ddp.studies.compare
+    import vae_ddp.studies.equivalence
+
+    def never(*args, **kwargs):
+        raise AssertionError("trained again")
+
+    monkeypatch.setattr(vae_ddp.studies.compare, "compare", never)
+    monkeypatch.setattr(vae_ddp.studies.equivalence, "equivalence", never)
+    training, equality = tmp_path / "report-training", tmp_path / "step-equality"
+    shutil.copytree(TRAINING, training)
+    shutil.copytree(EQUALITY, equality)
+    weights = training / "seed-0" / "runs" / "1-process" / "0" / "params-0.pt"
+    weights.parent.mkdir(parents=True)
+    weights.write_bytes(b"")
+    summary = _script("report_training").main(["--data_dir", str(tmp_path), "--seeds", "0", "1", "--steps", "50",
+                                                "--last", "10", "--out", str(training)])
+    assert summary["seeds"] == [0, 1]
+    done = _script("report_step_equality").main(["--data_dir", str(tmp_path), "--training", str(training),
+                                                  "--out", str(equality)])
+    assert set(done["parts"]) == {"initial", "trained"}
