@@ -402,7 +402,7 @@ def test_no_process_of_an_audit_outlives_its_top_process(tmp_path, sig):
     ``subprocess.run(timeout=...)`` sends): 15 s later no process of the launch is alive; TERM
     and INT are said in the last line (``vae-ddp: terminated``, exit 143; ``interrupted``, 130) and
     the output folder's lock is gone with the run. The run's own temporary folder goes too, after KILL as
-    well (the audit's guard, which outlives its caller, removes it: nothing is left in TMPDIR)."""
+    well (its reaper, ``utils.private_tmpdir``, removes it: nothing is left in TMPDIR)."""
     import shutil
     import tempfile
 

@@ -81,3 +81,53 @@ def test_an_audit_leaves_tmpdir_as_it_found_it(tmp_path, request, before):
                           timeout=240, start_new_session=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert sorted(p.relative_to(tmp) for p in tmp.rglob("*")) == found
+
+
+def _children(pid: int) -> list[int]:
+    """The PIDs of ``pid``'s child processes (``/proc/PID/task/*/children``)."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+@pytest.mark.parametrize("api", [False, True], ids=["private_tmpdir", "audit API's folder"])
+def test_a_sigkill_leaves_no_run_folder_behind(tmp_path, api):
+    """SIGKILL of a process inside ``private_tmpdir`` before it started anything else (no guard or zygote to
+    outlive it): its reaper removes the run folder, the API's temporary output folder in it, and the empty
+    folders ``also_if_empty`` names (one that is not empty stays). Before, the folder stayed until the next run.
+    Waited for on the reaper's end (a pidfd), not by sleeping."""
+    import os
+    import select
+    import signal
+    import subprocess
+    import sys
+
+    tmp = Path(tempfile.mkdtemp(prefix="t59r-", dir="/tmp"))
+    try:
+        empty, full = tmp / "made-empty", tmp / "made-full"
+        empty.mkdir()
+        full.mkdir()
+        (full / "kept").write_text("the user's")
+        inner = "tempfile.mkdtemp(prefix='vae-ddp-audit-')" if api else "'-'"
+        script = ("import sys, tempfile, time\nfrom vae_ddp.utils import private_tmpdir\n"
+                  f"with private_tmpdir(({str(empty)!r}, {str(full)!r})) as p:\n"
+                  f"    print(p, {inner}, flush=True)\n    time.sleep(600)\n")
+        env = dict(os.environ, TMPDIR=str(tmp), PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"))
+        top = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
+        try:
+            folder, made = top.stdout.readline().split()
+            assert Path(folder).parent == tmp and (made == "-" or Path(made).parent == Path(folder))
+            reapers = _children(top.pid)
+            assert len(reapers) == 1, f"{len(reapers)} child processes, not one reaper"
+            pidfd = os.pidfd_open(reapers[0])
+            os.kill(top.pid, signal.SIGKILL)
+            assert select.select([pidfd], [], [], 20)[0], "the reaper did not end within 20 s of the SIGKILL"
+            os.close(pidfd)
+        finally:
+            top.kill()
+            top.wait(timeout=30)
+        assert sorted(p.name for p in tmp.iterdir()) == ["made-full"]
+        assert (full / "kept").exists()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -487,7 +487,7 @@ if __name__ == "__main__":
 
     try:
         # a TMPDIR of its own for the runs and the zygote (whose imports would make inductor's cache folder in
-        # the user's), removed however it ends; after a SIGKILL, by the zygote or the guards, which outlive it
+        # the user's), removed however it ends; after a SIGKILL, by its reaper
         with private_tmpdir():
             done = generate(Path(__file__).resolve().parents[1], sys.argv[1:])
     except ResultsError as err:

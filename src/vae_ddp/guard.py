@@ -415,10 +415,7 @@ class _Guard:
         finally:
             import shutil
 
-            from vae_ddp.utils import remove_tmpdir_of_dead_run
-
             shutil.rmtree(self.dir, ignore_errors=True)
-            remove_tmpdir_of_dead_run(self.parent)  # a caller killed by SIGKILL left its run folder
 
     def _watch(self) -> int:
         while True:

@@ -109,14 +109,17 @@ def private_tmpdir(also_if_empty: tuple[str, ...] = ()) -> Iterator[Optional[Pat
     other than inductor's default: the user's choice), torch elastic's folders, the guards' heartbeat
     folders. The folder is made anew
     (``tempfile.mkdtemp``: ``RUN_TMP``, the PID and a random part, mode 0700), so that a folder or
-    link of that name made by another user is never used. A run ended by SIGKILL leaves
-    its folder; the next run removes every such folder of this user's whose run is gone: the run holds
-    an exclusive ``flock`` on the folder's ``RUN_TMP_OWNER`` file while it lives (a PID is no proof: a
-    run in another PID namespace, such as another container sharing ``/tmp``, has a PID this one
-    cannot see). Where the temporary folder cannot be written, nothing changes (yields None).
+    link of that name made by another user is never used. The run holds an exclusive ``flock`` on the
+    folder's ``RUN_TMP_OWNER`` file while it lives (a PID is no proof: a run in another PID namespace, such
+    as another container sharing ``/tmp``, has a PID this one cannot see), and a small process of the
+    standard library alone (``REAPER``, in a session of its own, SIGINT ignored) waits for that lock: when
+    SIGKILL ends the run, and every process forked from it that holds the lock has ended too, it removes
+    the folder and the empty ones ``also_if_empty`` names, and ends; when the block ends, the run removes the folder and waits
+    for it. A folder whose reaper could not run (killed itself) is removed by the next run of this
+    user's. Where the temporary folder cannot be written, nothing changes (yields None).
     ``also_if_empty``: folders outside it that the command made (the inductor cache its imports made in
-    TMPDIR), written into the folder (``RUN_TMP_ALSO``) so that whoever removes the folder of a run killed by
-    SIGKILL removes them too if they are empty (``remove_run_folder``).
+    TMPDIR), written into the folder (``RUN_TMP_ALSO``) so that the reaper removes them too if they are
+    empty.
     """
     import shutil
     import tempfile
@@ -138,6 +141,7 @@ def private_tmpdir(also_if_empty: tuple[str, ...] = ()) -> Iterator[Optional[Pat
     if also_if_empty:
         with contextlib.suppress(OSError):
             Path(path, RUN_TMP_ALSO).write_text(json.dumps(list(also_if_empty)))
+    reaper = _start_reaper(path)
     saved_env, saved, saved_cache = os.environ.get("TMPDIR"), tempfile.tempdir, os.environ.get(INDUCTOR_CACHE)
     os.environ["TMPDIR"], tempfile.tempdir = path, path
     if saved_cache is None or os.path.abspath(saved_cache) == _inductor_default(base):  # not the user's choice
@@ -145,11 +149,53 @@ def private_tmpdir(also_if_empty: tuple[str, ...] = ()) -> Iterator[Optional[Pat
     try:
         yield Path(path)
     finally:
-        os.close(owner)
         _restore_env({"TMPDIR": saved_env, INDUCTOR_CACHE: saved_cache})
         tempfile.tempdir = saved
         _release_multiprocessing(path)
         shutil.rmtree(path, ignore_errors=True)
+        os.close(owner)  # the reaper wakes, finds the folder gone and ends
+        if reaper is not None:
+            with contextlib.suppress(Exception):
+                reaper.wait(timeout=10)
+
+
+#: The program of the process that removes a run folder once its run is gone (``private_tmpdir``): the
+#: standard library only (milliseconds to start); argv: the folder, ``RUN_TMP_OWNER``, ``RUN_TMP_ALSO``. It blocks on the folder's
+#: ``RUN_TMP_OWNER`` lock, which the kernel releases when the last process holding it ends, however it ends.
+REAPER = """
+import fcntl, json, os, shutil, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+path, owner, also_file = sys.argv[1:4]
+try:
+    fd = os.open(os.path.join(path, owner), os.O_RDONLY | os.O_NOFOLLOW)
+except OSError:
+    sys.exit(0)
+fcntl.flock(fd, fcntl.LOCK_EX)
+try:
+    with open(os.path.join(path, also_file)) as f:
+        also = [str(p) for p in json.load(f)]
+except (OSError, ValueError, TypeError):
+    also = []
+shutil.rmtree(path, ignore_errors=True)
+for folder in also:
+    try:
+        os.rmdir(folder)
+    except OSError:
+        pass
+"""
+
+
+def _start_reaper(path: str) -> "Optional[subprocess.Popen]":
+    """Start ``REAPER`` for the run folder ``path`` (after this process took its lock), in a session of its
+    own so that a signal to the run's process group does not end it first; None where it cannot start."""
+    import subprocess
+    import sys
+
+    try:
+        return subprocess.Popen([sys.executable, "-I", "-S", "-c", REAPER, path, RUN_TMP_OWNER, RUN_TMP_ALSO], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    except OSError:
+        return None
 
 
 #: torch inductor's cache folder setting; unset, ``cache_dir()`` in torch/_inductor/runtime/cache_dir_utils.py
@@ -257,28 +303,6 @@ def _run_gone(d: Path) -> bool:
         return False
     finally:
         os.close(fd)
-
-
-def remove_tmpdir_of_dead_run(parent: int) -> None:
-    """In a guard that ends, or a zygote whose caller died: when ``TMPDIR`` is the run folder
-    (``private_tmpdir``) of a run that is gone (a top process killed by SIGKILL leaves it), remove it. Gone:
-    nobody holds its ``RUN_TMP_OWNER`` lock (a guard a zygote forked, the zygote), or the run's PID is
-    ``parent`` and it no longer runs (a guard forked from the run itself shares the run's lock). Nothing while
-    the run lives. Raises nothing."""
-    import tempfile
-
-    from vae_ddp.ranks import alive
-
-    base = Path(tempfile.gettempdir())
-    if not base.name.startswith(RUN_TMP) or base.is_symlink():
-        return
-    pid = base.name[len(RUN_TMP):].split("-")[0]
-    try:
-        gone = (pid == str(parent) and not alive(parent)) or (pid != str(os.getpid()) and _run_gone(base))
-    except OSError:
-        return
-    if gone:
-        remove_run_folder(base)
 
 
 def remove_run_folder(path: Path) -> None:

@@ -244,15 +244,7 @@ def serve(module: str, fd: int, caller: int, guard_forked: Callable[..., int]) -
         with contextlib.suppress(OSError):
             reply.send(json.dumps({"pid": pid}).encode())
         waiting[pid] = reply
-    _caller_gone(caller)
     return 0
-
-
-def _caller_gone(caller: int) -> None:
-    """The caller died (a SIGKILL leaves its run folder, this zygote's TMPDIR): remove the folder once it is gone."""
-    from vae_ddp.utils import remove_tmpdir_of_dead_run
-
-    remove_tmpdir_of_dead_run(caller)
 
 
 def _import_while_the_caller_lives(modules: list[str], caller: int) -> None:
@@ -268,7 +260,6 @@ def _import_while_the_caller_lives(modules: list[str], caller: int) -> None:
     def watch() -> None:
         while not done.wait(0.1):
             if os.getppid() != caller:
-                _caller_gone(caller)
                 os._exit(0)
 
     watcher = threading.Thread(target=watch, name="zygote-caller-watch", daemon=True)

@@ -43,6 +43,7 @@ from typing import Any, Iterator, Optional, Union
 
 from vae_ddp.audit.engine import run_config
 from vae_ddp.errors import RunFailed, UserError
+from vae_ddp.utils import private_tmpdir
 
 __all__ = ["audit", "AuditResult", "Finding", "Effect", "AuditInputError", "AuditRunFailed"]
 
@@ -233,7 +234,10 @@ def audit(model: Classish, datamodule: Classish, *, model_args: Optional[dict] =
         seed: the runs' seed.
         effect_batches: global batches of the effect runs (0 skips them, else at least 4).
         out: the output folder (``audit.json``, ``tables.md``, the runs' logs); None: a new temporary
-            folder, removed before this returns (so that parallel callers never share one).
+            folder, removed before this returns (so that parallel callers never share one). While the call
+            runs, ``TMPDIR`` (the environment's and ``tempfile``'s) is a folder of its own, in which that
+            temporary folder lies, removed when the call returns or raises, and after a SIGKILL of the
+            calling process too ([`private_tmpdir`][vae_ddp.utils.private_tmpdir]).
         progress: print what the command prints (its progress lines and the report); else nothing
             is printed to ``sys.stdout`` while it runs (the report is the result's ``report``).
         **trainer_args: any other ``Trainer`` argument (``gradient_clip_val=1.0``, ``strategy=...``),
@@ -268,19 +272,22 @@ def audit(model: Classish, datamodule: Classish, *, model_args: Optional[dict] =
                  "trainer": dict(trainer_args) or None}
         cfg = _parse(given)
         temporary = out is None
-        folder = Path(tempfile.mkdtemp(prefix="vae-ddp-audit-")) if temporary else Path(out).expanduser().resolve()
-        shown = contextlib.nullcontext() if progress else contextlib.redirect_stdout(io.StringIO())
-        try:
-            with shown:  # the report is the result's (report); the runs' own output goes to their logs
-                result = run_config(cfg, folder, "vae_ddp.audit.api.audit", progress=progress)
-            report = (folder / "tables.md").read_text() if (folder / "tables.md").exists() else ""
-        except UserError as err:
-            raise AuditInputError(python_names(str(err))) from None
-        except RunFailed as err:
-            raise AuditRunFailed(str(err)) from None
-        finally:
-            if temporary:  # whatever happened: no folder left behind per call
-                shutil.rmtree(folder, ignore_errors=True)
+        # a TMPDIR of the call's own, removed however the call or its caller ends (a SIGKILL too: its reaper),
+        # and with it the temporary output folder made in it
+        with private_tmpdir():
+            folder = Path(tempfile.mkdtemp(prefix="vae-ddp-audit-")) if temporary else Path(out).expanduser().resolve()
+            shown = contextlib.nullcontext() if progress else contextlib.redirect_stdout(io.StringIO())
+            try:
+                with shown:  # the report is the result's (report); the runs' own output goes to their logs
+                    result = run_config(cfg, folder, "vae_ddp.audit.api.audit", progress=progress)
+                report = (folder / "tables.md").read_text() if (folder / "tables.md").exists() else ""
+            except UserError as err:
+                raise AuditInputError(python_names(str(err))) from None
+            except RunFailed as err:
+                raise AuditRunFailed(str(err)) from None
+            finally:
+                if temporary:  # whatever happened: no folder left behind per call
+                    shutil.rmtree(folder, ignore_errors=True)
     return AuditResult.of(result, report, None if temporary else folder)
 
 
