@@ -8,9 +8,12 @@ import logging
 import os
 import warnings
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import TYPE_CHECKING, Iterator, Optional
 
 from vae_ddp.errors import UserError
+
+if TYPE_CHECKING:
+    from subprocess import Popen
 
 __all__ = ["quiet", "close_process_group", "check_writable", "out_folder_lock", "FolderInUse", "private_tmpdir",
            "inductor_folder_to_remove", "remove_if_empty"]
@@ -114,8 +117,8 @@ def private_tmpdir(also_if_empty: tuple[str, ...] = ()) -> Iterator[Optional[Pat
     as another container sharing ``/tmp``, has a PID this one cannot see), and a small process of the
     standard library alone (``REAPER``, in a session of its own, SIGINT ignored) waits for that lock: when
     SIGKILL ends the run, and every process forked from it that holds the lock has ended too, it removes
-    the folder and the empty ones ``also_if_empty`` names, and ends; when the block ends, the run removes the folder and waits
-    for it. A folder whose reaper could not run (killed itself) is removed by the next run of this
+    the folder and the empty ones ``also_if_empty`` names, and ends; when the block ends, the run removes
+    the folder and waits for it. A folder whose reaper could not run (killed itself) is removed by the next run of this
     user's. Where the temporary folder cannot be written, nothing changes (yields None).
     ``also_if_empty``: folders outside it that the command made (the inductor cache its imports made in
     TMPDIR), written into the folder (``RUN_TMP_ALSO``) so that the reaper removes them too if they are
@@ -160,8 +163,9 @@ def private_tmpdir(also_if_empty: tuple[str, ...] = ()) -> Iterator[Optional[Pat
 
 
 #: The program of the process that removes a run folder once its run is gone (``private_tmpdir``): the
-#: standard library only (milliseconds to start); argv: the folder, ``RUN_TMP_OWNER``, ``RUN_TMP_ALSO``. It blocks on the folder's
-#: ``RUN_TMP_OWNER`` lock, which the kernel releases when the last process holding it ends, however it ends.
+#: standard library only (milliseconds to start); argv: the folder, ``RUN_TMP_OWNER``, ``RUN_TMP_ALSO``.
+#: It blocks on the folder's ``RUN_TMP_OWNER`` lock, which the kernel releases when the last process holding
+#: it ends, however it ends.
 REAPER = """
 import fcntl, json, os, shutil, signal, sys
 signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -185,15 +189,16 @@ for folder in also:
 """
 
 
-def _start_reaper(path: str) -> "Optional[subprocess.Popen]":
+def _start_reaper(path: str) -> "Optional[Popen]":
     """Start ``REAPER`` for the run folder ``path`` (after this process took its lock), in a session of its
     own so that a signal to the run's process group does not end it first; None where it cannot start."""
     import subprocess
     import sys
 
     try:
-        return subprocess.Popen([sys.executable, "-I", "-S", "-c", REAPER, path, RUN_TMP_OWNER, RUN_TMP_ALSO], stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        return subprocess.Popen([sys.executable, "-I", "-S", "-c", REAPER, path, RUN_TMP_OWNER, RUN_TMP_ALSO],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
     except OSError:
         return None
 
