@@ -151,6 +151,15 @@ class Plain(Base):
     """No exposure at all (with an unshuffled, evenly divisible dataset and synced logging)."""
 
 
+class Wide(Base):
+    """`Plain` with a hidden layer `width` units wide: a model whose tensors, not its logs, fill the audit's
+    folder (what the disk estimate is tested on)."""
+
+    def __init__(self, width: int = 20000) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, width), nn.Tanh(), nn.Linear(width, 1))
+
+
 class NoisyStep(Base):
     """Input noise drawn with `torch.randn_like` in `training_step`: not keyed to the sample."""
 

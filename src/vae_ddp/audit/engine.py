@@ -37,8 +37,10 @@ def run_config(cfg: Any, out: Path, command: str, progress: bool = True, cwd: Op
     if run.accelerator == "cpu":  # the runs' process imports torch and Lightning beside the checks below
         zygote.warm("vae_ddp.audit.run")
     cost: list[str] = []
+    sizes: dict[str, int] = {}
     with contextlib.redirect_stdout(io.StringIO()):  # the checks call training_step dozens of times: not shown
-        static, notes = preflight.check(run, data_cls, model_cls, cost)
+        static, notes = preflight.check(run, data_cls, model_cls, cost, sizes)
+    run = run.replace(param_count=sizes.get("param_count", 0))  # what the runs write: the space check's estimate
     if progress:
         for line in cost:  # before anything starts: what the world size costs
             print(f"[audit] cost: {line}", flush=True)

@@ -240,11 +240,13 @@ def writable(out: str) -> Path:
 _NO_TRAINER = "is not attached to a `Trainer`"
 
 
-def check(run, data_cls: type, model_cls: type, cost: Optional[list] = None) -> tuple[list[dict], list[str]]:
+def check(run, data_cls: type, model_cls: type, cost: Optional[list] = None,
+          sizes: Optional[dict] = None) -> tuple[list[dict], list[str]]:
     """Bad input before any training: one [`UserError`][vae_ddp.errors.UserError] line each, a
     world size whose processes would not fit in memory included
     ([`audit_cost`][vae_ddp.harness.resources.audit_cost], checked before the module is built and
-    again with its parameters). ``cost``: a list the line of what the runs will cost is appended to.
+    again with its parameters). ``cost``: a list the line of what the runs will cost is appended to;
+    ``sizes``: a dict given ``param_count``, the module's parameters (elements), once it is built.
 
     Returns the findings of the one-process checks ([`static_findings`][vae_ddp.audit.static.static_findings])
     and notes: a ``training_step`` that needs a Trainer (``self.all_gather``, ...) skips the
@@ -304,11 +306,11 @@ def check(run, data_cls: type, model_cls: type, cost: Optional[list] = None) -> 
                         f"{run.global_batch_size}: give more data or a smaller --data.init_args.batch_size")
     with torch.random.fork_rng():  # the same weights and draws on every audit of this seed, as the runs'
         torch.manual_seed(run.seed)
-        return _check_model(run, model_cls, dm, batches, batch, cost)
+        return _check_model(run, model_cls, dm, batches, batch, cost, sizes)
 
 
 def _check_model(run, model_cls: type, dm, batches: list, batch,
-                 cost: Optional[list] = None) -> tuple[list[dict], list[str]]:
+                 cost: Optional[list] = None, sizes: Optional[dict] = None) -> tuple[list[dict], list[str]]:
     """Build the module, say what its runs cost (refused when they do not fit), try its
     training_step on one batch without a Trainer, run the one-process checks."""
     import torch
@@ -320,9 +322,12 @@ def _check_model(run, model_cls: type, dm, batches: list, batch,
     except Exception as err:  # noqa: BLE001 - the user's class: its first line
         raise UserError(f"{model_cls.__name__}(...) fails ({type(err).__name__}: {_first(err)}): check --model's "
                         "init args") from None
+    count = sum(p.numel() for p in model.parameters())
+    if sizes is not None:
+        sizes["param_count"] = count
     if run.accelerator == "cpu":
         size = 8 if run.dtype == "float64" else 4
-        line = audit_cost(run.devices, sum(p.numel() for p in model.parameters()) * size)
+        line = audit_cost(run.devices, count * size)
         if cost is not None:
             cost.append(line)
     if model.automatic_optimization:  # manual optimization needs the trainer's optimizers: no dry run
