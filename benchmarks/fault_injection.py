@@ -464,8 +464,10 @@ def case_kills(work: Path, tries: int, rng: random.Random, only: tuple[str, ...]
                     what, pid = "top", top.pid  # none of that kind (yet): the top process
                 how = f"{sig} to the {what}"
                 if pid is not None:
-                    with contextlib.suppress(ProcessLookupError):
+                    try:
                         os.kill(pid, getattr(signal, sig))
+                    except ProcessLookupError:  # a rank of a run that had finished (its guard's folder remains)
+                        how += " (it had already ended)"
             try:
                 top.communicate(timeout=600)
             except subprocess.TimeoutExpired:

@@ -131,3 +131,37 @@ def test_a_sigkill_leaves_no_run_folder_behind(tmp_path, api):
         assert (full / "kept").exists()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_threads_share_the_run_folder_and_the_last_removes_it(tmp_path, monkeypatch):
+    """Two threads in ``private_tmpdir`` at once (two API calls of one process): the second uses the first's
+    folder, which stays while either is in it, and TMPDIR comes back when the last one leaves."""
+    import os
+    import threading
+
+    from vae_ddp.utils import private_tmpdir
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    seen = {}
+
+    def second() -> None:
+        first_in.wait(30)
+        with private_tmpdir() as folder:
+            seen["second"] = folder
+            second_in.set()
+            first_out.wait(30)
+            seen["after first left"] = folder.is_dir() and os.environ["TMPDIR"] == str(folder)
+
+    t = threading.Thread(target=second)
+    t.start()
+    with private_tmpdir() as folder:
+        seen["first"] = folder
+        first_in.set()
+        assert second_in.wait(30)
+    first_out.set()
+    t.join(30)
+    assert seen["second"] == seen["first"] and seen["after first left"], seen
+    assert not seen["first"].exists() and os.environ["TMPDIR"] == str(tmp_path)
+    assert list(tmp_path.iterdir()) == []

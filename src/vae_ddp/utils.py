@@ -6,6 +6,7 @@ import contextlib
 import json
 import logging
 import os
+import threading
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Optional
@@ -120,16 +121,26 @@ def private_tmpdir(also_if_empty: tuple[str, ...] = ()) -> Iterator[Optional[Pat
     the folder and the empty ones ``also_if_empty`` names, and ends; when the block ends, the run removes
     the folder and waits for it. A folder whose reaper could not run (killed itself) is removed by the next run of this
     user's. Where the temporary folder cannot be written, nothing changes (yields None).
+    Blocks of one process share its folder (a block inside another, or the calls of several threads: the
+    environment is the process's): the last to end removes it and sets ``TMPDIR`` back.
     ``also_if_empty``: folders outside it that the command made (the inductor cache its imports made in
     TMPDIR), written into the folder (``RUN_TMP_ALSO``) so that the reaper removes them too if they are
     empty.
     """
-    import shutil
     import tempfile
 
-    base = tempfile.gettempdir()
-    if _own_run_tmpdir(base):  # a run inside a run of this process: the outer one's folder
-        yield Path(base)
+    with _RUNS_LOCK:
+        base = tempfile.gettempdir()
+        own = _own_run_tmpdir(base)  # inside a run of this process, or beside it in another thread: its folder,
+        shared = own and base in _RUNS  # removed by the last block to leave
+        if shared:
+            _RUNS[base]["users"] += 1
+    if own:
+        try:
+            yield Path(base)
+        finally:
+            if shared:
+                _leave(base)
         return
     _remove_dead_tmpdirs(Path(base))
     try:  # a short name: a DataLoader's forkserver socket path in it must stay under 108 characters
@@ -144,22 +155,54 @@ def private_tmpdir(also_if_empty: tuple[str, ...] = ()) -> Iterator[Optional[Pat
     if also_if_empty:
         with contextlib.suppress(OSError):
             Path(path, RUN_TMP_ALSO).write_text(json.dumps(list(also_if_empty)))
-    reaper = _start_reaper(path)
-    saved_env, saved, saved_cache = os.environ.get("TMPDIR"), tempfile.tempdir, os.environ.get(INDUCTOR_CACHE)
-    os.environ["TMPDIR"], tempfile.tempdir = path, path
-    if saved_cache is None or os.path.abspath(saved_cache) == _inductor_default(base):  # not the user's choice
-        os.environ[INDUCTOR_CACHE] = os.path.join(path, "torchinductor")
+    with _RUNS_LOCK:
+        _RUNS[path] = {"users": 1, "owner": owner, "reaper": _start_reaper(path), "tempdir": tempfile.tempdir,
+                       "env": {"TMPDIR": os.environ.get("TMPDIR"), INDUCTOR_CACHE: os.environ.get(INDUCTOR_CACHE)}}
+        saved_cache = os.environ.get(INDUCTOR_CACHE)
+        os.environ["TMPDIR"], tempfile.tempdir = path, path
+        if saved_cache is None or os.path.abspath(saved_cache) == _inductor_default(base):  # not the user's choice
+            os.environ[INDUCTOR_CACHE] = os.path.join(path, "torchinductor")
     try:
         yield Path(path)
     finally:
-        _restore_env({"TMPDIR": saved_env, INDUCTOR_CACHE: saved_cache})
-        tempfile.tempdir = saved
-        _release_multiprocessing(path)
-        shutil.rmtree(path, ignore_errors=True)
-        os.close(owner)  # the reaper wakes, finds the folder gone and ends
-        if reaper is not None:
-            with contextlib.suppress(Exception):
-                reaper.wait(timeout=10)
+        _leave(path)
+
+
+#: The run folders this process made (``private_tmpdir``) and in use: how many blocks use each (threads of the
+#: process; a block inside another), the descriptor of its ``RUN_TMP_OWNER`` lock, its reaper, what it replaced.
+_RUNS: dict[str, dict] = {}
+_RUNS_LOCK = threading.Lock()
+
+
+def _leave(path: str) -> None:
+    """A block of ``private_tmpdir`` ends: the last to leave the folder ``path`` sets ``TMPDIR`` back, removes the
+    folder and waits for its reaper."""
+    import shutil
+    import tempfile
+
+    with _RUNS_LOCK:
+        run = _RUNS[path]
+        run["users"] -= 1
+        if run["users"]:
+            return
+        del _RUNS[path]
+        _restore_env(run["env"])
+        tempfile.tempdir = run["tempdir"]
+    _release_multiprocessing(path)
+    shutil.rmtree(path, ignore_errors=True)
+    os.close(run["owner"])  # the reaper wakes, finds the folder gone and ends
+    if run["reaper"] is not None:
+        with contextlib.suppress(Exception):
+            run["reaper"].wait(timeout=10)
+
+
+def run_lock(tmpdir: Optional[str]) -> Optional[int]:
+    """The descriptor that holds the lock of the run folder ``tmpdir`` (a ``TMPDIR``), if this process made it
+    (``private_tmpdir``) and it is in use, else None. A process given it (forked, or sent it) holds the lock
+    with the run: the folder's reaper then waits for that process as well before it removes the folder."""
+    with _RUNS_LOCK:
+        run = _RUNS.get(os.path.abspath(tmpdir)) if tmpdir else None
+        return run["owner"] if run else None
 
 
 #: The program of the process that removes a run folder once its run is gone (``private_tmpdir``): the

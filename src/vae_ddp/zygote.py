@@ -36,6 +36,7 @@ import threading
 from typing import Any, Callable, Optional
 
 from vae_ddp import forking
+from vae_ddp.utils import run_lock
 
 __all__ = ["warm", "start", "usable"]
 
@@ -91,9 +92,13 @@ def start(cmd: list[str], stall: Optional[float], grace: float, startup: Optiona
                "stall": stall, "grace": grace, "startup": startup}
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     null = os.open(os.devnull, os.O_RDWR)
+    # the lock of the run folder the launch's TMPDIR is: the guard and its ranks hold it with this process, so
+    # that the folder's reaper removes it only once they too have ended (a killed caller's ranks still write)
+    lock = run_lock(env.get("TMPDIR"))
     try:
         fds = [theirs.fileno()] + [null if s == subprocess.DEVNULL else fd if s is None else
                                    s if isinstance(s, int) else s.fileno() for s, fd in ((stdout, 1), (stderr, 2))]
+        fds += [lock] if lock is not None else []
         with z.lock:
             socket.send_fds(z.sock, [json.dumps(request).encode()], fds)
     except OSError:
@@ -226,10 +231,10 @@ def serve(module: str, fd: int, caller: int, guard_forked: Callable[..., int]) -
                         reply.send(json.dumps({"code": os.waitstatus_to_exitcode(ended[1])}).encode())
         if not select.select([sock], [], [], 0.1)[0]:
             continue
-        message, fds, _, _ = socket.recv_fds(sock, 1 << 22, 3)
+        message, fds, _, _ = socket.recv_fds(sock, 1 << 22, 4)
         if not message:  # the caller closed its end: it is going
             return 0
-        request, (reply_fd, out, err) = json.loads(message), fds
+        request, (reply_fd, out, err, *lock) = json.loads(message), fds  # lock: the run folder's, held by the guard
         reply = socket.socket(fileno=reply_fd)
 
         def guard_of(r: dict = request, o: int = out, e: int = err) -> int:
@@ -239,8 +244,8 @@ def serve(module: str, fd: int, caller: int, guard_forked: Callable[..., int]) -
             return guard_forked(r["cmd"], r["stall"], r["grace"], r["startup"], os.getppid(), r["env"], o, e)
 
         pid = forking.fork(guard_of)
-        os.close(out)
-        os.close(err)
+        for f in (out, err, *lock):
+            os.close(f)
         with contextlib.suppress(OSError):
             reply.send(json.dumps({"pid": pid}).encode())
         waiting[pid] = reply

@@ -272,6 +272,10 @@ def audit(model: Classish, datamodule: Classish, *, model_args: Optional[dict] =
                  "trainer": dict(trainer_args) or None}
         cfg = _parse(given)
         temporary = out is None
+        if accelerator == "cpu":  # started outside the call's TMPDIR: it serves this process's later calls too, and
+            from vae_ddp import zygote  # its imports, which make inductor's folder, may outlast the call
+
+            zygote.warm("vae_ddp.audit.run")
         # a TMPDIR of the call's own, removed however the call or its caller ends (a SIGKILL too: its reaper),
         # and with it the temporary output folder made in it
         with private_tmpdir():
