@@ -51,6 +51,20 @@ def beat(rank: Optional[int] = None, step: Optional[int] = None) -> None:
             f.write(str(step))
 
 
+def rearm() -> None:
+    """Register this process's stack dump on SIGUSR1 again (after its first beat; else nothing): at the end of
+    every ``fit``, Lightning's ``Trainer`` sets each signal back to what ``signal.getsignal`` said at its start
+    (``_SignalConnector.teardown``, Lightning 2.6), ``SIG_DFL`` for SIGUSR1, whose ``faulthandler`` handler
+    Python does not see; a process that trains several runs (an audit's ranks) was then killed by the
+    watchdog's SIGUSR1 in its second run instead of dumping its stacks. Between two fits SIGUSR1 is ignored
+    (what Python sees of it since the first beat: Lightning sets that back)."""
+    import faulthandler
+
+    if _STATE.get("pid") == os.getpid():
+        faulthandler.unregister(signal.SIGUSR1)  # register() alone installs nothing where it is registered
+        faulthandler.register(signal.SIGUSR1, file=_STATE["stacks"], all_threads=True, chain=False)
+
+
 def last_step(pid: int, where: "Optional[str | Path]" = None) -> Optional[int]:
     """The last ``step`` process ``pid`` of this guard's tree gave [`beat`][vae_ddp.beats.beat]
     (None: none, or not under a guard). ``where``: the guard's folder (default: this process's)."""
@@ -93,6 +107,9 @@ def _register(where: Path, pid: int, rank: Optional[int]) -> None:
         rank = int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")))
     where.mkdir(parents=True, exist_ok=True)
     stacks = open(where / f"stacks-{pid}.txt", "w")  # kept open: faulthandler writes to its descriptor
+    # what Python sees of SIGUSR1, which Lightning's Trainer sets back at the end of each fit: ignored, not
+    # the default (death), between two fits of the process; rearm() registers the dump again at each setup
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     # a fork of a process that registered has faulthandler's record of it but the guard's default
     # handler (it resets SIGUSR1): register() would then install nothing, and SIGUSR1 would end it
     faulthandler.unregister(signal.SIGUSR1)

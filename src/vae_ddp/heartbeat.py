@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pytorch_lightning import Callback, LightningModule, Trainer
 
-from vae_ddp.beats import beat, under_guard
+from vae_ddp.beats import beat, rearm, under_guard
 
 __all__ = ["Heartbeat", "callbacks"]
 
@@ -22,10 +22,12 @@ __all__ = ["Heartbeat", "callbacks"]
 class Heartbeat(Callback):
     """Touch this process's heartbeat file at setup, at the start of each training epoch, after
     every training and validation batch and at teardown (a no-op outside a guard). The first
-    beat also registers the dump of every thread's stack on SIGUSR1 (``faulthandler``)."""
+    beat also registers the dump of every thread's stack on SIGUSR1 (``faulthandler``), each setup again
+    ([`rearm`][vae_ddp.beats.rearm]: the previous ``fit`` of the process unregistered it)."""
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         beat(trainer.global_rank)
+        rearm()  # the previous fit's teardown set SIGUSR1 back to its default
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         beat(trainer.global_rank)
