@@ -116,6 +116,21 @@ def test_a_class_no_module_path_reaches_is_imported_from_its_file(monkeypatch):
     assert api._where(Plain, "model") == f"{M}.Plain"
 
 
+@pytest.mark.timeout(300)
+def test_a_module_whose_name_is_no_identifier_is_audited(tmp_path, monkeypatch):
+    """A module ``2models`` (importable with ``importlib``, not by a class path): its classes travel by file.
+    Before, ``model: expected null, got "{'class_path': '2models.Plain', ...}"`` (jsonargparse)."""
+    import importlib
+    import shutil
+
+    shutil.copy(ROOT / "examples" / "audit_models.py", tmp_path / "2models.py")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mod = importlib.import_module("2models")
+    assert api._where(mod.Plain, "model") == f"{tmp_path / '2models.py'}:Plain"
+    result = api.audit(mod.Plain, mod.Regression, data_args={"shuffle": False}, steps=1, effect_batches=0)
+    assert result.exit_code == 0, result.report
+
+
 @pytest.mark.timeout(600)
 def test_a_clean_model_passes(tmp_path):
     result = assert_ddp_matches_one_device(Plain, Regression, effect_batches=8)

@@ -404,7 +404,8 @@ def _init_args(obj: Any, name: str, args_name: str) -> dict:
 
 def _where(cls: type, name: str) -> str:
     """How the runs import ``cls``: its dotted path when a new interpreter finds its module by that name
-    (on this process's ``sys.path``) as the same file, else ``path/to/file.py:Class``."""
+    (on this process's ``sys.path``) as the same file and each part of the name is an identifier (a module
+    ``2stage``, imported with ``importlib``, has no class path), else ``path/to/file.py:Class``."""
     __tracebackhide__ = True
     if "." in cls.__qualname__ or "<" in cls.__qualname__:
         raise AuditInputError(f"{name}={cls.__qualname__} is defined inside a function or class: the audit's runs "
@@ -414,7 +415,9 @@ def _where(cls: type, name: str) -> str:
     except TypeError:
         file = None
     module = sys.modules.get(cls.__module__)
-    if cls.__module__ != "__main__" and module is not None and getattr(module, cls.__qualname__, None) is cls:
+    dotted = all(part.isidentifier() for part in cls.__module__.split("."))  # what a class path can name: not 2stage
+    if dotted and cls.__module__ != "__main__" and module is not None and \
+            getattr(module, cls.__qualname__, None) is cls:
         spec = _found(cls.__module__)
         if spec is not None and spec.origin and file and os.path.samefile(spec.origin, file):
             return f"{cls.__module__}.{cls.__qualname__}"
