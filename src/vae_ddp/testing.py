@@ -58,7 +58,8 @@ def assert_ddp_matches_one_device(model: Any, datamodule: Any, *, devices: int =
 def failure_message(result: Any) -> str:
     """The assertion's message for an [`AuditResult`][vae_ddp.audit.api.AuditResult] that did not pass:
     one line of verdict, then per exposed factor (those that change what DDP trains first) its
-    evidence, what it changes (the effect), its fix and its page, then any other reason."""
+    evidence, what it changes (the effect), its fix and its page, then any other reason; where the cause is
+    not one of the known factors, the command's line naming the parameters and buffers that differ most."""
     from vae_ddp.audit.effects import CHANGES
     from vae_ddp.fixes.factor import page_url
 
@@ -82,6 +83,12 @@ def failure_message(result: Any) -> str:
         lines.append(f"  page: {page_url(f.page)}")
     rest = [why for why in result.exit_why if why not in {f.factor for f in causes}]
     lines += [f"- {why}" for why in rest]
+    raw = result.to_dict()
+    if raw.get("unexplained"):  # the command's line: which parameters and buffers differ most, where it is localised
+        from vae_ddp.audit.render import verdict_line
+        from vae_ddp.audit.verdict import Verdict
+
+        lines.append(verdict_line(Verdict.from_dict(raw)))
     if not result.deterministic:
         lines.append("  (one device's own step is not a function of the weights and the batch: see the report)")
     if result.out is not None:

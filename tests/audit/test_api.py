@@ -131,6 +131,25 @@ def test_a_module_whose_name_is_no_identifier_is_audited(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.report
 
 
+@pytest.mark.timeout(300)
+def test_the_helpers_message_for_an_unexplained_failure_names_what_differs(tmp_path):
+    """Where the cause is none of the known factors, the pytest helper's message carries the command's line
+    with the parameters and buffers that differ most (#63 item 8: it listed only the exit reason). The
+    verdict of a real audit of Plain, made unexplained."""
+    from vae_ddp.audit.render import verdict_line
+    from vae_ddp.audit.verdict import Verdict
+    from vae_ddp.testing import failure_message
+
+    raw = api.audit(Plain, Regression, data_args={"shuffle": False}, steps=1, effect_batches=0).to_dict()
+    raw.update(unexplained=True, within_floor=False, gradient_within=False, exit_code=1,
+               exit_why=["with every fix, DDP's step is not within 2x its floor"],
+               largest_differences=[{"name": "net.0.weight", "max_abs_diff": 0.25}])
+    message = failure_message(api.AuditResult.of(raw))
+    line = verdict_line(Verdict.from_dict(raw))
+    assert line.startswith("- unexplained") and "net.0.weight (0.25)" in line, line
+    assert line in message.splitlines(), message
+
+
 @pytest.mark.timeout(600)
 def test_a_clean_model_passes(tmp_path):
     result = assert_ddp_matches_one_device(Plain, Regression, effect_batches=8)

@@ -137,6 +137,12 @@ def _render_measures(verdict: Verdict, u: _Units) -> list[str]:
     return lines
 
 
+def verdict_line(verdict: Verdict) -> str:
+    """The report's verdict line (``- passed: ...``, ``- unexplained: ...`` with the parameters and buffers
+    that differ most, ...): what the command prints, for the pytest helper's message."""
+    return _render_verdict(verdict, _Units(verdict))
+
+
 def _render_verdict(verdict: Verdict, u: _Units) -> str:
     """One line: not judged, unexplained, not passed (what differs first, what only the user's code
     fixes) or passed."""
