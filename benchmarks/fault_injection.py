@@ -462,7 +462,7 @@ def case_kills(work: Path, tries: int, rng: random.Random, only: tuple[str, ...]
                 pid = _victim(what, top, mark, tmp)
                 if pid is None and top.poll() is None:
                     what, pid = "top", top.pid  # none of that kind (yet): the top process
-                how = f"{sig} to the {what}"
+                how = f"{sig} to the {what}" + (" (none: the run had ended)" if pid is None else "")
                 if pid is not None:
                     try:
                         os.kill(pid, getattr(signal, sig))
