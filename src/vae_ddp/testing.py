@@ -16,10 +16,12 @@ from __future__ import annotations
 import os
 from typing import Any, Optional, Union
 
+from vae_ddp.audit.spec import DEFAULT_STEPS
+
 __all__ = ["assert_ddp_matches_one_device", "failure_message"]
 
 
-def assert_ddp_matches_one_device(model: Any, datamodule: Any, *, devices: int = 2, steps: int = 3,
+def assert_ddp_matches_one_device(model: Any, datamodule: Any, *, devices: int = 2, steps: int = DEFAULT_STEPS,
                                   out: Optional[Union[str, os.PathLike]] = None, **options: Any) -> Any:
     """Assert that Lightning DDP on ``devices`` processes trains ``model``'s one-device model.
 

@@ -259,3 +259,16 @@ def test_each_call_has_a_folder_of_its_own(monkeypatch):
         with pytest.raises(api.AuditInputError, match="stopped before any run"):
             api.audit(Plain, Regression)
     assert len(set(folders)) == 2 and not any(f.exists() for f in folders)
+
+
+def test_one_default_number_of_steps_for_the_command_the_api_and_the_helper():
+    """``vae-ddp audit`` without ``--steps``, ``audit()`` and ``assert_ddp_matches_one_device`` without ``steps``
+    train as many steps (the command's was 4, the others' 3)."""
+    import inspect
+
+    from vae_ddp.audit.spec import DEFAULT_STEPS
+    from vae_ddp.testing import assert_ddp_matches_one_device as helper
+
+    command = build_parser().get_defaults()["steps"]
+    python = {f.__name__: inspect.signature(f).parameters["steps"].default for f in (api.audit, helper)}
+    assert command == DEFAULT_STEPS and set(python.values()) == {DEFAULT_STEPS}, (command, python)

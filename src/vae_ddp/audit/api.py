@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional, Union
 
 from vae_ddp.audit.engine import run_config
+from vae_ddp.audit.spec import DEFAULT_STEPS
 from vae_ddp.errors import RunFailed, UserError
 from vae_ddp.utils import private_tmpdir
 
@@ -207,7 +208,7 @@ Classish = Union[type, Any]
 
 
 def audit(model: Classish, datamodule: Classish, *, model_args: Optional[dict] = None,
-          data_args: Optional[dict] = None, devices: int = 2, steps: int = 3, dtype: str = "float64",
+          data_args: Optional[dict] = None, devices: int = 2, steps: int = DEFAULT_STEPS, dtype: str = "float64",
           precision: Optional[str] = None, accelerator: str = "cpu", seed: int = 0, effect_batches: int = 32,
           out: Optional[Union[str, os.PathLike]] = None, progress: bool = False, **trainer_args: Any) -> AuditResult:
     """Audit ``model`` trained on ``datamodule``: ``vae-ddp audit`` with these options, in this process

@@ -1,7 +1,7 @@
 """The ``vae-ddp audit`` command line: jsonargparse parses, as LightningCLI parses class paths.
 
     vae-ddp audit --model MODEL --data DATA [--model.init_args.* / --data.init_args.*]
-                  [--devices 2] [--steps 4] [--dtype float64] [--accelerator cpu] [--effect_batches 32]
+                  [--devices 2] [--steps 3] [--dtype float64] [--accelerator cpu] [--effect_batches 32]
                   [--out DIR] [--trainer.* ...] [--config FILE]
 
 MODEL and DATA are ``package.module.Class`` or ``path/to/file.py:Class``. DATA's ``batch_size``
@@ -85,7 +85,7 @@ def build_parser() -> AuditParser:
     class flags check their base class by name ([`LightningModule`][vae_ddp.audit.preflight.LightningModule])
     and ``--trainer.NAME VALUE`` collects any ``Trainer`` argument, which
     [`trainer_args`][vae_ddp.audit.preflight.trainer_args] checks after parsing."""
-    from vae_ddp.audit.spec import TRAINER_ARGS, TRAINER_SET
+    from vae_ddp.audit.spec import DEFAULT_STEPS, TRAINER_ARGS, TRAINER_SET
 
     p = AuditParser(description=DESCRIPTION, epilog=EPILOG)
     p.add_argument("--config", action=config_action(), help="read the options from this YAML file (see --print_config)")
@@ -94,7 +94,7 @@ def build_parser() -> AuditParser:
         for option in (f"--{key}", f"--{key}.help"):
             _class_flag(p._option_string_actions[option], key)
     p.add_argument("--devices", type=int, default=2, help="DDP world size N")
-    p.add_argument("--steps", type=int, default=4, help="optimizer steps per run")
+    p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="optimizer steps per run")
     p.add_argument("--dtype", type=Literal["float64", "float32"], default="float64", help="float64 or float32")
     p.add_argument("--accelerator", type=Literal["cpu", "gpu"], default="cpu")
     p.add_argument("--seed", type=int, default=0)

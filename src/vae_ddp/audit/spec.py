@@ -19,8 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-__all__ = ["AuditRun", "import_class", "resolve_class_arg", "failed_marker", "TRAINER_ARGS", "TRAINER_SET",
-           "DDP_STRATEGIES"]
+__all__ = ["AuditRun", "DEFAULT_STEPS", "import_class", "resolve_class_arg", "failed_marker", "TRAINER_ARGS",
+           "TRAINER_SET", "DDP_STRATEGIES"]
+
+#: Optimizer steps per run where the caller names none: the command (``--steps``), the Python API and the pytest
+#: helper alike.
+DEFAULT_STEPS = 3
 
 DDP_STRATEGIES = ("ddp", "ddp_find_unused_parameters_true", "ddp_find_unused_parameters_false")
 """``--trainer.strategy`` values: Lightning's registered DDP strategies that launch by
