@@ -32,7 +32,7 @@ def main() -> None:
     # --8<-- [start:value]
     result = audit(Classifier, Digits, model_args={"norm": "batch"}, data_args={"batch_size": 32}, steps=args.steps)
     print(f"verdict: {result.verdict}, exit code {result.exit_code}, because of {', '.join(result.exit_why)}")
-    for f in result.exposed:
+    for f in result.findings:
         effect = f"{f.effect.kind}, noise ratio {f.effect.variance_ratio:.2g}" if f.effect else "not measured"
         print(f"{f.name}: mechanism {f.mechanism}; effect: {effect}")
     # --8<-- [end:value]

@@ -66,8 +66,8 @@ def failure_message(result: Any) -> str:
     from vae_ddp.fixes.factor import page_url
 
     model = result.to_dict().get("model_name", "the model")
-    causes = [f for f in result.findings if f.exposed and f.mechanism == "another model"]
-    others = [f for f in result.findings if f.exposed and f.mechanism != "another model"]
+    causes = [f for f in result.findings if f.mechanism == "another model"]
+    others = [f for f in result.findings if f.mechanism != "another model"]
     lines = [f"DDP on {result.devices} devices does not train one device's model ({model}, {result.steps} steps, "
              f"{result.dtype}): vae-ddp audit exits {result.exit_code} because of "
              f"{', '.join(result.exit_why) or 'its verdict'}"]

@@ -155,7 +155,7 @@ def test_a_clean_model_passes(tmp_path):
     result = assert_ddp_matches_one_device(Plain, Regression, effect_batches=8)
     assert result.exit_code == 0 and result.verdict == "passed" and result.out is None
     assert result.deterministic and result.within_floor and len(result.grad_steps) == 3
-    assert not [f for f in result.exposed if f.mechanism == "another model"]
+    assert not [f for f in result.findings if f.mechanism == "another model"]
     assert "passed" in result.report
 
 
@@ -167,6 +167,10 @@ def test_the_api_result_is_the_clis_audit_json_and_the_helper_names_its_cause(tm
     result = api.audit(WithBatchNorm, Regression, out=tmp_path / "api", effect_batches=8)
     assert result.out == tmp_path / "api" and result.exit_code == 1 and result.exit_why == ("batchnorm",)
     bn = {f.factor: f for f in result.findings}["batchnorm"]
+    assert all(f.exposed for f in result.findings) and len(result.checked) > len(result.findings)
+    summary = str(result).splitlines()
+    assert summary[0].startswith("vae-ddp audit failed (exit code 1) because of batchnorm"), summary
+    assert any(line.startswith("- BatchNorm statistics: ") and "fix: " in line for line in summary), summary
     assert bn.exposed and bn.mechanism == "another model" and bn.effect.rows == 8
     assert result.report == (tmp_path / "api" / "tables.md").read_text()
     code, _, stderr = main_captured(["audit", "--model", f"{M}.WithBatchNorm", "--data", f"{M}.Regression",

@@ -4,7 +4,8 @@
 
     result = audit(MyModule, MyDataModule, data_args={"batch_size": 32}, devices=2, steps=3)
     result.exit_code      # 0: DDP, as you run it, trains one device's model (the CLI's exit code)
-    result.findings       # one Finding per factor, exposed ones with their effect and fix
+    result.findings       # the factors found, each a Finding with its evidence, effect and fix
+    print(result)         # the verdict and what was found, in a few lines
 
 [`audit`][vae_ddp.audit.api.audit] builds the same parsed configuration the command line builds
 (jsonargparse, the parser of ``vae_ddp.audit.cli``) and hands it to
@@ -150,7 +151,8 @@ class AuditResult:
         grad_steps: that difference per step.
         deterministic: the floor is rounding.
         within_floor: DDP with every fix is within 2x its floor.
-        findings: one [`Finding`][vae_ddp.audit.api.Finding] per factor, ranked as the table ranks them.
+        checked: one [`Finding`][vae_ddp.audit.api.Finding] per factor the audit checked, found or not, ranked
+            as the table ranks them (``audit.json``'s ``findings``).
         effect: Lightning's defaults as a whole ([`Effect`][vae_ddp.audit.api.Effect]) or None.
         notes: what the audit noticed beside the factors.
         report: the report's text (``tables.md``).
@@ -169,7 +171,7 @@ class AuditResult:
     grad_steps: tuple[float, ...]
     deterministic: bool
     within_floor: bool
-    findings: tuple[Finding, ...]
+    checked: tuple[Finding, ...]
     effect: Optional[Effect]
     notes: tuple[str, ...]
     report: str = dataclasses.field(repr=False, compare=False)
@@ -177,9 +179,18 @@ class AuditResult:
     _raw: str = dataclasses.field(repr=False)
 
     @property
-    def exposed(self) -> tuple[Finding, ...]:
-        """The findings the runs saw."""
-        return tuple(f for f in self.findings if f.exposed)
+    def findings(self) -> tuple[Finding, ...]:
+        """The factors the audit found (``exposed``), in the table's order; the rest are in ``checked``."""
+        return tuple(f for f in self.checked if f.exposed)
+
+    def __str__(self) -> str:
+        """The summary: the verdict and its exit code, why, then each factor found with its fix
+        (``print(result)``); the whole report is ``report``."""
+        why = f" because of {', '.join(self.exit_why)}" if self.exit_why else ""
+        lines = [f"vae-ddp audit {self.verdict} (exit code {self.exit_code}){why}: DDP on {self.devices} devices "
+                 f"against one device, {self.steps} steps, {self.dtype}, global batch {self.global_batch_size}"]
+        lines += [f"- {f.name}: {f.evidence}" + (f"; fix: {f.fix}" if f.fix else "") for f in self.findings]
+        return "\n".join(lines)
 
     def to_dict(self) -> dict:
         """A new copy of the command's ``audit.json`` for these inputs (``json.loads`` of it)."""
@@ -200,7 +211,7 @@ class AuditResult:
                    exit_why=tuple(d["exit_why"]), devices=d["devices"], steps=d["steps"], dtype=d["dtype"],
                    global_batch_size=d["global_batch_size"], floor=d["floor"], ratio_to_floor=d["ratio_to_floor"],
                    grad_steps=tuple(d["grad_steps"]), deterministic=d["deterministic"], within_floor=d["within_floor"],
-                   findings=findings, effect=Effect.of(d.get("effect")), notes=tuple(d.get("notes", [])),
+                   checked=findings, effect=Effect.of(d.get("effect")), notes=tuple(d.get("notes", [])),
                    report=report, out=out, _raw=raw)
 
 
