@@ -430,6 +430,16 @@ def test_no_process_of_an_audit_outlives_its_top_process(tmp_path, sig):
 
         assert wait_for(lambda: len(ranks()) >= 3, events, 300), "the audit's DDP ranks did not start"
         assert alive(str(out))
+
+        def names() -> set[str]:  # what ps -eo comm shows of the launch's processes
+            found = set()
+            for pid in alive(str(out)):
+                with contextlib.suppress(OSError):
+                    found.add(Path(f"/proc/{pid}/comm").read_text().strip())
+            return found
+
+        wanted = {"vae-ddp guard", "vae-ddp rank 0", "vae-ddp rank 1", "vae-ddp single"}
+        assert wait_for(lambda: wanted <= names(), events, 120), f"ps -eo comm shows {names()}, not {wanted}"
         os.kill(top.pid, sig)
         top.wait(timeout=60)
         left = wait_gone(alive(str(out)), 15)

@@ -115,6 +115,9 @@ def _register(where: Path, pid: int, rank: Optional[int]) -> None:
     faulthandler.unregister(signal.SIGUSR1)
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True, chain=False)
     role = os.environ.get(ROLE) or f"rank {rank}"  # what the guard's messages call this process
+    from vae_ddp.forking import set_name
+
+    set_name(f"vae-ddp rank {rank}" if role == f"rank {rank}" else "vae-ddp single")  # what ps -eo comm shows
     (where / f"proc-{pid}.json").write_text(json.dumps(
         {"pid": pid, "rank": rank, "role": role, "main_thread": threading.main_thread().ident, "argv": sys.argv}))
     path = where / f"beat-{pid}"

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Optional, Sequence
 
 from vae_ddp.beats import _ENV_DIR, beat, how_it_ended, last_step, under_guard  # noqa: F401  (guard.beat & co.)
-from vae_ddp.forking import fork, prctl, run_as_python
+from vae_ddp.forking import fork, prctl, run_as_python, set_name
 
 __all__ = ["run", "run_all", "How", "guard_forked", "guarded", "beat", "last_step", "how_it_ended",
            "under_guard", "STALLED", "TIMED_OUT", "DEFAULT_STALL_S"]
@@ -390,6 +390,7 @@ class _Guard:
     def main(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self._on_signal)
+        set_name("vae-ddp guard")
         prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: SIGTERM when the parent dies, even by SIGKILL
         prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: orphaned ranks and workers become the guard's children
         if os.getppid() != self.parent:  # the parent died before prctl

@@ -212,6 +212,7 @@ def serve(module: str, fd: int, caller: int, guard_forked: Callable[..., int]) -
     later its exit code; end when ``caller`` (the parent) dies or closes the socket, also while it imports."""
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    forking.set_name("vae-ddp zygote")
     # no PR_SET_PDEATHSIG: Linux sends it when the *thread* that started this process ends, and a
     # caller's zygote serves the caller's other threads too (two docs entries at once: the second
     # entry was killed with the zygote when the first one's thread ended); the caller is polled instead
