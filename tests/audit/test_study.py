@@ -74,6 +74,32 @@ def test_no_exposure(tmp_path):
     assert "the learning rate, the update, the buffers and every rank's parameters" in log
     left = sorted(p.name for p in (tmp_path / "audit").rglob("*") if p.suffix in {".pt", ".partial"})
     assert not left and (tmp_path / "audit" / "runs" / "ddp" / "run.json").exists(), left  # tensors gone, logs kept
+    # the runs it trained, as its runs' logs name them: a factor's runs only where the ddp run saw it exposed
+    # (here the sampler alone: Lightning's DistributedSampler shuffles), no check of draws no fix serves
+    trained = [*runs, *json.loads((tmp_path / "audit" / "runs" / "ddp" / "run.json").read_text())]
+    assert result["runs"] == trained, (result["runs"], trained)
+    exposed = {f["factor"] for f in result["findings"] if f["exposed"]}
+    assert exposed == {"sampler"}, exposed
+    assert_factor_runs_follow_exposure(result)
+    assert not {"single+keyed", "ddp+fixed-forced+keyed"} & set(result["runs"]), result["runs"]
+    assert len(result["runs"]) == 17 and "[audit] 17 of 25 planned runs trained" in log, result["runs"]
+
+
+def assert_factor_runs_follow_exposure(result: dict) -> None:
+    """Each factor the audit fixes has its runs (``ddp-<key>``, ``ddp+<key>``, ``effect-<key>``) in
+    ``audit.json``'s ``runs`` exactly when it, or a factor its fix removes too, is exposed."""
+    from vae_ddp.audit.effects import measured_by
+    from vae_ddp.fixes import registry
+
+    exposed = {f["factor"] for f in result["findings"] if f["exposed"] and f["automatic_fix"]}
+    for key in registry.audit_fixable():
+        ablation = {f"ddp-{key}", f"ddp+{key}"}
+        assert (ablation <= set(result["runs"])) == (key in exposed), (key, exposed, result["runs"])
+        assert not ablation & set(result["runs"]) or key in exposed, (key, result["runs"])
+        assert (f"effect-{key}" in result["runs"]) == bool(exposed & set(measured_by(key))), (key, result["runs"])
+    # what every audit trains
+    assert {"single", "ddp", "ddp+fixed", "ddp+fixed-forced", "ddp-forced", "effect-single", "effect-defaults",
+            "effect-fixed"} <= set(result["runs"]), result["runs"]
 
 
 def test_gradient_clipping_and_accumulation_pass_through(tmp_path):
@@ -158,6 +184,10 @@ def test_batchnorm(generated):
     assert result["within_floor"] and not result["unexplained"]  # every difference explained and fixed ...
     # ... but DDP as it is run trains another model: per-rank statistics, named (exit 1, the fix the advice)
     assert result["exit_code"] == 1 and result["exit_why"] == ["batchnorm"], result["exit_why"]
+    # BatchNorm's runs trained, as it is exposed (and the sampler's); not the noise's (no draws)
+    assert {"ddp-batchnorm", "ddp+batchnorm", "effect-batchnorm"} <= set(result["runs"]), result["runs"]
+    assert not f["noise"]["exposed"] and "ddp-noise" not in result["runs"], result["runs"]
+    assert_factor_runs_follow_exposure(result)
 
 
 def test_dropout(generated):

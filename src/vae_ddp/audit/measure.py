@@ -9,7 +9,6 @@ from pathlib import Path
 
 import torch
 
-from vae_ddp.audit import localise
 from vae_ddp.audit.plan import Plan
 from vae_ddp.harness.launch import Job, RunFailed, launch
 from vae_ddp.probes import per_step_differences
@@ -28,9 +27,15 @@ class Measured:
     by its label as a ``Run`` (final state, ``run.json`` entry, folder)."""
 
     one_device: dict[str, Run]
-    """The one-device runs (``single``, ``floor-1``, ..., ``other-batch``, ``permuted``, ...)."""
+    """The one-device runs trained (``single``, ``floor-1``, ..., ``other-batch``, ``permuted``, ...)."""
     ddp: dict[str, Run]
-    """The DDP runs (``ddp``, ``ddp+fixed``, ``ddp+fixed-forced``, ``ddp-<factor>``, ...), rank 0's."""
+    """The DDP runs (``ddp``, ``ddp+fixed``, ``ddp+fixed-forced``, ``ddp-<factor>`` of an exposed factor, ...),
+    rank 0's."""
+
+    @property
+    def runs(self) -> list[str]:
+        """The labels of the runs trained: one device's, then DDP's, each in the order they trained."""
+        return [*self.one_device, *self.ddp]
 
     def record(self, label: str) -> dict:
         """The run's [`StepProbe.record()`][vae_ddp.probes.StepProbe.record] (``grads``, ``updates``, ...),
@@ -72,11 +77,9 @@ def measure(plan: Plan, runs_dir: Path) -> Measured:
     launched = launch(Job({"one-device": plan.one_device, "ddp": plan.ddp}, together=True), runs_dir,
                       quiet=sys.stdout is not sys.__stdout__,
                       train="vae_ddp.audit.run:train_runs")
-    one, first = ({s.label: (torch.load(where[tag] / f"{s.label}.pt"), launched[tag][s.label], where[tag])
-                   for s in specs}
-                  for tag, specs in (("one-device", plan.one_device), ("ddp", plan.ddp)))
-    if localise.SYNC_GRADS in launched["ddp"]:  # the ranks checked the sync_grads advice (a gather seen)
-        first[localise.SYNC_GRADS] = (torch.load(where["ddp"] / f"{localise.SYNC_GRADS}.pt"),
-                                      launched["ddp"][localise.SYNC_GRADS], where["ddp"])
+    # the runs trained, in the order they trained: the plan's, but those whose factor was not seen exposed
+    # (AuditRun.if_seen), with the check of the sync_grads advice where a gather was seen (localise.SYNC_GRADS)
+    one, first = ({label: (torch.load(where[tag] / f"{label}.pt"), info, where[tag])
+                   for label, info in launched[tag].items()} for tag in ("one-device", "ddp"))
     return Measured(one, first)
 

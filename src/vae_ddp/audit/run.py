@@ -13,7 +13,10 @@ findings being what [`DDPAudit`][vae_ddp.audit.callback.DDPAudit] saw. A teacher
 waits until the reference run (in the process beside it) has written its weights. Where the run
 ``localise.RANKS_GRADS`` saw a ``self.all_gather`` without ``sync_grads=True`` on a tensor that
 requires a gradient (on any rank), the ranks train it again with ``sync_grads=True`` forced there,
-as ``localise.SYNC_GRADS``, right after it: the audit's check of its advice.
+as ``localise.SYNC_GRADS``, right after it: the audit's check of its advice. Likewise a run with
+``if_seen`` (a factor's ablation and effect runs) trains only when the deciding DDP runs (``spec.DECIDING``,
+the first two) saw one of those factors exposed: rank 0 broadcasts what their ``DDPAudit`` saw to the other
+ranks and writes it to ``OUT_DIR/seen.json`` for the one-device process, which waits for it there.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from vae_ddp.audit import localise
 from vae_ddp.audit.callback import DDPAudit
 from vae_ddp.audit.draws import KeyedTorchDraws, NoAttentionDropout
 from vae_ddp.audit.loader_draws import keyed_items, measure
-from vae_ddp.audit.spec import AuditRun, failed_marker, import_class
+from vae_ddp.audit.spec import DECIDING, SEEN_FILE, AuditRun, failed_marker, import_class, seen_in, trained
 from vae_ddp import heartbeat
 from vae_ddp.fixes import registry
 from vae_ddp.beats import beat
@@ -236,6 +239,31 @@ def wait_for_steps(steps_file: Path, timeout: float = WAIT_S) -> list[dict]:
     return torch.load(steps_file)["states"]
 
 
+def wait_for_seen(seen_file: Path, timeout: float = WAIT_S) -> set[str]:
+    """What the deciding DDP runs saw (``seen_file``, a JSON list of ``AuditRun.if_seen`` tokens that rank 0
+    of the DDP runs writes; [`seen_in`][vae_ddp.audit.spec.seen_in]), once written; the guard's heartbeat
+    goes on meanwhile. For the one-device process, a fork beside the ranks (its parent, rank 0 on CPU).
+
+    Raises:
+        RuntimeError: the DDP runs failed (their marker file exists: ``no decision of the DDP runs: run 'LABEL'
+            failed``), the parent process ended, or ``timeout`` seconds passed.
+    """
+    rank = int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")))
+    deadline = time.monotonic() + timeout
+    parent = os.getppid()
+    while not seen_file.exists():
+        if failed_marker(seen_file).exists():
+            raise RuntimeError(f"no decision of the DDP runs: run '{failed_marker(seen_file).read_text().strip()}' "
+                               "failed")
+        if (not alive(parent) or os.getppid() != parent) and not seen_file.exists():
+            raise RuntimeError(f"the DDP runs (PID {parent}) ended without writing {seen_file}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no decision of the DDP runs in {seen_file} after {timeout:g} s")
+        beat(rank)
+        time.sleep(0.2)
+    return set(json.loads(seen_file.read_text()))
+
+
 #: The run this process trains now (its label), for the line that names a run that failed.
 _CURRENT: list[str] = []
 
@@ -261,6 +289,8 @@ def train_runs(runs: list[AuditRun], out: Path) -> int:
         for run in runs:
             if run.steps_file and not run.teacher_forced:
                 failed_marker(Path(run.steps_file)).write_text(_CURRENT[-1] if _CURRENT else "")
+        if any(run.label in DECIDING and run.devices > 1 for run in runs):  # the one-device process may wait on them
+            failed_marker(out.parent / SEEN_FILE).write_text(_CURRENT[-1] if _CURRENT else "")
         raise
 
 
@@ -270,7 +300,21 @@ def _train(runs: list[AuditRun], out: Path) -> int:
     out.mkdir(parents=True, exist_ok=True)
     info = {}
     runs = list(runs)
+    # the runs of AuditRun.if_seen train only where the deciding DDP runs (spec.DECIDING) saw what they
+    # measure: decided here, after those runs, by rank 0's findings; the one-device process beside the ranks
+    # reads it from SEEN_FILE
+    deciding = [run.label for run in runs if run.label in DECIDING and run.devices > 1]
+    seen: set[str] = set()
+    decided: Optional[set[str]] = None
     for run in runs:
+        if run.if_seen:
+            if decided is None and deciding:
+                raise RuntimeError(f"run '{run.label}' is planned before the runs that decide it "
+                                   f"({', '.join(deciding)})")
+            if decided is None:
+                decided = wait_for_seen(out.parent / SEEN_FILE)
+            if not trained(run, decided):
+                continue
         # which run each process trains, in the log: a rank that dies is named with its run (launch)
         _CURRENT[:] = [run.label]
         say_run(run.label)
@@ -292,6 +336,16 @@ def _train(runs: list[AuditRun], out: Path) -> int:
         if run.label == localise.RANKS_GRADS and run.devices > 1 and trainer.strategy.reduce_boolean_decision(
                 bool(gathers), all=False):  # a gather without gradient on any rank: its advice checked, next
             runs.insert(runs.index(run) + 1, run.replace(label=localise.SYNC_GRADS, sync_grads=True))
+        if run.label in deciding:  # what it saw, rank 0's findings, on every rank
+            mine = (sorted(seen_in(run.label, next(c for c in trainer.callbacks if isinstance(c, DDPAudit)).state(),
+                                   any(True for _ in model.buffers())))
+                    if trainer.is_global_zero else None)
+            seen |= set(trainer.strategy.broadcast(mine, src=0))
+            deciding.remove(run.label)
+            if not deciding:
+                decided = seen
+                if trainer.is_global_zero:
+                    write_atomic(out.parent / SEEN_FILE, json.dumps(sorted(seen)))
         if trainer.is_global_zero:
             audit = next(c for c in trainer.callbacks if isinstance(c, DDPAudit))
             with replacing(out / f"{run.label}.pt") as tmp:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 __all__ = ["AuditRun", "import_class", "resolve_class_arg", "failed_marker", "TRAINER_ARGS", "TRAINER_SET",
-           "DDP_STRATEGIES"]
+           "DDP_STRATEGIES", "DECIDING", "DRAWS_LEFT", "HAS_BUFFERS", "SEEN_FILE", "seen_in", "trained"]
 
 DDP_STRATEGIES = ("ddp", "ddp_find_unused_parameters_true", "ddp_find_unused_parameters_false")
 """``--trainer.strategy`` values: Lightning's registered DDP strategies that launch by
@@ -129,6 +129,45 @@ def failed_marker(steps_file: Path) -> Path:
     return steps_file.with_suffix(".failed")
 
 
+#: The DDP runs whose ``DDPAudit`` findings decide, inside the launch, which runs of ``AuditRun.if_seen``
+#: train: Lightning's defaults, then every fix on (the first two DDP runs of every audit).
+DECIDING = ("ddp", "ddp+fixed")
+
+#: The token of ``AuditRun.if_seen`` for the check of buffers beside draws no automatic fix serves: a
+#: deciding run saw such draws (a ``noise`` finding only the user's code fixes) in a module with buffers.
+DRAWS_LEFT = "draws-left"
+
+#: The token of ``AuditRun.if_seen`` for a module with buffers (parameters aside), as the deciding runs saw it.
+HAS_BUFFERS = "has-buffers"
+
+#: The file (in the launch's folder, beside its groups' folders) where rank 0 of the DDP runs writes what
+#: the deciding runs saw (a JSON list of ``if_seen`` tokens), for the one-device process beside them.
+SEEN_FILE = "seen.json"
+
+
+def seen_in(label: str, findings: list[dict], has_buffers: bool) -> set[str]:
+    """The ``if_seen`` tokens a deciding run (``label``, one of ``DECIDING``) gives from its ``DDPAudit``
+    findings (``[{"factor", "manual", ...}]``, rank 0's): the ``ddp`` run's factor keys an automatic fix
+    removes (what the audit's judgement calls exposed: ``judge._exposures``), ``HAS_BUFFERS`` for a module
+    with buffers, and ``DRAWS_LEFT`` where a
+    ``noise`` finding only the user's code fixes stands in a module with buffers (``has_buffers``):
+    where the judgement may check whether the buffers follow from those draws."""
+    from vae_ddp.fixes import noise
+
+    seen = {f["factor"] for f in findings if not f.get("manual")} if label == DECIDING[0] else set()
+    if has_buffers:
+        seen.add(HAS_BUFFERS)
+    if has_buffers and any(f["factor"] == noise.FACTOR.key and f.get("manual") and not f.get("unkeyed")
+                           for f in findings):
+        seen.add(DRAWS_LEFT)
+    return seen
+
+
+def trained(run: "AuditRun", seen: set[str]) -> bool:
+    """Whether ``run`` trains once the deciding runs saw ``seen`` (its ``if_seen`` empty, or one of them seen)."""
+    return not run.if_seen or bool(seen & set(run.if_seen))
+
+
 @dataclass
 class AuditRun:
     """One training run of the audit (JSON-serialisable; the child process re-reads it).
@@ -187,6 +226,10 @@ class AuditRun:
             with ``force``): the audit's check of its ``sync_grads`` advice
             (``localise.SYNC_GRADS``, trained only after the run of ``localise.RANKS_GRADS`` saw such
             a gather).
+        if_seen: empty: the run is always trained; else trained only when the launch's deciding DDP runs
+            (``DECIDING``) saw one of these (``seen_in``): a factor's key, the ``ddp`` run's ``DDPAudit``
+            finding an automatic fix removes, or ``DRAWS_LEFT``. Skipped otherwise: the factor's runs
+            of an audit whose model is not exposed to it.
     """
 
     model: dict
@@ -216,6 +259,7 @@ class AuditRun:
     keyed_items: bool = False
     probe_items: bool = False
     sync_grads: bool = False
+    if_seen: list[str] = field(default_factory=list)
 
     @property
     def world_size(self) -> int:

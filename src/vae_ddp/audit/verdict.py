@@ -176,6 +176,9 @@ class Verdict:
     """0 passed, 1 not ([`exit_rule.decide`][vae_ddp.audit.exit_rule.decide])."""
     exit_why: list[str] = field(default_factory=list)
     """The factor keys whose mechanism changes the model DDP trains, then what else makes ``exit_code`` 1."""
+    runs: list[str] = field(default_factory=list)
+    """The names of the runs the audit trained (one device's, then DDP's, each in the order they trained): a
+    factor's ablation and effect runs only where it is exposed; empty in an older ``audit.json``."""
 
     def to_dict(self) -> dict:
         """``audit.json``'s content: every field, in their order (a new dict; the values themselves are
