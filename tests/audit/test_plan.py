@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from vae_ddp.audit import effects
 from vae_ddp.audit.plan import KEYED, plan
-from vae_ddp.audit.spec import DECIDING, DRAWS_LEFT, HAS_BUFFERS, AuditRun, seen_in, trained
+from vae_ddp.audit.spec import DECIDING, DRAWS_LEFT, HAS_BUFFERS, AuditRun, same_runs, seen_in, trained
 from vae_ddp.fixes import noise, registry
 
 M = "examples.audit_models"
@@ -65,3 +65,17 @@ def test_what_the_deciding_runs_saw():
     assert seen_in("ddp+fixed", unkeyed, has_buffers=True) == {HAS_BUFFERS}
     run = base().replace(if_seen=["sampler", "reduction"])
     assert trained(run, {"reduction"}) and not trained(run, {"batchnorm", DRAWS_LEFT}) and trained(base(), set())
+
+
+def test_runs_that_differ_by_fixes_that_change_nothing_train_once(tmp_path):
+    """With the noise's and BatchNorm's fixes idle (no draw, no BatchNorm layer) and the sampler alone
+    exposed, its runs are those with no fix and with every fix; the runs trained always are kept."""
+    p = plan(base(), tmp_path, [])
+    runs = p.ddp[2:]  # those after the deciding runs
+    assert same_runs(runs, {"sampler"}, {"noise", "batchnorm"}) == {
+        "ddp-sampler": "ddp-forced", "ddp+sampler": "ddp+fixed-forced", "effect-sampler": "effect-defaults"}
+    assert same_runs(runs, {"sampler"}, set()) == {}  # no fix idle: every run computes its own
+    # BatchNorm and the sampler exposed, the noise's fix idle (a ResNet): each ablation is the other's fix alone
+    # (the first of two in the plan's order trains)
+    assert same_runs(runs, {"sampler", "batchnorm"}, {"noise"}) == {
+        "ddp+batchnorm": "ddp-sampler", "ddp+sampler": "ddp-batchnorm"}

@@ -182,7 +182,7 @@ def judge(plan: Plan, runs: Measured, notes: list[str]) -> Verdict:
         global_batch_size=base.global_batch_size, trainer=base.trainer,
         model_name=shown_name(base.model, base.model_file), data_name=shown_name(base.data, base.data_file),
         notes=list(dict.fromkeys(list(notes) + cleared + seen)), exit_code=exit_["code"], exit_why=exit_["why"],
-        runs=runs.runs)
+        runs=runs.runs, same_runs=runs.same_runs)
 
 
 def _effects(plan: Plan, runs: Measured, rows: list[dict], manual: dict, v: dict, step: Optional[dict],
@@ -201,7 +201,7 @@ def _effects(plan: Plan, runs: Measured, rows: list[dict], manual: dict, v: dict
         # a gradient every fix leaves different, in the user's code alone: each factor's run carries it too
         residual=(("buffers",) if "buffers" in (step or {}).get("findings", {}) else ())
         + (("gradient",) if local is not None and (local["findings"] or left_unnamed) else ()),
-        trained=runs.runs)
+        trained=[*runs.one_device, *runs.ddp])
     effects.attach(rows, measured, {f.key: f.ablated_with or f.fixed_by for f in registry.factors()
                                     if f.ablated_with or f.fixed_by})
     for row in rows:  # rank 0's gradient is not DDP's step when every rank steps on its own: not measured
@@ -234,7 +234,7 @@ def _buffers_follow(plan: Plan, runs: Measured, v: dict, found: dict, manual: di
     draws = manual.get(noise.FACTOR.key)
     if not v["deterministic"] or draws is None or draws.get("unkeyed") or plan.base.keyed_draws:
         return None
-    if not all(label in runs.runs for label in KEYED):  # the plan's condition did not foresee these draws
+    if not all(label in runs.one_device or label in runs.ddp for label in KEYED):  # not foreseen by the plan
         raise RunFailed(f"the buffers' check needs runs {' and '.join(KEYED)}, which the launch did not train "
                         f"(trained: {', '.join(runs.runs)})")
     single, keyed = runs.record(KEYED[0]), runs.record(KEYED[1])

@@ -35,13 +35,20 @@ class Measured:
     @property
     def runs(self) -> list[str]:
         """The labels of the runs trained: one device's, then DDP's, each in the order they trained."""
-        return [*self.one_device, *self.ddp]
+        return [label for runs in (self.one_device, self.ddp) for label, run in runs.items() if "same_as" not in run[1]]
+
+    @property
+    def same_runs(self) -> dict[str, str]:
+        """``{label: label of the run trained for it}``: the planned runs that differ from a trained one only
+        by fixes that changed nothing (``vae_ddp.audit.spec.same_runs``), not trained again."""
+        return {label: run[1]["same_as"] for runs in (self.one_device, self.ddp) for label, run in runs.items()
+                if "same_as" in run[1]}
 
     def record(self, label: str) -> dict:
         """The run's [`StepProbe.record()`][vae_ddp.probes.StepProbe.record] (``grads``, ``updates``, ...),
         loaded from its folder."""
         run = self.one_device.get(label) or self.ddp[label]
-        return torch.load(run[2] / f"{label}.steps.pt")
+        return torch.load(run[2] / f"{run[1].get('same_as', label)}.steps.pt")
 
     def per_step(self, label: str, reference: str = "single") -> list[float]:
         """Per optimizer step, the run's gradient relative to ``reference``'s.
@@ -78,8 +85,9 @@ def measure(plan: Plan, runs_dir: Path) -> Measured:
                       quiet=sys.stdout is not sys.__stdout__,
                       train="vae_ddp.audit.run:train_runs")
     # the runs trained, in the order they trained: the plan's, but those whose factor was not seen exposed
-    # (AuditRun.if_seen), with the check of the sync_grads advice where a gather was seen (localise.SYNC_GRADS)
-    one, first = ({label: (torch.load(where[tag] / f"{label}.pt"), info, where[tag])
+    # (AuditRun.if_seen), with the check of the sync_grads advice where a gather was seen (localise.SYNC_GRADS);
+    # a run the same as another (``same_as``) reads that run's files
+    one, first = ({label: (torch.load(where[tag] / f"{info.get('same_as', label)}.pt"), info, where[tag])
                    for label, info in launched[tag].items()} for tag in ("one-device", "ddp"))
     return Measured(one, first)
 

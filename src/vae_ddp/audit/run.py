@@ -16,7 +16,10 @@ requires a gradient (on any rank), the ranks train it again with ``sync_grads=Tr
 as ``localise.SYNC_GRADS``, right after it: the audit's check of its advice. Likewise a run with
 ``if_seen`` (a factor's ablation and effect runs) trains only when the deciding DDP runs (``spec.DECIDING``,
 the first two) saw one of those factors exposed: rank 0 broadcasts what their ``DDPAudit`` saw to the other
-ranks and writes it to ``OUT_DIR/seen.json`` for the one-device process, which waits for it there.
+ranks and writes it to ``OUT_DIR/seen.json`` for the one-device process, which waits for it there. A run
+that differs from another only by fixes that changed nothing in the run with every fix (``Audit.idle``: a
+module without BatchNorm, without draws the noise fix serves) is that run: trained once, its ``run.json``
+entry says ``same_as``.
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ from vae_ddp.audit import localise
 from vae_ddp.audit.callback import DDPAudit
 from vae_ddp.audit.draws import KeyedTorchDraws, NoAttentionDropout
 from vae_ddp.audit.loader_draws import keyed_items, measure
-from vae_ddp.audit.spec import DECIDING, SEEN_FILE, AuditRun, failed_marker, import_class, seen_in, trained
+from vae_ddp.audit.spec import (DECIDING, SEEN_FILE, AuditRun, failed_marker, import_class, same_runs, seen_in,
+                              trained)
 from vae_ddp import heartbeat
 from vae_ddp.fixes import registry
 from vae_ddp.beats import beat
@@ -261,7 +265,7 @@ def wait_for_seen(seen_file: Path, timeout: float = WAIT_S) -> set[str]:
             raise RuntimeError(f"no decision of the DDP runs in {seen_file} after {timeout:g} s")
         beat(rank)
         time.sleep(0.2)
-    return set(json.loads(seen_file.read_text()))
+    return set(json.loads(seen_file.read_text())["seen"])
 
 
 #: The run this process trains now (its label), for the line that names a run that failed.
@@ -302,10 +306,13 @@ def _train(runs: list[AuditRun], out: Path) -> int:
     runs = list(runs)
     # the runs of AuditRun.if_seen train only where the deciding DDP runs (spec.DECIDING) saw what they
     # measure: decided here, after those runs, by rank 0's findings; the one-device process beside the ranks
-    # reads it from SEEN_FILE
+    # reads it from SEEN_FILE. A run that differs from another only by fixes that changed nothing in the run
+    # with every fix (Audit.idle, asked there) is not trained again: that run's files serve it (same_runs).
     deciding = [run.label for run in runs if run.label in DECIDING and run.devices > 1]
     seen: set[str] = set()
+    idle: set[str] = set()
     decided: Optional[set[str]] = None
+    same: dict[str, str] = {}
     for run in runs:
         if run.if_seen:
             if decided is None and deciding:
@@ -315,6 +322,8 @@ def _train(runs: list[AuditRun], out: Path) -> int:
                 decided = wait_for_seen(out.parent / SEEN_FILE)
             if not trained(run, decided):
                 continue
+        if run.label in same:
+            continue
         # which run each process trains, in the log: a rank that dies is named with its run (launch)
         _CURRENT[:] = [run.label]
         say_run(run.label)
@@ -337,15 +346,22 @@ def _train(runs: list[AuditRun], out: Path) -> int:
                 bool(gathers), all=False):  # a gather without gradient on any rank: its advice checked, next
             runs.insert(runs.index(run) + 1, run.replace(label=localise.SYNC_GRADS, sync_grads=True))
         if run.label in deciding:  # what it saw, rank 0's findings, on every rank
-            mine = (sorted(seen_in(run.label, next(c for c in trainer.callbacks if isinstance(c, DDPAudit)).state(),
-                                   any(True for _ in model.buffers())))
-                    if trainer.is_global_zero else None)
-            seen |= set(trainer.strategy.broadcast(mine, src=0))
+            mine = None
+            if trainer.is_global_zero:
+                found = next(c for c in trainer.callbacks if isinstance(c, DDPAudit)).state()
+                mine = {"seen": sorted(seen_in(run.label, found, any(True for _ in model.buffers()))),
+                        "idle": sorted(f.key for f in registry.factors() if f.key in run.fixes
+                                       and f.audit.idle is not None and f.audit.idle(trainer, model))}
+            mine = trainer.strategy.broadcast(mine, src=0)
+            seen |= set(mine["seen"])
+            if run.fixes:  # the run with every fix: which of them changed nothing
+                idle = set(mine["idle"])
             deciding.remove(run.label)
             if not deciding:
                 decided = seen
+                same = same_runs(runs[runs.index(run) + 1:], decided, idle)  # of the runs to come
                 if trainer.is_global_zero:
-                    write_atomic(out.parent / SEEN_FILE, json.dumps(sorted(seen)))
+                    write_atomic(out.parent / SEEN_FILE, json.dumps({"seen": sorted(seen), "idle": sorted(idle)}))
         if trainer.is_global_zero:
             audit = next(c for c in trainer.callbacks if isinstance(c, DDPAudit))
             with replacing(out / f"{run.label}.pt") as tmp:
@@ -369,6 +385,9 @@ def _train(runs: list[AuditRun], out: Path) -> int:
         del model, dm, trainer, probe
         audit = record = None  # noqa: F841 - what they refer to, collected below
         gc.collect()
+    for label, other in same.items():  # a run the same as another: its entry says which (its files are that run's)
+        if other in info:
+            info[label] = dict(info[other], same_as=other)
     if info:
         write_atomic(out / "run.json", json.dumps(info))
     close_process_group()

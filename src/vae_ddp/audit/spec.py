@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 __all__ = ["AuditRun", "import_class", "resolve_class_arg", "failed_marker", "TRAINER_ARGS", "TRAINER_SET",
-           "DDP_STRATEGIES", "DECIDING", "DRAWS_LEFT", "HAS_BUFFERS", "SEEN_FILE", "seen_in", "trained"]
+           "DDP_STRATEGIES", "DECIDING", "DRAWS_LEFT", "HAS_BUFFERS", "SEEN_FILE", "seen_in", "trained", "same_runs"]
 
 DDP_STRATEGIES = ("ddp", "ddp_find_unused_parameters_true", "ddp_find_unused_parameters_false")
 """``--trainer.strategy`` values: Lightning's registered DDP strategies that launch by
@@ -141,7 +141,8 @@ DRAWS_LEFT = "draws-left"
 HAS_BUFFERS = "has-buffers"
 
 #: The file (in the launch's folder, beside its groups' folders) where rank 0 of the DDP runs writes what
-#: the deciding runs saw (a JSON list of ``if_seen`` tokens), for the one-device process beside them.
+#: the deciding runs saw (``{"seen": [if_seen tokens], "idle": [factor keys]}``), for the one-device process
+#: beside them.
 SEEN_FILE = "seen.json"
 
 
@@ -166,6 +167,24 @@ def seen_in(label: str, findings: list[dict], has_buffers: bool) -> set[str]:
 def trained(run: "AuditRun", seen: set[str]) -> bool:
     """Whether ``run`` trains once the deciding runs saw ``seen`` (its ``if_seen`` empty, or one of them seen)."""
     return not run.if_seen or bool(seen & set(run.if_seen))
+
+
+def same_runs(runs: list["AuditRun"], seen: set[str], idle: set[str]) -> dict[str, str]:
+    """``{label: label of the run that computes the same}`` among the ``runs`` that train (``trained``):
+    a run that differs from another only by its label, ``if_seen`` and fixes in ``idle`` (factor keys whose
+    fix changed nothing in the run with every fix: ``Audit.idle``) is that run; of such runs the first one
+    trained always (no ``if_seen``), else the first, trains for all."""
+    def key(run: "AuditRun") -> str:
+        d = dataclasses.asdict(run)
+        del d["label"], d["if_seen"]
+        d["fixes"] = [f for f in run.fixes if f not in idle]
+        return json.dumps(d, sort_keys=True)
+
+    first: dict[str, str] = {}
+    kept = [run for run in runs if trained(run, seen)]
+    for run in sorted(kept, key=lambda r: bool(r.if_seen)):  # stable: the plan's order within each kind
+        first.setdefault(key(run), run.label)
+    return {run.label: first[key(run)] for run in kept if first[key(run)] != run.label}
 
 
 @dataclass

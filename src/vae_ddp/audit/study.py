@@ -134,8 +134,11 @@ def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress
                   f"{', only if the DDP run sees ' + ' or '.join(spec.if_seen) if spec.if_seen else ''}", flush=True)
     measured = _measure(plan, out_dir / "runs")
     if progress:
-        print(f"[audit] {len(measured.runs)} of {len(plan.one_device) + len(plan.ddp)} planned runs trained "
-              "(a factor's runs only where it is exposed)", flush=True)
+        same = measured.same_runs
+        print(f"[audit] {len(measured.runs)} of {len(plan.one_device) + len(plan.ddp)} planned runs trained (a "
+              "factor's runs only where it is exposed)" + (f"; {len(same)} more are the same as one of them (they "
+              "differ by fixes that change nothing here): " + ", ".join(f"{a} = {b}" for a, b in same.items())
+              if same else ""), flush=True)
     verdict = _judge(plan, measured, notes or [])
     text = render(verdict)
     result = verdict.to_dict()
