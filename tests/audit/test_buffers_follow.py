@@ -68,6 +68,7 @@ def test_buffers_that_follow_from_the_draws_are_not_named_a_cause(tmp_path, trut
     # the check's runs trained in the audit's one launch, decided there (the ddp+fixed run saw the draws
     # GlobalBatchRandomness does not serve): judging launches nothing
     assert {"single+keyed", "ddp+fixed-forced+keyed"} <= set(result["runs"]), result["runs"]
+    assert "effect-fixed" in result["runs"] + list(result["same_runs"])  # the draws are left for the user's code
     assert sorted(p.name for p in (out / "runs").iterdir() if p.is_dir()) == ["ddp", "one-device"]
     check = result["buffers_check"]
     assert check["closed"] and check["rows"] == ["noise", "batchnorm"] and check["buffer_ratio"] <= 2, check

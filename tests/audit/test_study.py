@@ -88,7 +88,10 @@ def test_no_exposure(tmp_path):
     # with no fix and with every fix, trained once
     assert result["same_runs"] == {"ddp-sampler": "ddp-forced", "ddp+sampler": "ddp+fixed-forced",
                                    "effect-sampler": "effect-defaults"}, result["same_runs"]
-    assert len(result["runs"]) == 14 and "[audit] 14 of 25 planned runs trained" in log, result["runs"]
+    # and nothing is left for the user's code: DDP with every fix measures no effect of its own
+    assert "effect-fixed" not in result["runs"] and not any(f["exposed"] and not f["automatic_fix"]
+                                                            for f in result["findings"])
+    assert len(result["runs"]) == 13 and "[audit] 13 of 25 planned runs trained" in log, result["runs"]
     sampler = by_factor(result)["sampler"]
     assert sampler["contribution"] == result["none_fixed"] and sampler["fixed_alone"] == max(result["grad_steps"])
     assert sampler["effect"]["kind"] == result["effect"]["kind"] == "exact"
@@ -110,8 +113,11 @@ def assert_factor_runs_follow_exposure(result: dict) -> None:
         assert not ablation & measured or key in exposed, (key, result["runs"])
         assert (f"effect-{key}" in measured) == bool(exposed & set(measured_by(key))), (key, result["runs"])
     # what every audit trains
-    assert {"single", "ddp", "ddp+fixed", "ddp+fixed-forced", "ddp-forced", "effect-single", "effect-defaults",
-            "effect-fixed"} <= set(result["runs"]), result["runs"]
+    assert {"single", "ddp", "ddp+fixed", "ddp+fixed-forced", "ddp-forced", "effect-single",
+            "effect-defaults"} <= set(result["runs"]), result["runs"]
+    # DDP with every fix measures the effect of what only the user's code fixes, where there is such a factor
+    left = any(f["exposed"] and not f["automatic_fix"] for f in result["findings"])
+    assert not left or "effect-fixed" in measured, result["runs"]
 
 
 def test_gradient_clipping_and_accumulation_pass_through(tmp_path):

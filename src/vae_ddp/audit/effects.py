@@ -15,7 +15,8 @@ weights, the batches and draws following on as training takes them:
   or one its fix removes too, is exposed;
 - ``effect-defaults``: DDP with Lightning's defaults (what DDP as the user runs it changes);
 - ``effect-fixed``: DDP with every fix on (what is left for the user's code: the effect of a factor
-  that only the user's code fixes, as ``left_after_fixes`` is its contribution).
+  that only the user's code fixes, as ``left_after_fixes`` is its contribution), only where something may be
+  left for that code (``vae_ddp.audit.spec.LEFT``).
 
 Row ``i`` pairs one device's ``i``-th optimizer step with DDP's: the same weights, the same global
 batch and draws where DDP takes them (every fix on), its own where it does not. Two quantities are
@@ -132,7 +133,8 @@ def measure(record: Callable[[str], dict], base: AuditRun, fixes: list[str], flo
     """``{factor, "defaults" or "fixed": effect}``: [`decompose`][vae_ddp.harness.effect.decompose] of each
     effect run against ``effect-single`` (``record(label)``: a run's StepProbe record; ``trained``: the
     labels of the runs trained, None for all: a factor whose ``effect-<key>`` did not train, none of the
-    factors it measures exposed, has no key), on the gradient
+    factors it measures exposed, has no key, nor ``"fixed"`` where nothing was left for the user's code), on the
+    gradient
     and, where the model has floating-point buffers, on what each batch wrote into them (DDP keeps
     rank 0's); the effect is the more serious of the two (``KINDS``' order), with ``"quantity"``
     naming it and ``"quantities"`` holding both. ``floor``: per quantity, the relative difference
@@ -147,9 +149,9 @@ def measure(record: Callable[[str], dict], base: AuditRun, fixes: list[str], flo
     repeat = _forced(base, "")["repeat"]
     reference = record(REFERENCE)
     out: dict[str, Optional[dict]] = {}
-    for key, label, fixed in ([(f, f"effect-{f}", [g for g in fixes if g != f]) for f in fixes
-                               if trained is None or f"effect-{f}" in trained]
-                              + [("defaults", DEFAULTS, []), ("fixed", FIXED, list(fixes))]):
+    for key, label, fixed in [(k, label, fixed) for k, label, fixed in (
+            [(f, f"effect-{f}", [g for g in fixes if g != f]) for f in fixes]
+            + [("defaults", DEFAULTS, []), ("fixed", FIXED, list(fixes))]) if trained is None or label in trained]:
         run = record(label)
         parts = {}
         for quantity in QUANTITIES:

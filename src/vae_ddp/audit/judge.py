@@ -23,7 +23,7 @@ from vae_ddp.fixes.factor import AUDIT_OWN
 from vae_ddp.harness.launch import RunFailed
 from vae_ddp.probes import per_step_differences
 
-__all__ = ["judge", "shown_name"]
+__all__ = ["judge", "shown_name", "step_left"]
 
 
 def _diff(a: dict, b: dict) -> float:
@@ -64,6 +64,22 @@ def _gradient_verdict(plan: Plan, runs: Measured) -> dict:
             "reduction_ddp": reduction_ddp,
             "reduced_globally": bool(deterministic and reduction_ddp
                                      and reduction_ddp["ratio_to_floor"] <= FLOOR_RATIO)}
+
+
+def step_left(plan: Plan, runs: Measured) -> bool:
+    """Whether the judgement may find something only the user's code fixes in DDP's step with every fix
+    (``localise.RANKS_GRADS`` against ``single`` and the floor draws, ``other-batch``): the floor is not
+    rounding, the gradient is not within its floor, or another part of the step differs (``_whole_step``'s
+    findings). Asked inside the launch ([`vae_ddp.audit.run`][vae_ddp.audit.run]) to decide whether DDP with
+    every fix measures an effect (``effect-fixed``); ``runs`` need hold only those runs.
+
+    Raises:
+        RunFailed: the runs' steps or gradients do not line up.
+    """
+    v = _gradient_verdict(plan, runs)
+    if not v["deterministic"] or not v["grad_within"]:
+        return True
+    return bool(_whole_step(runs, plan.base.devices, v["eps"], v["grad_within"], v["unit"])["findings"])
 
 
 def _exposures(plan: Plan, runs: Measured, v: dict) -> tuple[dict, dict, list[str]]:
@@ -202,6 +218,10 @@ def _effects(plan: Plan, runs: Measured, rows: list[dict], manual: dict, v: dict
         residual=(("buffers",) if "buffers" in (step or {}).get("findings", {}) else ())
         + (("gradient",) if local is not None and (local["findings"] or left_unnamed) else ()),
         trained=[*runs.one_device, *runs.ddp])
+    if plan.base.effect_batches and "fixed" not in measured and any(
+            row["exposed"] and row["factor"] in manual and not row.get("follows") for row in rows):
+        raise RunFailed(f"run '{effects.FIXED}' was not trained, but a factor only your code fixes was found: "
+                        "the launch's decision (vae_ddp.audit.judge.step_left) missed it")
     effects.attach(rows, measured, {f.key: f.ablated_with or f.fixed_by for f in registry.factors()
                                     if f.ablated_with or f.fixed_by})
     for row in rows:  # rank 0's gradient is not DDP's step when every rank steps on its own: not measured

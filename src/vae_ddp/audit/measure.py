@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from vae_ddp.audit.plan import Plan
+from vae_ddp.audit.spec import ONE_DEVICE
 from vae_ddp.harness.launch import Job, RunFailed, launch
 from vae_ddp.probes import per_step_differences
 
@@ -78,16 +79,16 @@ def measure(plan: Plan, runs_dir: Path) -> Measured:
     Raises:
         RunFailed: a run failed or hung.
     """
-    where = {"one-device": runs_dir / "one-device", "ddp": runs_dir / "ddp"}
+    where = {ONE_DEVICE: runs_dir / ONE_DEVICE, "ddp": runs_dir / "ddp"}
     # the user's own output of one device's reference run is shown (audit.run: the others' goes to the log), unless
     # the caller silenced this process's output (the API without progress redirects sys.stdout)
-    launched = launch(Job({"one-device": plan.one_device, "ddp": plan.ddp}, together=True), runs_dir,
+    launched = launch(Job({ONE_DEVICE: plan.one_device, "ddp": plan.ddp}, together=True), runs_dir,
                       quiet=sys.stdout is not sys.__stdout__,
                       train="vae_ddp.audit.run:train_runs")
     # the runs trained, in the order they trained: the plan's, but those whose factor was not seen exposed
     # (AuditRun.if_seen), with the check of the sync_grads advice where a gather was seen (localise.SYNC_GRADS);
     # a run the same as another (``same_as``) reads that run's files
     one, first = ({label: (torch.load(where[tag] / f"{info.get('same_as', label)}.pt"), info, where[tag])
-                   for label, info in launched[tag].items()} for tag in ("one-device", "ddp"))
+                   for label, info in launched[tag].items()} for tag in (ONE_DEVICE, "ddp"))
     return Measured(one, first)
 

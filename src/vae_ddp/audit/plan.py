@@ -8,11 +8,11 @@ from pathlib import Path
 
 from vae_ddp.audit import effects
 from vae_ddp.audit.localise import RANKS_GRADS
-from vae_ddp.audit.spec import DRAWS_LEFT, HAS_BUFFERS, SEEN_FILE, AuditRun, failed_marker
+from vae_ddp.audit.spec import DRAWS_LEFT, HAS_BUFFERS, LEFT, ONE_DEVICE, SEEN_FILE, AuditRun, failed_marker
 from vae_ddp.fixes import noise, registry
 from vae_ddp.outputs import own_folder
 
-__all__ = ["Plan", "plan", "FLOOR_DRAWS", "KEYED"]
+__all__ = ["Plan", "plan", "batch_lag", "FLOOR_DRAWS", "KEYED"]
 
 #: Draws of the one-device floor, each with its own permutation of the samples of every batch.
 FLOOR_DRAWS = 4
@@ -52,6 +52,11 @@ class Plan:
     """The dataset draws in ``__getitem__`` (keyed to the index; the ranks' draws measured)."""
 
 
+def batch_lag(base: AuditRun) -> int:
+    """Training batches per optimizer step of ``base`` (``accumulate_grad_batches``): the ``other-batch`` run's lag."""
+    return int(base.trainer.get("accumulate_grad_batches") or 1)
+
+
 def plan(base: AuditRun, out_dir: Path, static: list[dict]) -> Plan:
     """The runs that audit ``base`` (``devices`` = the DDP world size N) with ``static`` (the one-process
     checks' findings) into ``out_dir/runs``: that folder made the audit's own, and the reference weights
@@ -74,7 +79,7 @@ def plan(base: AuditRun, out_dir: Path, static: list[dict]) -> Plan:
     base = base.replace(dealt_to=n, attention_dropout=not attention, keyed_draws=bool(torch_draws), keyed_items=items)
     fixes = list(registry.audit_fixable())
     runs_dir = out_dir / "runs"
-    for folder in (runs_dir, runs_dir / "one-device", runs_dir / "ddp"):
+    for folder in (runs_dir, runs_dir / ONE_DEVICE, runs_dir / "ddp"):
         own_folder(folder)  # before anything is deleted or written there
     steps_file = (runs_dir / "single-steps.pt").resolve()
     runs_dir.mkdir(parents=True, exist_ok=True)
@@ -86,7 +91,7 @@ def plan(base: AuditRun, out_dir: Path, static: list[dict]) -> Plan:
 
     forced = dict(fixes=fixes, steps_file=str(steps_file), teacher_forced=True)
     # another batch at the same weights: batch k from θ of one optimizer step earlier
-    lag = int(base.trainer.get("accumulate_grad_batches") or 1)
+    lag = batch_lag(base)
     one_device = [base.replace(label="single", devices=1, fixes=fixes, steps_file=str(steps_file)),
                   *(base.replace(label=f"floor-{k}", devices=1, permute=k, **forced)
                     for k in range(1, FLOOR_DRAWS + 1)),
@@ -120,6 +125,11 @@ def plan(base: AuditRun, out_dir: Path, static: list[dict]) -> Plan:
     # with buffers), or the deciding DDP runs'; not where every compared run keys the draws already.
     # (last: the one-device process waits there for what the deciding DDP runs saw, audit.run)
     more = effects.plan(base, fixes, str(steps_file))  # each factor's bias and noise ratio: many batches, last
+    # DDP with every fix measures the effect of what only the user's code fixes: trained where something may be
+    # (a one-process check's finding or draws no run keys; the deciding runs', or a step with every fix the
+    # judgement cannot pass: spec.LEFT)
+    if not (static or attention or torch_draws or items):
+        more = (more[0], [r.replace(if_seen=[LEFT]) if r.label == effects.FIXED else r for r in more[1]])
     one_device, ddp = one_device + more[0], ddp + more[1]
     if not base.keyed_draws:
         when = [HAS_BUFFERS] if any(f["factor"] == noise.FACTOR.key for f in static) else [DRAWS_LEFT]

@@ -43,8 +43,8 @@ from vae_ddp.audit import localise
 from vae_ddp.audit.callback import DDPAudit
 from vae_ddp.audit.draws import KeyedTorchDraws, NoAttentionDropout
 from vae_ddp.audit.loader_draws import keyed_items, measure
-from vae_ddp.audit.spec import (DECIDING, SEEN_FILE, AuditRun, failed_marker, import_class, same_runs, seen_in,
-                              trained)
+from vae_ddp.audit.spec import (DECIDING, LEFT, ONE_DEVICE, SEEN_FILE, AuditRun, failed_marker, import_class,
+                              same_runs, seen_in, trained)
 from vae_ddp import heartbeat
 from vae_ddp.fixes import registry
 from vae_ddp.beats import beat
@@ -268,6 +268,69 @@ def wait_for_seen(seen_file: Path, timeout: float = WAIT_S) -> set[str]:
     return set(json.loads(seen_file.read_text())["seen"])
 
 
+def _rank() -> int:
+    """This process's global rank (0 outside a process group)."""
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _broadcast(obj: Any) -> Any:
+    """Rank 0's ``obj`` on every rank of the process group the runs share (``obj`` itself outside one)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _step_left(runs: list[AuditRun], out: Path, timeout: float = WAIT_S) -> bool:
+    """On rank 0: [`judge.step_left`][vae_ddp.audit.judge.step_left] of DDP's step with every fix (the run of
+    ``runs`` labelled ``localise.RANKS_GRADS``, its record in ``out``; True where it did not train) against
+    one device's reference and floor draws and ``other-batch`` (their records in the one-device folder beside
+    ``out``, waited for: the process beside the ranks trains them first; the guard's heartbeat goes on
+    meanwhile), each record read once.
+
+    Raises:
+        RuntimeError: the one-device process ended (or a run of it failed) without writing them, or ``timeout``
+            seconds passed.
+        RunFailed: their steps do not line up.
+    """
+    from vae_ddp.audit import judge
+    from vae_ddp.audit.measure import Measured
+    from vae_ddp.audit.plan import FLOOR_DRAWS, Plan, batch_lag
+
+    run = next((r for r in runs if r.label == localise.RANKS_GRADS), None)
+    if run is None or not (out / f"{run.label}.steps.pt").exists():
+        return True
+    one = out.parent / ONE_DEVICE
+    labels = ["single", *(f"floor-{k}" for k in range(1, FLOOR_DRAWS + 1)), "other-batch"]
+    deadline = time.monotonic() + timeout
+    beside = int(os.environ.get(BESIDE_PID, "0"))
+    while not all((one / f"{label}.steps.pt").exists() for label in labels):
+        if failed_marker(Path(run.steps_file)).exists() or (beside and not alive(beside)):
+            raise RuntimeError(f"the one-device runs ended without writing their records in {one}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no one-device records in {one} after {timeout:g} s")
+        beat(0)
+        time.sleep(0.2)
+    records: dict[str, dict] = {}
+
+    class Read(Measured):
+        def record(self, label: str) -> dict:  # each record loaded once (the judgement reads some several times)
+            if label not in records:
+                records[label] = super().record(label)
+            return records[label]
+
+    measured = Read({label: (None, {}, one) for label in labels}, {run.label: (None, {}, out)})
+    try:
+        return judge.step_left(Plan(run, list(run.fixes), [], [], batch_lag(run), False, [], [], []), measured)
+    finally:
+        records.clear()
+
+
 #: The run this process trains now (its label), for the line that names a run that failed.
 _CURRENT: list[str] = []
 
@@ -313,7 +376,18 @@ def _train(runs: list[AuditRun], out: Path) -> int:
     idle: set[str] = set()
     decided: Optional[set[str]] = None
     same: dict[str, str] = {}
+    left_checked = False
     for run in runs:
+        if LEFT in run.if_seen and LEFT not in seen and decided is not None and run.devices > 1 and not left_checked:
+            # the step with every fix, judged as the audit will, once the runs before are done (the one-device
+            # runs it reads have long ended): does it leave anything for the user's code? (effect-fixed measures
+            # what that changes; with nothing left, it need not train)
+            left_checked = True
+            if _broadcast(_step_left(runs, out) if _rank() == 0 else None):
+                seen.add(LEFT)
+                later = runs[runs.index(run):]
+                same = {**{k: v for k, v in same.items() if k not in {r.label for r in later}},
+                        **same_runs(later, seen, idle)}
         if run.if_seen:
             if decided is None and deciding:
                 raise RuntimeError(f"run '{run.label}' is planned before the runs that decide it "

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 __all__ = ["AuditRun", "import_class", "resolve_class_arg", "failed_marker", "TRAINER_ARGS", "TRAINER_SET",
-           "DDP_STRATEGIES", "DECIDING", "DRAWS_LEFT", "HAS_BUFFERS", "SEEN_FILE", "seen_in", "trained", "same_runs"]
+           "DDP_STRATEGIES", "DECIDING", "DRAWS_LEFT", "HAS_BUFFERS", "LEFT", "ONE_DEVICE", "SEEN_FILE", "seen_in",
+           "trained", "same_runs"]
 
 DDP_STRATEGIES = ("ddp", "ddp_find_unused_parameters_true", "ddp_find_unused_parameters_false")
 """``--trainer.strategy`` values: Lightning's registered DDP strategies that launch by
@@ -129,6 +130,9 @@ def failed_marker(steps_file: Path) -> Path:
     return steps_file.with_suffix(".failed")
 
 
+#: The folder (in the launch's folder) of the one-device runs, beside ``ddp``: their files.
+ONE_DEVICE = "one-device"
+
 #: The DDP runs whose ``DDPAudit`` findings decide, inside the launch, which runs of ``AuditRun.if_seen``
 #: train: Lightning's defaults, then every fix on (the first two DDP runs of every audit).
 DECIDING = ("ddp", "ddp+fixed")
@@ -140,6 +144,11 @@ DRAWS_LEFT = "draws-left"
 #: The token of ``AuditRun.if_seen`` for a module with buffers (parameters aside), as the deciding runs saw it.
 HAS_BUFFERS = "has-buffers"
 
+#: The token of ``AuditRun.if_seen`` for what only the user's code fixes: a deciding run's finding no automatic
+#: fix removes, or a step with every fix (``localise.RANKS_GRADS``) that its judgement cannot pass as one
+#: device's (``judge.step_left``). DDP's runs only: the one-device process does not wait for it.
+LEFT = "left-for-code"
+
 #: The file (in the launch's folder, beside its groups' folders) where rank 0 of the DDP runs writes what
 #: the deciding runs saw (``{"seen": [if_seen tokens], "idle": [factor keys]}``), for the one-device process
 #: beside them.
@@ -149,13 +158,15 @@ SEEN_FILE = "seen.json"
 def seen_in(label: str, findings: list[dict], has_buffers: bool) -> set[str]:
     """The ``if_seen`` tokens a deciding run (``label``, one of ``DECIDING``) gives from its ``DDPAudit``
     findings (``[{"factor", "manual", ...}]``, rank 0's): the ``ddp`` run's factor keys an automatic fix
-    removes (what the audit's judgement calls exposed: ``judge._exposures``), ``HAS_BUFFERS`` for a module
-    with buffers, and ``DRAWS_LEFT`` where a
+    removes (what the audit's judgement calls exposed: ``judge._exposures``), ``LEFT`` for a finding only the
+    user's code fixes, ``HAS_BUFFERS`` for a module with buffers, and ``DRAWS_LEFT`` where a
     ``noise`` finding only the user's code fixes stands in a module with buffers (``has_buffers``):
     where the judgement may check whether the buffers follow from those draws."""
     from vae_ddp.fixes import noise
 
     seen = {f["factor"] for f in findings if not f.get("manual")} if label == DECIDING[0] else set()
+    if any(f.get("manual") for f in findings):
+        seen.add(LEFT)
     if has_buffers:
         seen.add(HAS_BUFFERS)
     if has_buffers and any(f["factor"] == noise.FACTOR.key and f.get("manual") and not f.get("unkeyed")
