@@ -65,6 +65,11 @@ def test_buffers_that_follow_from_the_draws_are_not_named_a_cause(tmp_path, trut
     # DDP as run trains another model (the same z on every rank): exit 1, named by the draws, not the buffers
     assert code == 1 and not result["unexplained"] and "noise" in result["exit_why"], log[-3000:]
     assert "buffers" not in result["exit_why"], result["exit_why"]
+    # the check's runs trained in the audit's one launch, decided there (the ddp+fixed run saw the draws
+    # GlobalBatchRandomness does not serve): judging launches nothing
+    assert {"single+keyed", "ddp+fixed-forced+keyed"} <= set(result["runs"]), result["runs"]
+    assert "effect-fixed" in result["runs"] + list(result["same_runs"])  # the draws are left for the user's code
+    assert sorted(p.name for p in (out / "runs").iterdir() if p.is_dir()) == ["ddp", "one-device"]
     check = result["buffers_check"]
     assert check["closed"] and check["rows"] == ["noise", "batchnorm"] and check["buffer_ratio"] <= 2, check
     assert check["gradient"] < 10 * EPS64, check  # the truth's "global_z, global_batchnorm": one device's

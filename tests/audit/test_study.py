@@ -74,6 +74,50 @@ def test_no_exposure(tmp_path):
     assert "the learning rate, the update, the buffers and every rank's parameters" in log
     left = sorted(p.name for p in (tmp_path / "audit").rglob("*") if p.suffix in {".pt", ".partial"})
     assert not left and (tmp_path / "audit" / "runs" / "ddp" / "run.json").exists(), left  # tensors gone, logs kept
+    # the runs it trained, as its runs' logs name them: a factor's runs only where the ddp run saw it exposed
+    # (here the sampler alone: Lightning's DistributedSampler shuffles), no check of draws no fix serves
+    entries = {**runs, **json.loads((tmp_path / "audit" / "runs" / "ddp" / "run.json").read_text())}
+    trained = [label for label, entry in entries.items() if "same_as" not in entry]
+    assert result["runs"] == trained, (result["runs"], trained)
+    assert result["same_runs"] == {label: e["same_as"] for label, e in entries.items() if "same_as" in e}
+    exposed = {f["factor"] for f in result["findings"] if f["exposed"]}
+    assert exposed == {"sampler"}, exposed
+    assert_factor_runs_follow_exposure(result)
+    assert not {"single+keyed", "ddp+fixed-forced+keyed"} & set(result["runs"]), result["runs"]
+    # no BatchNorm layer, no draw: those two fixes change nothing here, so the sampler's runs are the runs
+    # with no fix and with every fix, trained once
+    assert result["same_runs"] == {"ddp-sampler": "ddp-forced", "ddp+sampler": "ddp+fixed-forced",
+                                   "effect-sampler": "effect-defaults"}, result["same_runs"]
+    # and nothing is left for the user's code: DDP with every fix measures no effect of its own
+    assert "effect-fixed" not in result["runs"] and not any(f["exposed"] and not f["automatic_fix"]
+                                                            for f in result["findings"])
+    assert len(result["runs"]) == 13 and "[audit] 13 of 25 planned runs trained" in log, result["runs"]
+    sampler = by_factor(result)["sampler"]
+    assert sampler["contribution"] == result["none_fixed"] and sampler["fixed_alone"] == max(result["grad_steps"])
+    assert sampler["effect"]["kind"] == result["effect"]["kind"] == "exact"
+
+
+def assert_factor_runs_follow_exposure(result: dict) -> None:
+    """Each factor the audit fixes has its runs (``ddp-<key>``, ``ddp+<key>``, ``effect-<key>``) in
+    ``audit.json``'s ``runs`` (or ``same_runs``: the same as a run trained) exactly when it, or a factor its
+    fix removes too, is exposed."""
+    from vae_ddp.audit.effects import measured_by
+    from vae_ddp.fixes import registry
+
+    exposed = {f["factor"] for f in result["findings"] if f["exposed"] and f["automatic_fix"]}
+    measured = set(result["runs"]) | set(result["same_runs"])  # trained, or the same as a run trained
+    assert set(result["same_runs"].values()) <= set(result["runs"]), result["same_runs"]
+    for key in registry.audit_fixable():
+        ablation = {f"ddp-{key}", f"ddp+{key}"}
+        assert (ablation <= measured) == (key in exposed), (key, exposed, result["runs"])
+        assert not ablation & measured or key in exposed, (key, result["runs"])
+        assert (f"effect-{key}" in measured) == bool(exposed & set(measured_by(key))), (key, result["runs"])
+    # what every audit trains
+    assert {"single", "ddp", "ddp+fixed", "ddp+fixed-forced", "ddp-forced", "effect-single",
+            "effect-defaults"} <= set(result["runs"]), result["runs"]
+    # DDP with every fix measures the effect of what only the user's code fixes, where there is such a factor
+    left = any(f["exposed"] and not f["automatic_fix"] for f in result["findings"])
+    assert not left or "effect-fixed" in measured, result["runs"]
 
 
 def test_gradient_clipping_and_accumulation_pass_through(tmp_path):
@@ -158,6 +202,12 @@ def test_batchnorm(generated):
     assert result["within_floor"] and not result["unexplained"]  # every difference explained and fixed ...
     # ... but DDP as it is run trains another model: per-rank statistics, named (exit 1, the fix the advice)
     assert result["exit_code"] == 1 and result["exit_why"] == ["batchnorm"], result["exit_why"]
+    # BatchNorm's runs trained, as it is exposed (and the sampler's); not the noise's (no draws). Its fix idle,
+    # each exposed factor's ablation (every fix but its own) is the other's fix alone: trained once
+    assert {"ddp-batchnorm", "ddp-sampler", "effect-batchnorm"} <= set(result["runs"]), result["runs"]
+    assert result["same_runs"] == {"ddp+batchnorm": "ddp-sampler", "ddp+sampler": "ddp-batchnorm"}
+    assert not f["noise"]["exposed"] and "ddp-noise" not in result["runs"], result["runs"]
+    assert_factor_runs_follow_exposure(result)
 
 
 def test_dropout(generated):
@@ -522,7 +572,7 @@ def test_out_is_where_the_command_started_whatever_the_module_does(tmp_path, cap
 
     def measured(plan, runs_dir):
         seen.update(cwd=os.getcwd(), runs_dir=runs_dir)
-        return None
+        return SimpleNamespace(runs=[], same_runs={})  # what _audit reads of a Measured
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", [str(ROOT), *sys.path])

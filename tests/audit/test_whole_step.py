@@ -175,6 +175,9 @@ def test_a_ddp_step_that_differs_besides_the_gradient_fails_and_is_named(tmp_pat
             assert first["names"][0]["name"] == t["worst"] == "feature_mean"
     assert "- not passed: " in log and "- passed" not in log
     assert result["trainer"] == {"max_epochs": 2} and "max_epochs=2" in log
+    # what the step left for the user's code was seen inside the launch (no run's DDPAudit names it): DDP with
+    # every fix measured its effect (effect-fixed, trained or the same as a run trained)
+    assert "effect-fixed" in result["runs"] + list(result["same_runs"]), result["runs"]
 
 
 def test_a_clean_module_is_clean_by_the_ground_truth_too(truth):

@@ -11,10 +11,12 @@ reference's first ``points`` weights
 weights, the batches and draws following on as training takes them:
 
 - ``effect-single``: one device, every fix on (the reference's step);
-- ``effect-<factor>``: DDP with every fix but that factor's (what the factor changes);
+- ``effect-<factor>``: DDP with every fix but that factor's (what the factor changes), only where the factor,
+  or one its fix removes too, is exposed;
 - ``effect-defaults``: DDP with Lightning's defaults (what DDP as the user runs it changes);
 - ``effect-fixed``: DDP with every fix on (what is left for the user's code: the effect of a factor
-  that only the user's code fixes, as ``left_after_fixes`` is its contribution).
+  that only the user's code fixes, as ``left_after_fixes`` is its contribution), only where something may be
+  left for that code (``vae_ddp.audit.spec.LEFT``).
 
 Row ``i`` pairs one device's ``i``-th optimizer step with DDP's: the same weights, the same global
 batch and draws where DDP takes them (every fix on), its own where it does not. Two quantities are
@@ -32,17 +34,17 @@ which keeps norms, inner products and so the traces the decomposition reads in e
 from __future__ import annotations
 
 from collections import Counter
-from typing import Callable, Optional
+from typing import Callable, Collection, Optional
 
 from vae_ddp.audit.spec import AuditRun
-from vae_ddp.fixes import sampler
+from vae_ddp.fixes import registry, sampler
 from vae_ddp.harness import effect as stats
 from vae_ddp.harness.table import format_table
 
 #: How the table names the floor of "nothing" (the audit's rule).
 FLOOR_WORDS = "2x the rounding floor"
 
-__all__ = ["ROWS", "POINTS", "QUANTITIES", "CHANGES", "plan", "measure", "attach", "rank", "render"]
+__all__ = ["ROWS", "POINTS", "QUANTITIES", "CHANGES", "measured_by", "plan", "measure", "attach", "rank", "render"]
 
 #: Global batches each effect run takes by default (paired rows; ``AuditRun.effect_batches``, the
 #: audit's ``--effect_batches``): about 30 show ``same distribution`` for a gradient of a few
@@ -72,15 +74,26 @@ def _forced(base: AuditRun, steps_file: str) -> dict:
                 sketch=SKETCH)
 
 
+def measured_by(key: str) -> list[str]:
+    """The factors whose effect the run of fixable factor ``key`` (``effect-<key>``) measures: ``key``, and
+    those whose fix is its fix (``ablated_with`` or ``fixed_by``: the reduction's padding by the sampler's
+    run, the optimizer by the noise's; [`attach`][vae_ddp.audit.effects.attach]), in registry order."""
+    return [key] + [f.key for f in registry.factors() if f.key != key and (f.ablated_with or f.fixed_by) == key]
+
+
 def plan(base: AuditRun, fixes: list[str], steps_file: str) -> tuple[list[AuditRun], list[AuditRun]]:
     """``(one device's run, DDP's runs)`` that measure the effects, to join the audit's launch
     (after the reference, whose weights they wait for). ``base``: the audit's run (``devices``
-    the DDP world size); ``fixes``: the fixes the audit applies; ``steps_file``: the reference's weights."""
+    the DDP world size); ``fixes``: the fixes the audit applies; ``steps_file``: the reference's weights.
+    A factor's run (``effect-<key>``) trains only when the first DDP run sees one of the factors it
+    measures exposed ([`measured_by`][vae_ddp.audit.effects.measured_by], ``AuditRun.if_seen``); one
+    device's, Lightning's defaults' and every fix's always."""
     if not base.effect_batches:
         return [], []
     forced = _forced(base, steps_file)
     one = [base.replace(label=REFERENCE, devices=1, fixes=list(fixes), **forced)]
-    ddp = [*(base.replace(label=f"effect-{f}", devices=base.devices, fixes=[g for g in fixes if g != f], **forced)
+    ddp = [*(base.replace(label=f"effect-{f}", devices=base.devices, fixes=[g for g in fixes if g != f],
+                          if_seen=measured_by(f), **forced)
              for f in fixes),
            base.replace(label=DEFAULTS, devices=base.devices, fixes=[], **forced),
            base.replace(label=FIXED, devices=base.devices, fixes=list(fixes), **forced)]
@@ -116,9 +129,12 @@ def _pairs(single: dict, ddp: dict, repeat: int, quantity: str, blocks: bool) ->
 
 
 def measure(record: Callable[[str], dict], base: AuditRun, fixes: list[str], floor: dict,
-            residual: tuple = ()) -> dict:
+            residual: tuple = (), trained: Optional[Collection[str]] = None) -> dict:
     """``{factor, "defaults" or "fixed": effect}``: [`decompose`][vae_ddp.harness.effect.decompose] of each
-    effect run against ``effect-single`` (``record(label)``: a run's StepProbe record), on the gradient
+    effect run against ``effect-single`` (``record(label)``: a run's StepProbe record; ``trained``: the
+    labels of the runs trained, None for all: a factor whose ``effect-<key>`` did not train, none of the
+    factors it measures exposed, has no key, nor ``"fixed"`` where nothing was left for the user's code), on the
+    gradient
     and, where the model has floating-point buffers, on what each batch wrote into them (DDP keeps
     rank 0's); the effect is the more serious of the two (``KINDS``' order), with ``"quantity"``
     naming it and ``"quantities"`` holding both. ``floor``: per quantity, the relative difference
@@ -133,8 +149,9 @@ def measure(record: Callable[[str], dict], base: AuditRun, fixes: list[str], flo
     repeat = _forced(base, "")["repeat"]
     reference = record(REFERENCE)
     out: dict[str, Optional[dict]] = {}
-    for key, label, fixed in ([(f, f"effect-{f}", [g for g in fixes if g != f]) for f in fixes]
-                              + [("defaults", DEFAULTS, []), ("fixed", FIXED, list(fixes))]):
+    for key, label, fixed in [(k, label, fixed) for k, label, fixed in (
+            [(f, f"effect-{f}", [g for g in fixes if g != f]) for f in fixes]
+            + [("defaults", DEFAULTS, []), ("fixed", FIXED, list(fixes))]) if trained is None or label in trained]:
         run = record(label)
         parts = {}
         for quantity in QUANTITIES:

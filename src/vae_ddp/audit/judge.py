@@ -15,16 +15,15 @@ import torch
 from vae_ddp.audit import effects, exit_rule, loader_draws, localise, whole_step
 from vae_ddp.audit.draws import draws_verdict
 from vae_ddp.audit.measure import Measured
-from vae_ddp.audit.plan import FLOOR_DRAWS, Plan
+from vae_ddp.audit.plan import FLOOR_DRAWS, KEYED, Plan
 from vae_ddp.audit.verdict import (FLOOR_RATIO, ROUNDING_EPS, TRAJECTORY_RATIO, Verdict, _clean, _factors, _name,
                                    _page, rounding_unit)
 from vae_ddp.fixes import batchnorm, noise, registry
 from vae_ddp.fixes.factor import AUDIT_OWN
-from vae_ddp.harness.launch import Job, RunFailed, launch
-from vae_ddp.outputs import own_folder
+from vae_ddp.harness.launch import RunFailed
 from vae_ddp.probes import per_step_differences
 
-__all__ = ["judge", "shown_name"]
+__all__ = ["judge", "shown_name", "step_left"]
 
 
 def _diff(a: dict, b: dict) -> float:
@@ -65,6 +64,22 @@ def _gradient_verdict(plan: Plan, runs: Measured) -> dict:
             "reduction_ddp": reduction_ddp,
             "reduced_globally": bool(deterministic and reduction_ddp
                                      and reduction_ddp["ratio_to_floor"] <= FLOOR_RATIO)}
+
+
+def step_left(plan: Plan, runs: Measured) -> bool:
+    """Whether the judgement may find something only the user's code fixes in DDP's step with every fix
+    (``localise.RANKS_GRADS`` against ``single`` and the floor draws, ``other-batch``): the floor is not
+    rounding, the gradient is not within its floor, or another part of the step differs (``_whole_step``'s
+    findings). Asked inside the launch ([`vae_ddp.audit.run`][vae_ddp.audit.run]) to decide whether DDP with
+    every fix measures an effect (``effect-fixed``); ``runs`` need hold only those runs.
+
+    Raises:
+        RunFailed: the runs' steps or gradients do not line up.
+    """
+    v = _gradient_verdict(plan, runs)
+    if not v["deterministic"] or not v["grad_within"]:
+        return True
+    return bool(_whole_step(runs, plan.base.devices, v["eps"], v["grad_within"], v["unit"])["findings"])
 
 
 def _exposures(plan: Plan, runs: Measured, v: dict) -> tuple[dict, dict, list[str]]:
@@ -131,6 +146,7 @@ def judge(plan: Plan, runs: Measured, notes: list[str]) -> Verdict:
     single, default, fixed = one["single"][0], first["ddp"][0], first["ddp+fixed"][0]
     found, manual, cleared = _exposures(plan, runs, v)
     ablated = [f for f in plan.fixes if f in found and f not in manual]
+    # the ablation's runs of each factor it judges were trained: the ddp run saw it exposed (plan, audit.run)
     contributions: dict[str, Optional[float]] = {f: runs.largest(f"ddp-{f}") for f in ablated}
     # the same comparison with no fix, and with each fix alone: what that fix leaves of it
     none_fixed = runs.largest("ddp-forced") if v["deterministic"] else None
@@ -181,7 +197,8 @@ def judge(plan: Plan, runs: Measured, notes: list[str]) -> Verdict:
         data=dict(base.data, class_path=shown_name(base.data, base.data_file)),
         global_batch_size=base.global_batch_size, trainer=base.trainer,
         model_name=shown_name(base.model, base.model_file), data_name=shown_name(base.data, base.data_file),
-        notes=list(dict.fromkeys(list(notes) + cleared + seen)), exit_code=exit_["code"], exit_why=exit_["why"])
+        notes=list(dict.fromkeys(list(notes) + cleared + seen)), exit_code=exit_["code"], exit_why=exit_["why"],
+        runs=runs.runs, same_runs=runs.same_runs)
 
 
 def _effects(plan: Plan, runs: Measured, rows: list[dict], manual: dict, v: dict, step: Optional[dict],
@@ -199,7 +216,12 @@ def _effects(plan: Plan, runs: Measured, rows: list[dict], manual: dict, v: dict
         "buffers": FLOOR_RATIO * (step or {}).get("buffer_floor", v["yardstick"])},
         # a gradient every fix leaves different, in the user's code alone: each factor's run carries it too
         residual=(("buffers",) if "buffers" in (step or {}).get("findings", {}) else ())
-        + (("gradient",) if local is not None and (local["findings"] or left_unnamed) else ()))
+        + (("gradient",) if local is not None and (local["findings"] or left_unnamed) else ()),
+        trained=[*runs.one_device, *runs.ddp])
+    if plan.base.effect_batches and "fixed" not in measured and any(
+            row["exposed"] and row["factor"] in manual and not row.get("follows") for row in rows):
+        raise RunFailed(f"run '{effects.FIXED}' was not trained, but a factor only your code fixes was found: "
+                        "the launch's decision (vae_ddp.audit.judge.step_left) missed it")
     effects.attach(rows, measured, {f.key: f.ablated_with or f.fixed_by for f in registry.factors()
                                     if f.ablated_with or f.fixed_by})
     for row in rows:  # rank 0's gradient is not DDP's step when every rank steps on its own: not measured
@@ -210,19 +232,15 @@ def _effects(plan: Plan, runs: Measured, rows: list[dict], manual: dict, v: dict
     return measured.get("defaults")
 
 
-#: The audit's check of a buffers row beside draws its fixes do not serve: one device and DDP with every
-#: fix and those draws keyed to the samples, every step from one device's weights (``_buffers_follow``).
-KEYED = ("single+keyed", "ddp+fixed-forced+keyed")
-
-
 def _buffers_follow(plan: Plan, runs: Measured, v: dict, found: dict, manual: dict) -> Optional[dict]:
     """Whether the buffers that differ with every fix follow from the draws no automatic fix serves
     (torch's random functions in the step, named under ``noise``; per-rank BatchNorm statistics, when
-    exposed, are fixed in every compared run): one device and DDP are trained once more, every fix on
-    and those draws keyed to the samples ([`KeyedTorchDraws`][vae_ddp.audit.draws.KeyedTorchDraws]), and
-    their buffers compared as [`whole_step.compare`][vae_ddp.audit.whole_step.compare] does (against the
-    floor draws' buffers). Only where the deterministic step's ``buffers`` row stands beside such draws
-    and the compared runs did not key them already; else None (nothing run).
+    exposed, are fixed in every compared run): the runs ``KEYED`` of the launch, one device and DDP every
+    fix on and those draws keyed to the samples ([`KeyedTorchDraws`][vae_ddp.audit.draws.KeyedTorchDraws]),
+    trained where the deciding runs saw such draws ([`plan`][vae_ddp.audit.plan.plan]), their buffers
+    compared as [`whole_step.compare`][vae_ddp.audit.whole_step.compare] does (against the floor draws'
+    buffers). Only where the deterministic step's ``buffers`` row stands beside such draws and the compared
+    runs did not key them already; else None (nothing compared). Launches nothing.
 
     Returns:
         ``{"rows": [factor keys], "closed": bool (the buffers within 2x their floor at every step),
@@ -231,21 +249,15 @@ def _buffers_follow(plan: Plan, runs: Measured, v: dict, found: dict, manual: di
         ``buffers`` row says it follows from ``rows`` (``follows``, ``mechanism: "follows"``, no fix of its own).
 
     Raises:
-        RunFailed: a run failed, or its steps do not line up with one device's.
+        RunFailed: the runs ``KEYED`` were not trained, or their steps do not line up with one device's.
     """
     draws = manual.get(noise.FACTOR.key)
     if not v["deterministic"] or draws is None or draws.get("unkeyed") or plan.base.keyed_draws:
         return None
-    forced = next(s for s in plan.ddp if s.label == localise.RANKS_GRADS)
-    one = forced.replace(label=KEYED[0], devices=1, keyed_draws=True)
-    ddp = forced.replace(label=KEYED[1], keyed_draws=True)
-    out = runs.ddp["ddp"][2].parent / "buffers-check"
-    for folder in (out, out / "one-device", out / "ddp"):
-        own_folder(folder)
-    launch(Job({"one-device": [one], "ddp": [ddp]}, together=True), out, quiet=True,
-           train="vae_ddp.audit.run:train_runs")
-    single = torch.load(out / "one-device" / f"{KEYED[0]}.steps.pt")
-    keyed = torch.load(out / "ddp" / f"{KEYED[1]}.steps.pt")
+    if not all(label in runs.one_device or label in runs.ddp for label in KEYED):  # not foreseen by the plan
+        raise RunFailed(f"the buffers' check needs runs {' and '.join(KEYED)}, which the launch did not train "
+                        f"(trained: {', '.join(runs.runs)})")
+    single, keyed = runs.record(KEYED[0]), runs.record(KEYED[1])
     floors = [runs.record(f"floor-{k}") for k in range(1, FLOOR_DRAWS + 1)]
     try:
         step = whole_step.compare(keyed, single, floors, v["eps"], v["unit"] if v["unit"] > v["eps"] else 0.0)

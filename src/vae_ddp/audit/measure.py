@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from vae_ddp.audit import localise
 from vae_ddp.audit.plan import Plan
+from vae_ddp.audit.spec import ONE_DEVICE
 from vae_ddp.harness.launch import Job, RunFailed, launch
 from vae_ddp.probes import per_step_differences
 
@@ -28,15 +28,28 @@ class Measured:
     by its label as a ``Run`` (final state, ``run.json`` entry, folder)."""
 
     one_device: dict[str, Run]
-    """The one-device runs (``single``, ``floor-1``, ..., ``other-batch``, ``permuted``, ...)."""
+    """The one-device runs trained (``single``, ``floor-1``, ..., ``other-batch``, ``permuted``, ...)."""
     ddp: dict[str, Run]
-    """The DDP runs (``ddp``, ``ddp+fixed``, ``ddp+fixed-forced``, ``ddp-<factor>``, ...), rank 0's."""
+    """The DDP runs (``ddp``, ``ddp+fixed``, ``ddp+fixed-forced``, ``ddp-<factor>`` of an exposed factor, ...),
+    rank 0's."""
+
+    @property
+    def runs(self) -> list[str]:
+        """The labels of the runs trained: one device's, then DDP's, each in the order they trained."""
+        return [label for runs in (self.one_device, self.ddp) for label, run in runs.items() if "same_as" not in run[1]]
+
+    @property
+    def same_runs(self) -> dict[str, str]:
+        """``{label: label of the run trained for it}``: the planned runs that differ from a trained one only
+        by fixes that changed nothing (``vae_ddp.audit.spec.same_runs``), not trained again."""
+        return {label: run[1]["same_as"] for runs in (self.one_device, self.ddp) for label, run in runs.items()
+                if "same_as" in run[1]}
 
     def record(self, label: str) -> dict:
         """The run's [`StepProbe.record()`][vae_ddp.probes.StepProbe.record] (``grads``, ``updates``, ...),
         loaded from its folder."""
         run = self.one_device.get(label) or self.ddp[label]
-        return torch.load(run[2] / f"{label}.steps.pt")
+        return torch.load(run[2] / f"{run[1].get('same_as', label)}.steps.pt")
 
     def per_step(self, label: str, reference: str = "single") -> list[float]:
         """Per optimizer step, the run's gradient relative to ``reference``'s.
@@ -66,17 +79,16 @@ def measure(plan: Plan, runs_dir: Path) -> Measured:
     Raises:
         RunFailed: a run failed or hung.
     """
-    where = {"one-device": runs_dir / "one-device", "ddp": runs_dir / "ddp"}
+    where = {ONE_DEVICE: runs_dir / ONE_DEVICE, "ddp": runs_dir / "ddp"}
     # the user's own output of one device's reference run is shown (audit.run: the others' goes to the log), unless
     # the caller silenced this process's output (the API without progress redirects sys.stdout)
-    launched = launch(Job({"one-device": plan.one_device, "ddp": plan.ddp}, together=True), runs_dir,
+    launched = launch(Job({ONE_DEVICE: plan.one_device, "ddp": plan.ddp}, together=True), runs_dir,
                       quiet=sys.stdout is not sys.__stdout__,
                       train="vae_ddp.audit.run:train_runs")
-    one, first = ({s.label: (torch.load(where[tag] / f"{s.label}.pt"), launched[tag][s.label], where[tag])
-                   for s in specs}
-                  for tag, specs in (("one-device", plan.one_device), ("ddp", plan.ddp)))
-    if localise.SYNC_GRADS in launched["ddp"]:  # the ranks checked the sync_grads advice (a gather seen)
-        first[localise.SYNC_GRADS] = (torch.load(where["ddp"] / f"{localise.SYNC_GRADS}.pt"),
-                                      launched["ddp"][localise.SYNC_GRADS], where["ddp"])
+    # the runs trained, in the order they trained: the plan's, but those whose factor was not seen exposed
+    # (AuditRun.if_seen), with the check of the sync_grads advice where a gather was seen (localise.SYNC_GRADS);
+    # a run the same as another (``same_as``) reads that run's files
+    one, first = ({label: (torch.load(where[tag] / f"{info.get('same_as', label)}.pt"), info, where[tag])
+                   for label, info in launched[tag].items()} for tag in (ONE_DEVICE, "ddp"))
     return Measured(one, first)
 

@@ -7,14 +7,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vae_ddp.audit import effects
-from vae_ddp.audit.spec import AuditRun, failed_marker
-from vae_ddp.fixes import registry
+from vae_ddp.audit.localise import RANKS_GRADS
+from vae_ddp.audit.spec import DRAWS_LEFT, HAS_BUFFERS, LEFT, ONE_DEVICE, SEEN_FILE, AuditRun, failed_marker
+from vae_ddp.fixes import noise, registry
 from vae_ddp.outputs import own_folder
 
-__all__ = ["Plan", "plan", "FLOOR_DRAWS"]
+__all__ = ["Plan", "plan", "batch_lag", "FLOOR_DRAWS", "KEYED"]
 
 #: Draws of the one-device floor, each with its own permutation of the samples of every batch.
 FLOOR_DRAWS = 4
+
+#: The check of a buffers row beside draws the audit's fixes do not serve (``judge._buffers_follow``): one
+#: device and DDP with every fix and those draws keyed to the samples, every step from one device's weights.
+KEYED = ("single+keyed", "ddp+fixed-forced+keyed")
+
 
 
 @dataclass
@@ -46,6 +52,11 @@ class Plan:
     """The dataset draws in ``__getitem__`` (keyed to the index; the ranks' draws measured)."""
 
 
+def batch_lag(base: AuditRun) -> int:
+    """Training batches per optimizer step of ``base`` (``accumulate_grad_batches``): the ``other-batch`` run's lag."""
+    return int(base.trainer.get("accumulate_grad_batches") or 1)
+
+
 def plan(base: AuditRun, out_dir: Path, static: list[dict]) -> Plan:
     """The runs that audit ``base`` (``devices`` = the DDP world size N) with ``static`` (the one-process
     checks' findings) into ``out_dir/runs``: that folder made the audit's own, and the reference weights
@@ -68,36 +79,37 @@ def plan(base: AuditRun, out_dir: Path, static: list[dict]) -> Plan:
     base = base.replace(dealt_to=n, attention_dropout=not attention, keyed_draws=bool(torch_draws), keyed_items=items)
     fixes = list(registry.audit_fixable())
     runs_dir = out_dir / "runs"
-    for folder in (runs_dir, runs_dir / "one-device", runs_dir / "ddp"):
+    for folder in (runs_dir, runs_dir / ONE_DEVICE, runs_dir / "ddp"):
         own_folder(folder)  # before anything is deleted or written there
     steps_file = (runs_dir / "single-steps.pt").resolve()
     runs_dir.mkdir(parents=True, exist_ok=True)
     # a previous audit's reference weights must not serve this one's runs; its report (audit.json,
     # tables.md) stays until this audit's is whole (write_report), and a failure says it is the earlier one
-    for stale in (steps_file, failed_marker(steps_file)):
+    seen_file = runs_dir.resolve() / SEEN_FILE  # what the deciding runs saw (audit.run), of this launch only
+    for stale in (steps_file, failed_marker(steps_file), seen_file, failed_marker(seen_file)):
         stale.unlink(missing_ok=True)
 
     forced = dict(fixes=fixes, steps_file=str(steps_file), teacher_forced=True)
     # another batch at the same weights: batch k from θ of one optimizer step earlier
-    lag = int(base.trainer.get("accumulate_grad_batches") or 1)
+    lag = batch_lag(base)
     one_device = [base.replace(label="single", devices=1, fixes=fixes, steps_file=str(steps_file)),
                   *(base.replace(label=f"floor-{k}", devices=1, permute=k, **forced)
                     for k in range(1, FLOOR_DRAWS + 1)),
                   base.replace(label="other-batch", devices=1, lag=lag, **forced),
                   base.replace(label="permuted", devices=1, fixes=fixes, permute=FLOOR_DRAWS + 1)]
-    # The ablation (every fix but one, every step from one device's weights) runs in the same
-    # launch for every fixable factor; only the factors found exposed below are reported (a
-    # launch costs more than a few short runs). The teacher-forced runs go last: they wait for
-    # the one-device run's weights.
+    # The ablation (every fix but one, every step from one device's weights) of a factor trains, in the
+    # same launch, only when the first DDP run (Lightning's defaults, its DDPAudit findings: spec.DECIDING)
+    # saw the factor exposed, as the judgement reports it (``if_seen``, decided in audit.run). The
+    # teacher-forced runs go last: they wait for the one-device run's weights.
     ddp = [base.replace(label="ddp", devices=n, fixes=[], attention_dropout=True, keyed_draws=False, keyed_items=False,
                         probe_items=items),
            base.replace(label="ddp+fixed", devices=n, fixes=fixes),
-           base.replace(label="ddp+fixed-forced", devices=n, **forced),
-           *(base.replace(label=f"ddp-{f}", devices=n, **dict(forced, fixes=[g for g in fixes if g != f]))
+           base.replace(label=RANKS_GRADS, devices=n, **forced),
+           *(base.replace(label=f"ddp-{f}", devices=n, if_seen=[f], **dict(forced, fixes=[g for g in fixes if g != f]))
              for f in fixes),
            # and from the other end: no fix, then each fix alone (Lightning's defaults for the rest)
            base.replace(label="ddp-forced", devices=n, **dict(forced, fixes=[])),
-           *(base.replace(label=f"ddp+{f}", devices=n, **dict(forced, fixes=[f])) for f in fixes)]
+           *(base.replace(label=f"ddp+{f}", devices=n, if_seen=[f], **dict(forced, fixes=[f])) for f in fixes)]
     # The one-process reduction check ran without a process group: a loss that reduces over the
     # global batch through collectives (an all-reduced item count, gathered embeddings) looks
     # per-rank there. Asked again where the collectives run: one device and DDP with every fix,
@@ -107,7 +119,21 @@ def plan(base: AuditRun, out_dir: Path, static: list[dict]) -> Plan:
     if recheck:
         one_device.append(base.replace(label="single-eval", devices=1, eval_mode=True, **forced))
         ddp.append(base.replace(label="ddp+fixed-eval", devices=n, eval_mode=True, **forced))
+    # Buffers that differ with every fix beside draws no automatic fix serves (a GAN's z, the same on every
+    # rank) may follow from those draws: one device and DDP with every fix and the draws keyed to the samples
+    # tell (judge._buffers_follow). Trained where such draws can be seen: a one-process check's (and a module
+    # with buffers), or the deciding DDP runs'; not where every compared run keys the draws already.
+    # (last: the one-device process waits there for what the deciding DDP runs saw, audit.run)
     more = effects.plan(base, fixes, str(steps_file))  # each factor's bias and noise ratio: many batches, last
+    # DDP with every fix measures the effect of what only the user's code fixes: trained where something may be
+    # (a one-process check's finding or draws no run keys; the deciding runs', or a step with every fix the
+    # judgement cannot pass: spec.LEFT)
+    if not (static or attention or torch_draws or items):
+        more = (more[0], [r.replace(if_seen=[LEFT]) if r.label == effects.FIXED else r for r in more[1]])
     one_device, ddp = one_device + more[0], ddp + more[1]
+    if not base.keyed_draws:
+        when = [HAS_BUFFERS] if any(f["factor"] == noise.FACTOR.key for f in static) else [DRAWS_LEFT]
+        one_device.append(base.replace(label=KEYED[0], devices=1, keyed_draws=True, if_seen=when, **forced))
+        ddp.append(base.replace(label=KEYED[1], devices=n, keyed_draws=True, if_seen=when, **forced))
     return Plan(base, fixes, one_device, ddp, lag, recheck, attention, torch_draws, static, items)
 

@@ -13,7 +13,13 @@ findings being what [`DDPAudit`][vae_ddp.audit.callback.DDPAudit] saw. A teacher
 waits until the reference run (in the process beside it) has written its weights. Where the run
 ``localise.RANKS_GRADS`` saw a ``self.all_gather`` without ``sync_grads=True`` on a tensor that
 requires a gradient (on any rank), the ranks train it again with ``sync_grads=True`` forced there,
-as ``localise.SYNC_GRADS``, right after it: the audit's check of its advice.
+as ``localise.SYNC_GRADS``, right after it: the audit's check of its advice. Likewise a run with
+``if_seen`` (a factor's ablation and effect runs) trains only when the deciding DDP runs (``spec.DECIDING``,
+the first two) saw one of those factors exposed: rank 0 broadcasts what their ``DDPAudit`` saw to the other
+ranks and writes it to ``OUT_DIR/seen.json`` for the one-device process, which waits for it there. A run
+that differs from another only by fixes that changed nothing in the run with every fix (``Audit.idle``: a
+module without BatchNorm, without draws the noise fix serves) is that run: trained once, its ``run.json``
+entry says ``same_as``.
 """
 
 from __future__ import annotations
@@ -37,7 +43,8 @@ from vae_ddp.audit import localise
 from vae_ddp.audit.callback import DDPAudit
 from vae_ddp.audit.draws import KeyedTorchDraws, NoAttentionDropout
 from vae_ddp.audit.loader_draws import keyed_items, measure
-from vae_ddp.audit.spec import AuditRun, failed_marker, import_class
+from vae_ddp.audit.spec import (DECIDING, LEFT, ONE_DEVICE, SEEN_FILE, AuditRun, failed_marker, import_class,
+                              same_runs, seen_in, trained)
 from vae_ddp import heartbeat
 from vae_ddp.fixes import registry
 from vae_ddp.beats import beat
@@ -236,6 +243,94 @@ def wait_for_steps(steps_file: Path, timeout: float = WAIT_S) -> list[dict]:
     return torch.load(steps_file)["states"]
 
 
+def wait_for_seen(seen_file: Path, timeout: float = WAIT_S) -> set[str]:
+    """What the deciding DDP runs saw (``seen_file``, a JSON list of ``AuditRun.if_seen`` tokens that rank 0
+    of the DDP runs writes; [`seen_in`][vae_ddp.audit.spec.seen_in]), once written; the guard's heartbeat
+    goes on meanwhile. For the one-device process, a fork beside the ranks (its parent, rank 0 on CPU).
+
+    Raises:
+        RuntimeError: the DDP runs failed (their marker file exists: ``no decision of the DDP runs: run 'LABEL'
+            failed``), the parent process ended, or ``timeout`` seconds passed.
+    """
+    rank = int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")))
+    deadline = time.monotonic() + timeout
+    parent = os.getppid()
+    while not seen_file.exists():
+        if failed_marker(seen_file).exists():
+            raise RuntimeError(f"no decision of the DDP runs: run '{failed_marker(seen_file).read_text().strip()}' "
+                               "failed")
+        if (not alive(parent) or os.getppid() != parent) and not seen_file.exists():
+            raise RuntimeError(f"the DDP runs (PID {parent}) ended without writing {seen_file}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no decision of the DDP runs in {seen_file} after {timeout:g} s")
+        beat(rank)
+        time.sleep(0.2)
+    return set(json.loads(seen_file.read_text())["seen"])
+
+
+def _rank() -> int:
+    """This process's global rank (0 outside a process group)."""
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _broadcast(obj: Any) -> Any:
+    """Rank 0's ``obj`` on every rank of the process group the runs share (``obj`` itself outside one)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _step_left(runs: list[AuditRun], out: Path, timeout: float = WAIT_S) -> bool:
+    """On rank 0: [`judge.step_left`][vae_ddp.audit.judge.step_left] of DDP's step with every fix (the run of
+    ``runs`` labelled ``localise.RANKS_GRADS``, its record in ``out``; True where it did not train) against
+    one device's reference and floor draws and ``other-batch`` (their records in the one-device folder beside
+    ``out``, waited for: the process beside the ranks trains them first; the guard's heartbeat goes on
+    meanwhile), each record read once.
+
+    Raises:
+        RuntimeError: the one-device process ended (or a run of it failed) without writing them, or ``timeout``
+            seconds passed.
+        RunFailed: their steps do not line up.
+    """
+    from vae_ddp.audit import judge
+    from vae_ddp.audit.measure import Measured
+    from vae_ddp.audit.plan import FLOOR_DRAWS, Plan, batch_lag
+
+    run = next((r for r in runs if r.label == localise.RANKS_GRADS), None)
+    if run is None or not (out / f"{run.label}.steps.pt").exists():
+        return True
+    one = out.parent / ONE_DEVICE
+    labels = ["single", *(f"floor-{k}" for k in range(1, FLOOR_DRAWS + 1)), "other-batch"]
+    deadline = time.monotonic() + timeout
+    beside = int(os.environ.get(BESIDE_PID, "0"))
+    while not all((one / f"{label}.steps.pt").exists() for label in labels):
+        if failed_marker(Path(run.steps_file)).exists() or (beside and not alive(beside)):
+            raise RuntimeError(f"the one-device runs ended without writing their records in {one}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no one-device records in {one} after {timeout:g} s")
+        beat(0)
+        time.sleep(0.2)
+    records: dict[str, dict] = {}
+
+    class Read(Measured):
+        def record(self, label: str) -> dict:  # each record loaded once (the judgement reads some several times)
+            if label not in records:
+                records[label] = super().record(label)
+            return records[label]
+
+    measured = Read({label: (None, {}, one) for label in labels}, {run.label: (None, {}, out)})
+    try:
+        return judge.step_left(Plan(run, list(run.fixes), [], [], batch_lag(run), False, [], [], []), measured)
+    finally:
+        records.clear()
+
+
 #: The run this process trains now (its label), for the line that names a run that failed.
 _CURRENT: list[str] = []
 
@@ -261,6 +356,8 @@ def train_runs(runs: list[AuditRun], out: Path) -> int:
         for run in runs:
             if run.steps_file and not run.teacher_forced:
                 failed_marker(Path(run.steps_file)).write_text(_CURRENT[-1] if _CURRENT else "")
+        if any(run.label in DECIDING and run.devices > 1 for run in runs):  # the one-device process may wait on them
+            failed_marker(out.parent / SEEN_FILE).write_text(_CURRENT[-1] if _CURRENT else "")
         raise
 
 
@@ -270,7 +367,37 @@ def _train(runs: list[AuditRun], out: Path) -> int:
     out.mkdir(parents=True, exist_ok=True)
     info = {}
     runs = list(runs)
+    # the runs of AuditRun.if_seen train only where the deciding DDP runs (spec.DECIDING) saw what they
+    # measure: decided here, after those runs, by rank 0's findings; the one-device process beside the ranks
+    # reads it from SEEN_FILE. A run that differs from another only by fixes that changed nothing in the run
+    # with every fix (Audit.idle, asked there) is not trained again: that run's files serve it (same_runs).
+    deciding = [run.label for run in runs if run.label in DECIDING and run.devices > 1]
+    seen: set[str] = set()
+    idle: set[str] = set()
+    decided: Optional[set[str]] = None
+    same: dict[str, str] = {}
+    left_checked = False
     for run in runs:
+        if LEFT in run.if_seen and LEFT not in seen and decided is not None and run.devices > 1 and not left_checked:
+            # the step with every fix, judged as the audit will, once the runs before are done (the one-device
+            # runs it reads have long ended): does it leave anything for the user's code? (effect-fixed measures
+            # what that changes; with nothing left, it need not train)
+            left_checked = True
+            if _broadcast(_step_left(runs, out) if _rank() == 0 else None):
+                seen.add(LEFT)
+                later = runs[runs.index(run):]
+                same = {**{k: v for k, v in same.items() if k not in {r.label for r in later}},
+                        **same_runs(later, seen, idle)}
+        if run.if_seen:
+            if decided is None and deciding:
+                raise RuntimeError(f"run '{run.label}' is planned before the runs that decide it "
+                                   f"({', '.join(deciding)})")
+            if decided is None:
+                decided = wait_for_seen(out.parent / SEEN_FILE)
+            if not trained(run, decided):
+                continue
+        if run.label in same:
+            continue
         # which run each process trains, in the log: a rank that dies is named with its run (launch)
         _CURRENT[:] = [run.label]
         say_run(run.label)
@@ -292,6 +419,23 @@ def _train(runs: list[AuditRun], out: Path) -> int:
         if run.label == localise.RANKS_GRADS and run.devices > 1 and trainer.strategy.reduce_boolean_decision(
                 bool(gathers), all=False):  # a gather without gradient on any rank: its advice checked, next
             runs.insert(runs.index(run) + 1, run.replace(label=localise.SYNC_GRADS, sync_grads=True))
+        if run.label in deciding:  # what it saw, rank 0's findings, on every rank
+            mine = None
+            if trainer.is_global_zero:
+                found = next(c for c in trainer.callbacks if isinstance(c, DDPAudit)).state()
+                mine = {"seen": sorted(seen_in(run.label, found, any(True for _ in model.buffers()))),
+                        "idle": sorted(f.key for f in registry.factors() if f.key in run.fixes
+                                       and f.audit.idle is not None and f.audit.idle(trainer, model))}
+            mine = trainer.strategy.broadcast(mine, src=0)
+            seen |= set(mine["seen"])
+            if run.fixes:  # the run with every fix: which of them changed nothing
+                idle = set(mine["idle"])
+            deciding.remove(run.label)
+            if not deciding:
+                decided = seen
+                same = same_runs(runs[runs.index(run) + 1:], decided, idle)  # of the runs to come
+                if trainer.is_global_zero:
+                    write_atomic(out.parent / SEEN_FILE, json.dumps({"seen": sorted(seen), "idle": sorted(idle)}))
         if trainer.is_global_zero:
             audit = next(c for c in trainer.callbacks if isinstance(c, DDPAudit))
             with replacing(out / f"{run.label}.pt") as tmp:
@@ -315,6 +459,9 @@ def _train(runs: list[AuditRun], out: Path) -> int:
         del model, dm, trainer, probe
         audit = record = None  # noqa: F841 - what they refer to, collected below
         gc.collect()
+    for label, other in same.items():  # a run the same as another: its entry says which (its files are that run's)
+        if other in info:
+            info[label] = dict(info[other], same_as=other)
     if info:
         write_atomic(out / "run.json", json.dumps(info))
     close_process_group()

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 __all__ = ["AuditRun", "DEFAULT_STEPS", "import_class", "resolve_class_arg", "failed_marker", "TRAINER_ARGS",
-           "TRAINER_SET", "DDP_STRATEGIES"]
+           "TRAINER_SET", "DDP_STRATEGIES", "DECIDING", "DRAWS_LEFT", "HAS_BUFFERS", "LEFT", "ONE_DEVICE", "SEEN_FILE",
+           "seen_in", "trained", "same_runs"]
 
 #: Optimizer steps per run where the caller names none: the command (``--steps``), the Python API and the pytest
 #: helper alike.
@@ -133,6 +134,74 @@ def failed_marker(steps_file: Path) -> Path:
     return steps_file.with_suffix(".failed")
 
 
+#: The folder (in the launch's folder) of the one-device runs, beside ``ddp``: their files.
+ONE_DEVICE = "one-device"
+
+#: The DDP runs whose ``DDPAudit`` findings decide, inside the launch, which runs of ``AuditRun.if_seen``
+#: train: Lightning's defaults, then every fix on (the first two DDP runs of every audit).
+DECIDING = ("ddp", "ddp+fixed")
+
+#: The token of ``AuditRun.if_seen`` for the check of buffers beside draws no automatic fix serves: a
+#: deciding run saw such draws (a ``noise`` finding only the user's code fixes) in a module with buffers.
+DRAWS_LEFT = "draws-left"
+
+#: The token of ``AuditRun.if_seen`` for a module with buffers (parameters aside), as the deciding runs saw it.
+HAS_BUFFERS = "has-buffers"
+
+#: The token of ``AuditRun.if_seen`` for what only the user's code fixes: a deciding run's finding no automatic
+#: fix removes, or a step with every fix (``localise.RANKS_GRADS``) that its judgement cannot pass as one
+#: device's (``judge.step_left``). DDP's runs only: the one-device process does not wait for it.
+LEFT = "left-for-code"
+
+#: The file (in the launch's folder, beside its groups' folders) where rank 0 of the DDP runs writes what
+#: the deciding runs saw (``{"seen": [if_seen tokens], "idle": [factor keys]}``), for the one-device process
+#: beside them.
+SEEN_FILE = "seen.json"
+
+
+def seen_in(label: str, findings: list[dict], has_buffers: bool) -> set[str]:
+    """The ``if_seen`` tokens a deciding run (``label``, one of ``DECIDING``) gives from its ``DDPAudit``
+    findings (``[{"factor", "manual", ...}]``, rank 0's): the ``ddp`` run's factor keys an automatic fix
+    removes (what the audit's judgement calls exposed: ``judge._exposures``), ``LEFT`` for a finding only the
+    user's code fixes, ``HAS_BUFFERS`` for a module with buffers, and ``DRAWS_LEFT`` where a
+    ``noise`` finding only the user's code fixes stands in a module with buffers (``has_buffers``):
+    where the judgement may check whether the buffers follow from those draws."""
+    from vae_ddp.fixes import noise
+
+    seen = {f["factor"] for f in findings if not f.get("manual")} if label == DECIDING[0] else set()
+    if any(f.get("manual") for f in findings):
+        seen.add(LEFT)
+    if has_buffers:
+        seen.add(HAS_BUFFERS)
+    if has_buffers and any(f["factor"] == noise.FACTOR.key and f.get("manual") and not f.get("unkeyed")
+                           for f in findings):
+        seen.add(DRAWS_LEFT)
+    return seen
+
+
+def trained(run: "AuditRun", seen: set[str]) -> bool:
+    """Whether ``run`` trains once the deciding runs saw ``seen`` (its ``if_seen`` empty, or one of them seen)."""
+    return not run.if_seen or bool(seen & set(run.if_seen))
+
+
+def same_runs(runs: list["AuditRun"], seen: set[str], idle: set[str]) -> dict[str, str]:
+    """``{label: label of the run that computes the same}`` among the ``runs`` that train (``trained``):
+    a run that differs from another only by its label, ``if_seen`` and fixes in ``idle`` (factor keys whose
+    fix changed nothing in the run with every fix: ``Audit.idle``) is that run; of such runs the first one
+    trained always (no ``if_seen``), else the first, trains for all."""
+    def key(run: "AuditRun") -> str:
+        d = dataclasses.asdict(run)
+        del d["label"], d["if_seen"]
+        d["fixes"] = [f for f in run.fixes if f not in idle]
+        return json.dumps(d, sort_keys=True)
+
+    first: dict[str, str] = {}
+    kept = [run for run in runs if trained(run, seen)]
+    for run in sorted(kept, key=lambda r: bool(r.if_seen)):  # stable: the plan's order within each kind
+        first.setdefault(key(run), run.label)
+    return {run.label: first[key(run)] for run in kept if first[key(run)] != run.label}
+
+
 @dataclass
 class AuditRun:
     """One training run of the audit (JSON-serialisable; the child process re-reads it).
@@ -191,6 +260,10 @@ class AuditRun:
             with ``force``): the audit's check of its ``sync_grads`` advice
             (``localise.SYNC_GRADS``, trained only after the run of ``localise.RANKS_GRADS`` saw such
             a gather).
+        if_seen: empty: the run is always trained; else trained only when the launch's deciding DDP runs
+            (``DECIDING``) saw one of these (``seen_in``): a factor's key, the ``ddp`` run's ``DDPAudit``
+            finding an automatic fix removes, or ``DRAWS_LEFT``. Skipped otherwise: the factor's runs
+            of an audit whose model is not exposed to it.
         param_count: the module's parameters (elements), which the pre-flight counted (0: not counted):
             what [`saved_bytes`][vae_ddp.audit.spec.AuditRun.saved_bytes] estimates from.
     """
@@ -222,6 +295,7 @@ class AuditRun:
     keyed_items: bool = False
     probe_items: bool = False
     sync_grads: bool = False
+    if_seen: list[str] = field(default_factory=list)
     param_count: int = 0
 
     #: Bytes of the logs, ``run.json`` files and report beside an audit's tensors, at most

@@ -22,7 +22,9 @@ ranks, all forks of one process on CPU):
    [`DDPAudit`][vae_ddp.audit.callback.DDPAudit] findings tell which factors the run is exposed
    to), ``ddp+fixed`` and ``permuted`` (one device, samples permuted);
 5. ``ddp-<factor>``: every fix but one, every step from one device's weights: the factor's
-   contribution, in the same units as the verdict (the ablation);
+   contribution, in the same units as the verdict (the ablation); ``ddp+<factor>``, that fix alone,
+   beside ``ddp-forced``, no fix. A factor's runs (these two and its effect run) train only where the
+   ``ddp`` run found it exposed, decided inside the same launch ([`vae_ddp.audit.run`][vae_ddp.audit.run]);
 6. ``single-eval`` and ``ddp+fixed-eval``, only when the one-process check flagged the loss's
    reduction: the same teacher-forced comparison in eval mode (no dropout, BatchNorm's running
    statistics), under the real process group: it clears the flag of a loss that reduces over
@@ -79,7 +81,8 @@ def audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]] = None, pr
         "trajectory_floor", "divergence_default", "divergence_fixed", "batch_noise",
         "batch_noise_steps", "findings": [{"factor", "exposed", "evidence", "contribution", "bites",
         "left_after_fixes", "fixed_alone", "vs_batch_noise", "automatic_fix", "fix", "page", "effect"}],
-        "unexplained": bool, "largest_differences": [...], "notes": [str], "effect", "effect_rows"}``.
+        "unexplained": bool, "largest_differences": [...], "notes": [str], "effect", "effect_rows",
+        "runs": [str]}`` (``runs``: the names of the runs trained, a factor's only where it is exposed).
         ``effect`` (of a finding; at the top, of Lightning's defaults as a whole): what the factor changes
         over ``effect_rows`` global batches, a dict with the keys ``kind``, ``bias``, ``bias_ci``,
         ``variance_ratio``, ``variance_ratio_ci``, ``quantity`` and ``rows`` (see
@@ -127,8 +130,16 @@ def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress
             print(f"[audit] {spec.label}: {spec.devices} process(es), fixes: {', '.join(spec.fixes) or 'none'}"
                   f"{', samples permuted in each batch' if spec.permute else ''}"
                   f"{', each batch from the weights of the step before' if spec.lag else ''}"
-                  f"{', every step from the one-device weights' if spec.teacher_forced else ''}", flush=True)
-    verdict = _judge(plan, _measure(plan, out_dir / "runs"), notes or [])
+                  f"{', every step from the one-device weights' if spec.teacher_forced else ''}"
+                  f"{', only if the DDP run sees ' + ' or '.join(spec.if_seen) if spec.if_seen else ''}", flush=True)
+    measured = _measure(plan, out_dir / "runs")
+    if progress:
+        same = measured.same_runs
+        print(f"[audit] {len(measured.runs)} of {len(plan.one_device) + len(plan.ddp)} planned runs trained (a "
+              "factor's runs only where it is exposed)" + (f"; {len(same)} more are the same as one of them (they "
+              "differ by fixes that change nothing here): " + ", ".join(f"{a} = {b}" for a, b in same.items())
+              if same else ""), flush=True)
+    verdict = _judge(plan, measured, notes or [])
     text = render(verdict)
     result = verdict.to_dict()
     write_report(out_dir, result, text)

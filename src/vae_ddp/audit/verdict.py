@@ -176,6 +176,13 @@ class Verdict:
     """0 passed, 1 not ([`exit_rule.decide`][vae_ddp.audit.exit_rule.decide])."""
     exit_why: list[str] = field(default_factory=list)
     """The factor keys whose mechanism changes the model DDP trains, then what else makes ``exit_code`` 1."""
+    runs: list[str] = field(default_factory=list)
+    """The names of the runs the audit trained (one device's, then DDP's, each in the order they trained): a
+    factor's ablation and effect runs only where it is exposed; empty in an older ``audit.json``."""
+    same_runs: dict[str, str] = field(default_factory=dict)
+    """The planned runs not trained because they differ from a run in ``runs`` only by fixes that changed
+    nothing in this model (``Audit.idle``: no BatchNorm layer, no draw the noise fix serves), ``{name: the
+    name of that run}``: its results are theirs."""
 
     def to_dict(self) -> dict:
         """``audit.json``'s content: every field, in their order (a new dict; the values themselves are

@@ -335,6 +335,11 @@ def _audit_parts(run) -> FixParts:
     return _fix(run.devices > 1, run.accelerator)
 
 
+def _idle(trainer, module: nn.Module) -> bool:
+    """The fix converts BatchNorm layers only: idle for a module without any."""
+    return not any(isinstance(m, _BatchNorm) for m in module.modules())
+
+
 def _watch_layers(seen: Seen) -> list:
     """``train_start``: BatchNorm layers in training mode that normalise with per-rank statistics."""
     local = [n for n, m in seen.module.named_modules()
@@ -354,4 +359,5 @@ FACTOR = Factor(
     check=_check,
     switch=Switch("sync_bn", default=False, fixed=True, choices=(True,), parts=_parts,
                   off_label="BatchNorm back to per-rank"),
-    audit=Audit(parts=_audit_parts, watch={"train_start": _watch_layers}, clean="no per-rank BatchNorm layer"))
+    audit=Audit(parts=_audit_parts, watch={"train_start": _watch_layers}, clean="no per-rank BatchNorm layer",
+                idle=_idle))

@@ -133,6 +133,10 @@ class Audit:
             independent draws of one device's distribution), ``"plot"`` (what is logged) or
             ``"follows"`` (a consequence of another factor, which that factor's row decides); a
             ``Finding`` may say otherwise for itself (``details={"mechanism": ...}``).
+        idle: ``idle(trainer, module) -> bool``, asked on rank 0 after the audit's DDP run with every fix
+            (``ddp+fixed``; ``trainer`` its ``Trainer``, ``module`` the user's LightningModule): True
+            where ``parts`` changed nothing in that run (no layer it swaps, no draw it serves), so that the
+            audit's runs that differ only by this fix compute the same and one trains for both; None: never.
     """
 
     parts: Optional[Callable[[Any], FixParts]] = None
@@ -141,6 +145,7 @@ class Audit:
     ablated_with: Optional[str] = None
     clean: str = "not detected"
     mechanism: str = "another model"
+    idle: Optional[Callable[[Any, Any], bool]] = None
 
 
 #: The titles of the pages the audit links that are not a factor's (a factor's page is titled by its name).

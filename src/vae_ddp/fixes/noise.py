@@ -140,6 +140,14 @@ def _audit_parts(run) -> FixParts:
     return FixParts(callbacks=[GlobalBatchRandomness(run.seed)])
 
 
+def _idle(trainer: Trainer, module: LightningModule) -> bool:
+    """``GlobalBatchRandomness`` changes a run only through what draws from its stream (the layers it swaps,
+    the ``noise`` it serves, ``global_batch_draw``) and the epoch it gives a ``SeededAugmentation``: idle
+    where it swapped no layer, the run drew nothing from it and its loaders hold no ``SeededAugmentation``."""
+    fix = next((c for c in trainer.callbacks if isinstance(c, GlobalBatchRandomness)), None)
+    return fix is not None and not fix.swapped and fix.drawn == 0 and not fix.augmentations
+
+
 def _watch_streams(seen: Seen) -> list:
     """``train_start``: the same next draws on every rank? (the hash of 16 draws from a forked
     generator, all-gathered); skipped under ``PerRankSeed``. Under ``GlobalBatchRandomness`` the
@@ -254,6 +262,6 @@ FACTOR = Factor(
     check=_check,
     switch=Switch("noise", default="default", fixed="global", choices=("per_rank", "global"), parts=_parts,
                   off_label="noise back to default"),
-    audit=Audit(parts=_audit_parts, before=_before, clean="no training-step draws repeated across ranks",
+    audit=Audit(parts=_audit_parts, before=_before, clean="no training-step draws repeated across ranks", idle=_idle,
                 watch={"train_start": _watch_streams, "train_batch_start": _watch_before,
                        "train_batch_end": _watch_draws}))

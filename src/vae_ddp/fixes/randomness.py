@@ -238,6 +238,10 @@ class GlobalBatchRandomness(Callback):
         self._original_noise: Any = _MISSING
         self._swapped: list = []
         self._checked = False
+        #: the ``SeededAugmentation``s found in the training loaders at an epoch's start (most of any epoch)
+        self.augmentations = 0
+        #: the layers swapped at the last ``setup`` (put back at ``teardown``)
+        self.swapped = 0
 
     # ------------------------------------------------------------------ lifecycle
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -250,6 +254,7 @@ class GlobalBatchRandomness(Callback):
         if self.dropout:
             self._swapped = (GlobalBatchDropout.swap(pl_module, batch_dim=self.batch_dim)
                              + GlobalBatchDropPath.swap(pl_module))
+        self.swapped = len(self._swapped)
         uncovered = uncovered_random_layers(pl_module, dropout_covered=self.dropout)
         if uncovered:
             rank_zero_warn(f"{self.fix_name} cannot serve the random draws of {', '.join(uncovered)}: they draw "
@@ -273,9 +278,16 @@ class GlobalBatchRandomness(Callback):
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._batch = 0
         self._draws_at_start = self.stream.draws
+        self.augmentations = 0
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        set_augmentation_epoch(trainer.train_dataloader, trainer.current_epoch)
+        self.augmentations = max(self.augmentations,
+                                 set_augmentation_epoch(trainer.train_dataloader, trainer.current_epoch))
+
+    @property
+    def drawn(self) -> int:
+        """Draws from the stream (``global_batch_draw``, the swapped layers, ``noise``) since ``fit`` started."""
+        return self.stream.draws - getattr(self, "_draws_at_start", 0)
 
     # ------------------------------------------------------------------ per batch
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
