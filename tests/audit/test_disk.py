@@ -18,8 +18,9 @@ def _on_disk(folder: Path) -> int:
 @pytest.mark.parametrize("model, args", [("Plain", {}), ("Wide", {"width": 20000})], ids=["465 parameters",
                                                                                            "200,001 parameters"])
 def test_the_space_an_audit_asks_for_is_what_it_writes(tmp_path, monkeypatch, model, args):
-    """The estimate the launch checks (``space_needed``) lies between 1x and 2x what the audit's folder held
-    when it was fullest (``--steps 2``, no effect runs). Before, every audit asked for 2 MiB beside nothing for
+    """The estimate the launch checks (``space_needed``) lies between 1x and 3x what the audit's folder held
+    when it was fullest (``--steps 2``, no effect runs): it counts every run planned, also those trained only
+    where their factor is exposed (``AuditRun.if_seen``), which these models are not. Before, every audit asked for 2 MiB beside nothing for
     its tensors: 2.1 MB for ``Plain``'s 0.3 MB, and as little for a model whose tensors take 130 MB."""
     import examples.audit_models as models
     import vae_ddp.audit.study as study
@@ -36,4 +37,4 @@ def test_the_space_an_audit_asks_for_is_what_it_writes(tmp_path, monkeypatch, mo
     assert asked and held, (asked, held)
     ratio = sum(asked) / max(held)
     print(f"{model}: asked {sum(asked)}, held {max(held)}, {ratio:.2f}x")
-    assert 1.0 <= ratio <= 2.0, f"asked for {sum(asked)} bytes, the folder held {max(held)} at most: {ratio:.2f}x"
+    assert 1.0 <= ratio <= 3.0, f"asked for {sum(asked)} bytes, the folder held {max(held)} at most: {ratio:.2f}x"

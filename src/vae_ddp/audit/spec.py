@@ -316,8 +316,8 @@ class AuditRun:
         CountSketch of ``sketch`` elements where the run sketches; the run that records one device's weights
         for the others (``steps_file`` without ``teacher_forced``) three vectors more per step. A vector is
         8 bytes an element in float64, else 4. Measured on models of 465 and 200,001 parameters: the
-        estimate summed over an audit's runs lies between 1x and 2x the most its folder held
-        (``tests/audit/test_disk.py``)."""
+        estimate summed over an audit's planned runs (also those trained only where their factor is exposed)
+        lies between 1x and 3x the most its folder held (``tests/audit/test_disk.py``)."""
         itemsize = 8 if self.dtype == "float64" else 4
         vector = min(self.param_count, self.sketch) if self.sketch else self.param_count
         per_step = 3 * vector + (3 * self.param_count if self.steps_file and not self.teacher_forced else 0)
