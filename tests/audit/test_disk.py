@@ -20,8 +20,9 @@ def _on_disk(folder: Path) -> int:
 def test_the_space_an_audit_asks_for_is_what_it_writes(tmp_path, monkeypatch, model, args):
     """The estimate the launch checks (``space_needed``) lies between 1x and 3x what the audit's folder held
     when it was fullest (``--steps 2``, no effect runs): it counts every run planned, also those trained only
-    where their factor is exposed (``AuditRun.if_seen``), which these models are not. Before, every audit asked for 2 MiB beside nothing for
-    its tensors: 2.1 MB for ``Plain``'s 0.3 MB, and as little for a model whose tensors take 130 MB."""
+    where their factor is exposed (``AuditRun.if_seen``), which these models are not. Before, every audit
+    asked for 2 MiB beside nothing for its tensors: 2.1 MB for ``Plain``'s 0.3 MB, and as little for a model
+    whose tensors take 130 MB."""
     import examples.audit_models as models
     import vae_ddp.audit.study as study
     import vae_ddp.harness.launch as launch
