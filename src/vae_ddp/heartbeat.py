@@ -23,7 +23,7 @@ class Heartbeat(Callback):
     """Touch this process's heartbeat file at setup, at the start of each training epoch, after
     every training and validation batch and at teardown (a no-op outside a guard). The first
     beat also registers the dump of every thread's stack on SIGUSR1 (``faulthandler``), each setup again
-    ([`rearm`][vae_ddp.beats.rearm]: the previous ``fit`` of the process unregistered it)."""
+    (``beats.rearm``: the previous ``fit`` of the process unregistered it)."""
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         beat(trainer.global_rank)

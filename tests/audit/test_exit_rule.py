@@ -55,3 +55,22 @@ def test_not_judged_and_not_within_the_floor_are_1():
     d = decide(_result(_row("sampler"), within_floor=False))
     assert d["code"] == 1 and "not within 2x its floor" in d["why"][0]
     assert decide(_result())["code"] == 0
+
+
+def test_not_within_the_floor_names_the_parts_that_are_not():
+    """The reason names what is not within its floor (``apart``), where the judgement knows it."""
+    from vae_ddp.audit.exit_rule import decide
+
+    d = decide(dict(_result(within_floor=False), apart=["the learning rate at step 1"]))
+    why = "with every fix, DDP's step is not within 2x its floor: the learning rate at step 1"
+    assert d == {"code": 1, "why": [why]}, d
+
+
+def test_the_parts_apart_are_named_and_a_gradient_within_its_floor_is_not():
+    from vae_ddp.audit.exit_rule import apart
+
+    first = [{"part": "learning rate", "step": 2}]
+    assert apart(True, 0.675, first, 3.0, 3) == ["the learning rate at step 2"]
+    assert apart(False, 5.0, None, 1e4, 3) == ["the gradient, 5x its floor",
+                                               "the parameters after 3 steps, 1e+04x their floor"]
+    assert apart(True, 0.5, [], 1.0, 3) == []

@@ -166,6 +166,9 @@ def test_a_ddp_step_that_differs_besides_the_gradient_fails_and_is_named(tmp_pat
         first = result["whole_step"]["differences"][0]
         part = {"update": "learning rate", "buffers": "buffers", "parameters": "ranks"}[key]
         assert first["part"] == part, first
+        # the exit's reason names the part, never the gradient that is within its floor (#63 item 7)
+        why = result["exit_why"][-1]
+        assert f"the {part} at step {first['step']}" in why and "gradient" not in why, result["exit_why"]
         if part == "learning rate":  # the rates the audit saw are the rates plain Lightning trains with
             step = first["detail"]["optimizer_step"]
             assert first["detail"]["ddp"] == t["lrs_ddp"][step] and first["detail"]["single"] == t["lrs_single"][step]

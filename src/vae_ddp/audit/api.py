@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional, Union
 
+from vae_ddp import zygote
 from vae_ddp.audit.engine import run_config
 from vae_ddp.audit.spec import DEFAULT_STEPS
 from vae_ddp.errors import RunFailed, UserError
@@ -285,9 +286,7 @@ def audit(model: Classish, datamodule: Classish, *, model_args: Optional[dict] =
         cfg = _parse(given)
         temporary = out is None
         if accelerator == "cpu":  # started outside the call's TMPDIR: it serves this process's later calls too, and
-            from vae_ddp import zygote  # its imports, which make inductor's folder, may outlast the call
-
-            zygote.warm("vae_ddp.audit.run")
+            zygote.warm("vae_ddp.audit.run")  # its imports, which make inductor's folder, may outlast the call
         # a TMPDIR of the call's own, removed however the call or its caller ends (a SIGKILL too: its reaper),
         # and with it the temporary output folder made in it
         with private_tmpdir():

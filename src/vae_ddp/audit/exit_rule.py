@@ -25,7 +25,7 @@ decide the code.
 
 from __future__ import annotations
 
-__all__ = ["ANOTHER_MODEL", "mechanism", "decide"]
+__all__ = ["ANOTHER_MODEL", "mechanism", "decide", "apart"]
 
 ANOTHER_MODEL = "another model"
 
@@ -45,11 +45,29 @@ def mechanism(factor: str, findings: list[dict]) -> str:
 
 def decide(result: dict) -> dict:
     """``{"code": 0 | 1, "why": [str]}`` for an audit result (``study.audit``'s dict: ``deterministic``,
-    ``within_floor``, ``findings`` rows with ``factor``, ``exposed``, ``mechanism``): ``why`` lists the
-    keys of the factors whose mechanism changes the model DDP trains, then what else makes it 1."""
+    ``within_floor``, ``findings`` rows with ``factor``, ``exposed``, ``mechanism``; ``apart``, the parts of
+    the step with every fix that are not within 2x their floors, in words, where known): ``why`` lists the
+    keys of the factors whose mechanism changes the model DDP trains, then what else makes it 1, naming those
+    parts (a gradient within its floor is never said to be out of it)."""
     if not result.get("deterministic", False):
         return {"code": 1, "why": ["not judged: one device's own floor is not rounding"]}
     why = [f["factor"] for f in result.get("findings", []) if f.get("exposed") and f.get("mechanism") == ANOTHER_MODEL]
     if not result.get("within_floor", False):
-        why.append("with every fix, DDP's step is not within 2x its floor")
+        apart = result.get("apart") or []
+        why.append("with every fix, DDP's step is not within 2x its floor" + (f": {', '.join(apart)}" if apart else ""))
     return {"code": 1 if why else 0, "why": why}
+
+
+def apart(gradient_within: bool, ratio: float, differences: "list[dict] | None", trajectory_ratio: float,
+          steps: int) -> list[str]:
+    """The parts of DDP's step with every fix that are not within 2x their floors, in words, for ``decide``'s
+    ``apart``: the gradient (``ratio``: its largest per-step difference over the floor), the first part of the
+    whole step that differs (``differences``: ``whole_step.compare``'s, each with ``part`` and ``step``), the
+    parameters after ``steps`` steps (``trajectory_ratio`` above ``verdict.TRAJECTORY_RATIO``)."""
+    from vae_ddp.audit.verdict import TRAJECTORY_RATIO
+
+    first = (differences or [None])[0]
+    return ([f"the gradient, {ratio:.3g}x its floor"] if not gradient_within else []) \
+        + ([f"the {first['part']} at step {first['step']}"] if first else []) \
+        + ([f"the parameters after {steps} steps, {trajectory_ratio:.3g}x their floor"]
+           if trajectory_ratio > TRAJECTORY_RATIO else [])

@@ -174,7 +174,9 @@ def judge(plan: Plan, runs: Measured, notes: list[str]) -> Verdict:
     defaults = _effects(plan, runs, rows, manual, v, step, local, left_unnamed)
     findings = sorted(rows, key=_rank)
     seen = [note for rs in (one, first) for _, i, _ in rs.values() for note in i.get("notes", [])]
-    exit_ = exit_rule.decide({"deterministic": v["deterministic"], "within_floor": within, "findings": findings})
+    apart = exit_rule.apart(v["grad_within"], v["ratio"], (step or {}).get("differences"), free["ratio"], base.steps)
+    exit_ = exit_rule.decide({"deterministic": v["deterministic"], "within_floor": within, "findings": findings,
+                              "apart": apart})
     return Verdict(
         devices=n, steps=base.steps, dtype=base.dtype, method="teacher-forced",
         floor=v["floor"], floor_draws=v["floor_draws"], grad_steps=v["grad_steps"],
