@@ -110,9 +110,9 @@ def test_a_sigkill_leaves_no_run_folder_behind(tmp_path, api):
         full.mkdir()
         (full / "kept").write_text("the user's")
         inner = "tempfile.mkdtemp(prefix='vae-ddp-audit-')" if api else "'-'"
-        script = ("import sys, tempfile, time\nfrom vae_ddp.utils import private_tmpdir\n"
+        script = ("import signal, tempfile\nfrom vae_ddp.utils import private_tmpdir\n"  # waits for its SIGKILL
                   f"with private_tmpdir(({str(empty)!r}, {str(full)!r})) as p:\n"
-                  f"    print(p, {inner}, flush=True)\n    time.sleep(600)\n")
+                  f"    print(p, {inner}, flush=True)\n    signal.pause()\n")
         env = dict(os.environ, TMPDIR=str(tmp), PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"))
         top = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
         try:
