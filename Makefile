@@ -8,10 +8,18 @@ CIFAR ?= $(or $(VAE_DDP_CIFAR_SUBSET),../shared/data/cifar10-jpg-subset)
 
 .PHONY: setup browser demo lint test test-full results docs docs-serve legacy legacy-test bench bench-docs gallery stress clean
 
+# pip's own network settings (read from the environment, so an older pip that lacks one ignores it): a download
+# the registry interrupts is resumed up to 20 times, and the whole install is tried 3 times (pip's cache keeps
+# what the earlier tries downloaded)
+PIP_NET := PIP_RETRIES=10 PIP_TIMEOUT=60 PIP_RESUME_RETRIES=20 PIP_DISABLE_PIP_VERSION_CHECK=1
+
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --upgrade pip >/dev/null
-	$(PY) -m pip install -e ".[dev,docs]"
+	$(PIP_NET) $(PY) -m pip install --upgrade pip >/dev/null || echo "setup: pip not upgraded; going on with $$($(PY) -m pip --version)"
+	@for try in 1 2 3; do \
+	  $(PIP_NET) $(PY) -m pip install -e ".[dev,docs]" && exit 0; \
+	  echo "setup: pip install failed (try $$try of 3)"; sleep 10; \
+	done; exit 1
 	touch $@
 
 setup: $(VENV)/.installed  ## create .venv and install the project with its test and docs extras
