@@ -165,3 +165,39 @@ def test_threads_share_the_run_folder_and_the_last_removes_it(tmp_path, monkeypa
     assert seen["second"] == seen["first"] and seen["after first left"], seen
     assert not seen["first"].exists() and os.environ["TMPDIR"] == str(tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_zygote_still_importing_does_not_make_the_removed_folder_again(tmp_path):
+    """A caller that leaves its run folder while its zygote still imports (the docs runner interrupted at once)
+    ends the zygote first (``zygote.end_all``): the zygote's imports wrote into ``TMPDIR`` (inductor's cache
+    folder) after the folder had been removed, and made it again. Here the module the zygote imports writes
+    into ``TMPDIR`` once the caller has left the folder; the zygote is gone and the folder stays removed (a zygote
+    left alive is given 30 s to write)."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "slow_import.py").write_text(
+        "import os, pathlib, time\nleft = pathlib.Path(os.environ['T59_LEFT'])\n"
+        "while not left.exists():  # the caller has left its run folder\n    time.sleep(0.05)\n"
+        "pathlib.Path(os.environ['TMPDIR'], 'torchinductor').mkdir(parents=True, exist_ok=True)\n"
+        "pathlib.Path(left.parent, 'wrote').touch()\n")
+    (tmp_path / "tmp").mkdir()
+    script = ("import os, pathlib, time\nfrom vae_ddp import zygote\nfrom vae_ddp.utils import private_tmpdir\n"
+              "with private_tmpdir() as p:\n"
+              "    z = zygote._zygote('slow_import', wait=False)\n"
+              "    print(p, z.proc.pid, flush=True)\n"
+              "    zygote.end_all()\n"
+              "pathlib.Path(os.environ['T59_LEFT']).touch()\n"
+              "t, wrote = time.monotonic(), pathlib.Path(os.environ['T59_LEFT']).with_name('wrote')\n"
+              "while z.proc.poll() is None and not wrote.exists() and time.monotonic() - t < 30:\n"
+              "    time.sleep(0.05)\n")
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = dict(os.environ, TMPDIR=str(tmp_path / "tmp"), PYTHONPATH=f"{src}:{tmp_path / 'lib'}",
+               T59_LEFT=str(tmp_path / "left"))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    folder, pid = done.stdout.split()
+    assert not Path(folder).exists(), sorted(p.name for p in Path(folder).rglob("*"))
+    assert not Path(f"/proc/{pid}").exists(), "the zygote outlived end_all"

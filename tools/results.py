@@ -483,13 +483,17 @@ if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     t0 = time.monotonic()
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+    from vae_ddp import zygote
     from vae_ddp.utils import private_tmpdir
 
     try:
         # a TMPDIR of its own for the runs and the zygote (whose imports would make inductor's cache folder in
         # the user's), removed however it ends; after a SIGKILL, by its reaper
         with private_tmpdir():
-            done = generate(Path(__file__).resolve().parents[1], sys.argv[1:])
+            try:
+                done = generate(Path(__file__).resolve().parents[1], sys.argv[1:])
+            finally:  # its zygote, still importing after an interrupt, made inductor's folder in the removed one
+                zygote.end_all()
     except ResultsError as err:
         sys.exit(f"error: {err}")
     except KeyboardInterrupt:  # every entry's tree has been ended (its guard); what finished is cached

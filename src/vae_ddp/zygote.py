@@ -38,7 +38,7 @@ from typing import Any, Callable, Optional
 from vae_ddp import forking
 from vae_ddp.utils import run_lock
 
-__all__ = ["warm", "start", "usable"]
+__all__ = ["warm", "start", "usable", "end_all"]
 
 _ZYGOTES: dict[tuple[int, str, Optional[str]], "_Zygote"] = {}
 _LOCK = threading.Lock()
@@ -72,6 +72,20 @@ def warm(module: str) -> None:
     holds for its command) without waiting for its imports."""
     if usable([sys.executable, "-m", module]):
         _zygote(module, wait=False, hashseed=os.environ.get("PYTHONHASHSEED"))
+
+
+def end_all() -> None:
+    """End this process's zygotes (SIGKILL, waited for; their guards end their trees), before a caller leaves a
+    folder the zygotes' imports write into: a zygote still importing when its caller's run folder was removed
+    made inductor's cache folder in it again. The next launch starts a new zygote."""
+    with _LOCK:
+        mine = [k for k in _ZYGOTES if k[0] == os.getpid()]
+        zygotes = [_ZYGOTES.pop(k) for k in mine]
+    for z in zygotes:
+        z.sock.close()
+        with contextlib.suppress(Exception):
+            z.proc.kill()
+            z.proc.wait(timeout=10)
 
 
 def start(cmd: list[str], stall: Optional[float], grace: float, startup: Optional[float],
