@@ -159,6 +159,16 @@ def test_a_clean_model_passes(tmp_path):
     assert "passed" in result.report
 
 
+@pytest.mark.timeout(600)
+def test_a_model_whose_only_difference_is_batchnorm_passes_with_the_users_sync_batchnorm():
+    """``sync_batchnorm=True``, the fix the audit advises, is the user's to give (it was refused: the audit sets
+    it): the helper passes ``WithBatchNorm`` with it (on CPU as ``GlobalSyncBatchNorm``, a note says so), which
+    fails without it (test_the_api_result_is_the_clis_audit_json_and_the_helper_names_its_cause)."""
+    result = assert_ddp_matches_one_device(WithBatchNorm, Regression, sync_batchnorm=True, effect_batches=8)
+    assert result.exit_code == 0 and not [f for f in result.findings if f.factor == "batchnorm"]
+    assert any(n.startswith("sync_batchnorm=True: on CPU") for n in result.notes), result.notes
+
+
 @pytest.mark.timeout(900)
 def test_the_api_result_is_the_clis_audit_json_and_the_helper_names_its_cause(tmp_path, monkeypatch):
     from vae_ddp.cli import main_captured

@@ -786,8 +786,8 @@ def test_the_help_parser_has_every_option_of_the_parser():
 def test_the_trainer_arguments_the_audit_refuses_are_those_its_runs_set(monkeypatch):
     """Every keyword the audit's runs give ``Trainer`` (``vae_ddp.audit.run.build``, with every fix
     on) is refused as ``--trainer.NAME`` but the three it takes from the user (strategy, precision,
-    max_epochs); of the other refused ones, a fix sets one on GPUs (sync_batchnorm) and the rest
-    change which or how many steps are compared."""
+    max_epochs); the other refused ones change which or how many steps are compared. ``sync_batchnorm``
+    (the BatchNorm fix on GPUs) is the user's to give."""
     from vae_ddp.audit import run as audit_run
     from vae_ddp.audit.spec import TRAINER_SET, AuditRun
     from vae_ddp.fixes import registry
@@ -800,8 +800,39 @@ def test_the_trainer_arguments_the_audit_refuses_are_those_its_runs_set(monkeypa
     audit_run.build(run)
     set_by_runs = set(seen) - {"strategy", "precision", "max_epochs"}
     assert set_by_runs <= set(TRAINER_SET), set_by_runs - set(TRAINER_SET)
-    steps = {"num_nodes", "min_steps", "max_time", "fast_dev_run", "overfit_batches", "sync_batchnorm"}
+    steps = {"num_nodes", "min_steps", "max_time", "fast_dev_run", "overfit_batches"}
     assert set(TRAINER_SET) - set_by_runs == steps, set(TRAINER_SET) - set_by_runs
+
+
+@pytest.mark.parametrize("accelerator", ["cpu", "gpu"])
+def test_the_users_sync_batchnorm_is_kept_and_the_audits_own_fix_replaces_it(monkeypatch, accelerator):
+    """``--trainer.sync_batchnorm true`` is the user's BatchNorm fix: each DDP run has it (on CPU as the
+    ``GlobalSyncBatchNorm`` plugin, said in the run's notes; on GPUs as itself), one with the audit's own
+    BatchNorm fix has that one only (Lightning refuses both at once), a one-device run neither."""
+    from vae_ddp.audit import run as audit_run
+    from vae_ddp.audit.spec import AuditRun
+    from vae_ddp.fixes.batchnorm import GlobalSyncBatchNorm
+
+    seen = {}
+    monkeypatch.setattr(audit_run, "Trainer", lambda **kwargs: seen.update(kwargs))
+    monkeypatch.setattr(audit_run, "NOTES", [])
+    monkeypatch.chdir(ROOT)
+    base = AuditRun(model={"class_path": f"{M}.WithBatchNorm"}, data={"class_path": f"{M}.Regression"}, devices=2,
+                    global_batch_size=16, steps=1, accelerator=accelerator, trainer={"sync_batchnorm": True})
+
+    def syncs(run):
+        seen.clear()
+        audit_run.build(run)
+        plugins = [p for p in seen.get("plugins", []) if isinstance(p, GlobalSyncBatchNorm)]
+        return len(plugins) + int(seen.get("sync_batchnorm", False))
+
+    assert syncs(base) == 1 and syncs(base.replace(fixes=["batchnorm"])) == 1
+    assert syncs(base.replace(devices=1)) == 0
+    assert syncs(base.replace(trainer={})) == 0
+    if accelerator == "cpu":
+        assert any(n.startswith("sync_batchnorm=True: on CPU") for n in audit_run.NOTES)
+    else:
+        assert audit_run.NOTES == []
 
 
 def test_the_other_trainer_arguments_reach_every_run(monkeypatch):

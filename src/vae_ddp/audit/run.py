@@ -96,6 +96,8 @@ def build(run: AuditRun,
     data_cls = import_class(run.data["class_path"], run.data_file)
     model = model_cls(**run.model.get("init_args", {}))
     parts = registry.audit_parts(run)  # each fix in run.fixes, as its factor declares it
+    if run.trainer.get("sync_batchnorm") and run.devices > 1 and "batchnorm" not in run.fixes:
+        parts = parts.merge(_users_sync_batchnorm(run.accelerator))  # the audit's own fix replaces it, never adds
     data_args = dict(run.data.get("init_args", {}), batch_size=run.global_batch_size // run.devices)
     dm = data_cls(**data_args)
     callbacks: list[Callback] = [probe] if probe is not None else []  # first: θ_k before any other acts
@@ -114,6 +116,7 @@ def build(run: AuditRun,
     callbacks += heartbeat.callbacks()  # the guard's watchdog sees the run's progress
     plugins = parts.plugins + cluster_plugins()  # cluster_plugins: a forked rank (the environment vae_ddp.ranks set)
     user = dict(run.trainer)
+    user.pop("sync_batchnorm", None)  # in parts, as it can run here
     # the user's, else what a Trainer with neither max_epochs nor max_steps gives the module (the
     # audit's max_steps would make Lightning's default -1, and a schedule counted from it negative)
     max_epochs = user.pop("max_epochs", None)
@@ -129,6 +132,19 @@ def build(run: AuditRun,
         precision=precision, callbacks=callbacks,
         **({"plugins": plugins} if plugins else {}), **parts.trainer)
     return model, dm, trainer
+
+
+def _users_sync_batchnorm(accelerator: str):
+    """The user's ``sync_batchnorm=True`` in a DDP run, as it can run here (on CPU the package's equivalent, said
+    in the run's notes)."""
+    from vae_ddp.fixes.batchnorm import sync_batchnorm_parts
+
+    if accelerator != "gpu":
+        note = ("sync_batchnorm=True: on CPU the DDP runs use plugins=[GlobalSyncBatchNorm()] "
+                "(vae_ddp.fixes), the same global-batch statistics (torch's SyncBatchNorm refuses CPU tensors)")
+        if note not in NOTES:
+            NOTES.append(note)
+    return sync_batchnorm_parts(accelerator)
 
 
 #: ``self.trainer.max_epochs`` of a ``Trainer`` given neither ``max_epochs`` nor ``max_steps``

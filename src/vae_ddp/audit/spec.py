@@ -46,6 +46,9 @@ TRAINER_ARGS: dict[str, str] = {
     "gradient_clip_algorithm": "norm (default) or value",
     "deterministic": "torch's deterministic algorithms: true, false or warn",
     "detect_anomaly": "autograd's anomaly detection",
+    "sync_batchnorm": "your BatchNorm fix, kept in the DDP runs (on CPU as plugins=[GlobalSyncBatchNorm()], the same "
+                      "global-batch statistics: torch's SyncBatchNorm refuses CPU tensors); a run with the audit's own "
+                      "BatchNorm fix uses that one instead, never both",
 }
 """``Trainer`` arguments whose meaning in the audit its help states (name -> text); every other
 argument of ``Trainer`` goes through as well (``--trainer.NAME VALUE``, LightningCLI's spelling),
@@ -55,7 +58,7 @@ TRAINER_SET: dict[str, str] = {
     "accelerator": "--accelerator", "devices": "--devices", "num_nodes": "--devices, on one node",
     "max_steps": "--steps", "min_steps": "--steps", "max_time": "--steps", "fast_dev_run": "--steps",
     "overfit_batches": "the batches each step trains on", "use_distributed_sampler": "the sampler fix",
-    "sync_batchnorm": "the BatchNorm fix", "plugins": "the fixes", "callbacks": "its probes and fixes",
+    "plugins": "the fixes", "callbacks": "its probes and fixes",
     "logger": "no logger", "enable_checkpointing": "no checkpoints", "enable_progress_bar": "no progress bar",
     "enable_model_summary": "no summary", "limit_val_batches": "no validation", "num_sanity_val_steps": "no validation",
 }

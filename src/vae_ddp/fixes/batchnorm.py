@@ -27,7 +27,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from vae_ddp.fixes.factor import Audit, Factor, Finding, FixParts, Seen, Switch, world
 
-__all__ = ["GlobalBatchNorm", "GlobalSyncBatchNorm", "FACTOR", "batch_stats", "normalize"]
+__all__ = ["GlobalBatchNorm", "GlobalSyncBatchNorm", "FACTOR", "batch_stats", "normalize", "sync_batchnorm_parts"]
 
 
 def _world_size(group) -> int:
@@ -325,6 +325,14 @@ def _fix(ddp: bool, accelerator: str) -> FixParts:
     if accelerator == "gpu":
         return FixParts(trainer={"sync_batchnorm": True})  # torch.nn.SyncBatchNorm (GPU only)
     return FixParts(plugins=[GlobalSyncBatchNorm()])
+
+
+def sync_batchnorm_parts(accelerator: str) -> FixParts:
+    """What ``Trainer(sync_batchnorm=True)`` becomes in a DDP run on ``accelerator`` ("cpu" or "gpu"): itself on
+    GPUs; on CPU the plugin [`GlobalSyncBatchNorm`][vae_ddp.fixes.batchnorm.GlobalSyncBatchNorm], the same
+    global-batch statistics (Lightning converts the layers to ``torch.nn.SyncBatchNorm``, whose kernels exist for
+    CUDA only in torch 2.x, and DDP's constructor refuses it on CPU)."""
+    return _fix(True, accelerator)
 
 
 def _parts(spec, seed: int) -> FixParts:
