@@ -109,7 +109,7 @@ class RankSeededWorkers(Regression):
 
         from lightning_fabric.utilities.seed import pl_worker_init_function
 
-        rank = self.trainer.global_rank if self.trainer is not None else 0
+        rank = self.trainer.global_rank  # as a user writes it: Lightning attaches its Trainer before any hook
         return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=self.shuffle,
                           num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
                           worker_init_fn=partial(pl_worker_init_function, rank=rank))

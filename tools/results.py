@@ -486,13 +486,11 @@ if __name__ == "__main__":
     from vae_ddp import zygote
     from vae_ddp.utils import private_tmpdir
 
-    try:
-        # a TMPDIR of its own for the runs and the zygote (whose imports would make inductor's cache folder in
-        # the user's), removed however it ends; after a SIGKILL, by its reaper
-        with private_tmpdir():
-            try:
+    try:  # a TMPDIR of its own for the runs and the zygote (whose imports make inductor's cache folder), removed
+        with private_tmpdir():  # however it ends (after a SIGKILL, by its reaper), the zygote ended first: still
+            try:  # importing after an interrupt, it made inductor's folder in the removed one again
                 done = generate(Path(__file__).resolve().parents[1], sys.argv[1:])
-            finally:  # its zygote, still importing after an interrupt, made inductor's folder in the removed one
+            finally:
                 zygote.end_all()
     except ResultsError as err:
         sys.exit(f"error: {err}")

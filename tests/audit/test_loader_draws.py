@@ -159,7 +159,9 @@ def test_the_committed_truth_is_what_the_script_measures(tmp_path, truth):
 @pytest.mark.timeout(400)
 def test_workers_seeded_by_rank_pass(tmp_path, truth):
     """Lightning's pl_worker_init_function with the rank: independent draws, one device's
-    distribution; the rest of the step, with each sample's draws keyed to its index, one device's."""
+    distribution; the rest of the step, with each sample's draws keyed to its index, one device's. The
+    datamodule reads ``self.trainer.global_rank`` in ``train_dataloader()`` as a user writes it, with no guard
+    for a missing Trainer: the pre-checks attach one as Lightning does (it was refused: "yields no batch")."""
     from vae_ddp.cli import main_captured
 
     t = truth["rank_seeded"]

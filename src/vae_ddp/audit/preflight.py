@@ -26,6 +26,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Optional
 
+from vae_ddp.audit.attached import one_device_trainer
 from vae_ddp.errors import UserError
 
 __all__ = ["LightningModule", "LightningDataModule", "class_arg", "as_given", "trainer_args", "check",
@@ -285,6 +286,7 @@ def check(run, data_cls: type, model_cls: type, cost: Optional[list] = None,
     except Exception as err:  # noqa: BLE001 - the user's class: its first line
         raise UserError(f"{data_cls.__name__}(...) fails ({type(err).__name__}: {_first(err)}): check --data's "
                         "init args") from None
+    dm.trainer = one_device_trainer()  # as Lightning attaches its own before any hook (self.trainer.global_rank)
     try:
         dm.prepare_data()
         dm.setup("fit")
@@ -413,14 +415,9 @@ def _with_a_trainer(run, model_cls: type, model, dm, batches: list, batch, dtype
     so that a loss that couples the samples is still found (a flag the DDP runs then clear for a loss
     that gathers over the global batch). A step that needs more of a fit (its optimizers, a datamodule)
     skips the checks with a note: the DDP runs compare it."""
-    from pytorch_lightning import Trainer
-
     from vae_ddp.fixes.factor import cast_batch as _cast
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model.trainer = Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                                enable_progress_bar=False, enable_model_summary=False)
+    model.trainer = one_device_trainer()
     model.log = model.log_dict = lambda *args, **kwargs: None
     gathers = _count_gathers(model)
     try:

@@ -1,0 +1,38 @@
+"""A one-device ``Trainer`` for the user's datamodule and module while the audit's pre-checks call their hooks.
+
+Lightning attaches its ``Trainer`` before it calls any hook of either (``trainer.fit`` sets
+``datamodule.trainer`` and ``model.trainer``, Lightning 2.x), so a ``train_dataloader()`` that reads
+``self.trainer.global_rank`` (to seed its workers by rank, as the audit advises) is a user's everyday code,
+not bad input. The pre-checks run in one process: the Trainer is a one-device, CPU one (``global_rank`` 0,
+``world_size`` 1), its logging silenced.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Any
+
+__all__ = ["one_device_trainer", "LOGGERS"]
+
+#: Lightning's loggers, whose lines about the devices a ``Trainer`` finds are the pre-checks', not the user's.
+LOGGERS = ("pytorch_lightning", "lightning_fabric", "lightning.pytorch")
+
+
+def one_device_trainer() -> Any:
+    """A ``pytorch_lightning.Trainer`` on one CPU (no logger, checkpoints, progress bar or summary), built with
+    Lightning's chatter (its device lines, its warnings) silenced."""
+    from pytorch_lightning import Trainer
+
+    loggers = [logging.getLogger(n) for n in LOGGERS]
+    levels = [lg.level for lg in loggers]
+    try:
+        for lg in loggers:
+            lg.setLevel(logging.ERROR)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                           enable_progress_bar=False, enable_model_summary=False)
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
