@@ -418,7 +418,7 @@ def test_augmentation_with_workers(tmp_path):
      "--trainer.precision '16' is not one the audit compares: give one of 64-true, 32-true, bf16-mixed, 16-mixed"),
     (["--model", f"{M}.Plain", "--trainer.max_steps", "5"], "--trainer.max_steps: the audit sets it (--steps); the "
                                                            "audit accepts --trainer.strategy, --trainer.precision"),
-    (["--model", f"{M}.Plain", "--trainer.devices", "4"], "--trainer.devices: the audit sets it (--devices)"),
+    (["--model", f"{M}.Plain", "--trainer.num_nodes", "2"], "--trainer.num_nodes: the audit sets it (--devices, on"),
     (["--model", f"{M}.Plain", "--trainer.callbacks", "[]"], "--trainer.callbacks: the audit sets it"),
     (["--model", f"{M}.Plain", "--trainer.max_stepz", "5"], "--trainer.max_stepz: Trainer takes no such argument"),
     (["--model", f"{M}.Plain", "--trainer.limit_train_batches", "x"], "--trainer.limit_train_batches: expected"),
@@ -786,10 +786,11 @@ def test_the_help_parser_has_every_option_of_the_parser():
 def test_the_trainer_arguments_the_audit_refuses_are_those_its_runs_set(monkeypatch):
     """Every keyword the audit's runs give ``Trainer`` (``vae_ddp.audit.run.build``, with every fix
     on) is refused as ``--trainer.NAME`` but the three it takes from the user (strategy, precision,
-    max_epochs); the other refused ones change which or how many steps are compared. ``sync_batchnorm``
+    max_epochs) and those that do not change the comparison (``TRAINER_OVERRIDDEN``: accepted, replaced, noted);
+    the other refused ones change which or how many steps are compared. ``sync_batchnorm``
     (the BatchNorm fix on GPUs) is the user's to give."""
     from vae_ddp.audit import run as audit_run
-    from vae_ddp.audit.spec import TRAINER_SET, AuditRun
+    from vae_ddp.audit.spec import TRAINER_OVERRIDDEN, TRAINER_SET, AuditRun
     from vae_ddp.fixes import registry
 
     seen = {}
@@ -798,7 +799,8 @@ def test_the_trainer_arguments_the_audit_refuses_are_those_its_runs_set(monkeypa
     run = AuditRun(model={"class_path": f"{M}.Plain"}, data={"class_path": f"{M}.Regression"}, devices=2,
                    global_batch_size=16, steps=1, fixes=list(registry.audit_fixable()))
     audit_run.build(run)
-    set_by_runs = set(seen) - {"strategy", "precision", "max_epochs"}
+    set_by_runs = set(seen) - {"strategy", "precision", "max_epochs", *TRAINER_OVERRIDDEN}
+    assert set(TRAINER_OVERRIDDEN) <= set(seen) and not set(TRAINER_OVERRIDDEN) & set(TRAINER_SET)
     assert set_by_runs <= set(TRAINER_SET), set_by_runs - set(TRAINER_SET)
     steps = {"num_nodes", "min_steps", "max_time", "fast_dev_run", "overfit_batches"}
     assert set(TRAINER_SET) - set_by_runs == steps, set(TRAINER_SET) - set_by_runs
@@ -833,6 +835,31 @@ def test_the_users_sync_batchnorm_is_kept_and_the_audits_own_fix_replaces_it(mon
         assert any(n.startswith("sync_batchnorm=True: on CPU") for n in audit_run.NOTES)
     else:
         assert audit_run.NOTES == []
+
+
+def test_a_lightning_cli_configs_trainer_settings_are_accepted_and_noted(monkeypatch, tmp_path):
+    """A project's LightningCLI config as it is: ``trainer.accelerator``, ``devices``, ``sync_batchnorm``,
+    ``logger: false``, ``enable_checkpointing: false`` (each refused before, one try each) are accepted; those the
+    audit replaces are named in the notes where they differ from its own (``devices: 4`` against 2 ranks)."""
+    from vae_ddp.audit import preflight
+    from vae_ddp.audit import run as audit_run
+    from vae_ddp.audit.cli import build_parser
+
+    config = tmp_path / "fit.yaml"
+    config.write_text("trainer:\n  accelerator: cpu\n  devices: 4\n  sync_batchnorm: true\n  logger: false\n"
+                      "  enable_checkpointing: false\n  enable_progress_bar: true\n"
+                      f"model:\n  class_path: {M}.WithBatchNorm\ndata:\n  class_path: {M}.Regression\n")
+    monkeypatch.chdir(ROOT)
+    run, _, _ = preflight.audit_run(build_parser().parse_args(["--config", str(config)]).as_dict())
+    assert run.trainer == {"accelerator": "cpu", "devices": 4, "sync_batchnorm": True, "logger": False,
+                           "enable_checkpointing": False, "enable_progress_bar": True}, run.trainer
+    seen = {}
+    monkeypatch.setattr(audit_run, "Trainer", lambda **kwargs: seen.update(kwargs))
+    monkeypatch.setattr(audit_run, "NOTES", [])
+    audit_run.build(run)
+    assert seen["devices"] == 2 and seen["logger"] is False and seen["enable_progress_bar"] is False
+    assert [n.partition(":")[0] for n in audit_run.NOTES] == [
+        "sync_batchnorm=True", "trainer.devices=4", "trainer.enable_progress_bar=True"], audit_run.NOTES
 
 
 def test_the_other_trainer_arguments_reach_every_run(monkeypatch):

@@ -147,7 +147,7 @@ def trainer_args(given: Optional[dict]) -> dict:
     from jsonargparse import ArgumentParser
     from pytorch_lightning import Trainer
 
-    from vae_ddp.audit.spec import DDP_STRATEGIES, TRAINER_SET
+    from vae_ddp.audit.spec import DDP_STRATEGIES, TRAINER_OVERRIDDEN, TRAINER_SET
     from vae_ddp.errors import one_line
 
     given, params = dict(given or {}), inspect.signature(Trainer).parameters
@@ -158,7 +158,8 @@ def trainer_args(given: Optional[dict]) -> dict:
                             f"--trainer.{key.replace('-', '_')}")
         if key not in accepted:
             why = f"the audit sets it ({TRAINER_SET[key]})" if key in TRAINER_SET else "Trainer takes no such argument"
-            raise UserError(f"--trainer.{key}: {why}; the audit accepts --trainer.{', --trainer.'.join(accepted)}")
+            used = [k for k in accepted if k not in TRAINER_OVERRIDDEN]  # those it replaces change nothing
+            raise UserError(f"--trainer.{key}: {why}; the audit accepts --trainer.{', --trainer.'.join(used)}")
     if str(given.get("strategy") or "ddp") not in DDP_STRATEGIES:
         raise UserError(f"--trainer.strategy {given['strategy']!r} is not a DDP strategy the audit launches: give one "
                         f"of {', '.join(DDP_STRATEGIES)}")
@@ -174,7 +175,7 @@ def trainer_args(given: Optional[dict]) -> dict:
     args = {k: v for k, v in given.items() if v is not None and v != params[k].default}
     if args.get("accumulate_grad_batches", 1) < 1:  # Lightning takes 0 and fails at the first step
         raise UserError(f"--trainer.accumulate_grad_batches must be at least 1, got {args['accumulate_grad_batches']}")
-    rest = {k: v for k, v in args.items() if k not in {"strategy", "precision"}}
+    rest = {k: v for k, v in args.items() if k not in {"strategy", "precision", *TRAINER_OVERRIDDEN}}
     loggers = [logging.getLogger(n) for n in ("pytorch_lightning", "lightning_fabric", "lightning.pytorch")]
     levels = [lg.level for lg in loggers]
     deterministic = torch.are_deterministic_algorithms_enabled()  # Trainer(deterministic=True) sets it

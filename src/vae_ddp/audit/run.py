@@ -43,8 +43,8 @@ from vae_ddp.audit import localise
 from vae_ddp.audit.callback import DDPAudit
 from vae_ddp.audit.draws import KeyedTorchDraws, NoAttentionDropout
 from vae_ddp.audit.loader_draws import keyed_items, measure
-from vae_ddp.audit.spec import (DECIDING, LEFT, ONE_DEVICE, SEEN_FILE, AuditRun, failed_marker, import_class,
-                              same_runs, seen_in, trained)
+from vae_ddp.audit.spec import (DECIDING, LEFT, ONE_DEVICE, SEEN_FILE, TRAINER_OVERRIDDEN, AuditRun, failed_marker,
+                              import_class, same_runs, seen_in, trained)
 from vae_ddp import heartbeat
 from vae_ddp.fixes import registry
 from vae_ddp.beats import beat
@@ -117,6 +117,7 @@ def build(run: AuditRun,
     plugins = parts.plugins + cluster_plugins()  # cluster_plugins: a forked rank (the environment vae_ddp.ranks set)
     user = dict(run.trainer)
     user.pop("sync_batchnorm", None)  # in parts, as it can run here
+    _override(user, run)
     # the user's, else what a Trainer with neither max_epochs nor max_steps gives the module (the
     # audit's max_steps would make Lightning's default -1, and a schedule counted from it negative)
     max_epochs = user.pop("max_epochs", None)
@@ -132,6 +133,19 @@ def build(run: AuditRun,
         precision=precision, callbacks=callbacks,
         **({"plugins": plugins} if plugins else {}), **parts.trainer)
     return model, dm, trainer
+
+
+def _override(user: dict, run: AuditRun) -> None:
+    """Remove from ``user`` (the user's Trainer arguments) those the audit replaces (``TRAINER_OVERRIDDEN``), each
+    whose value differs from the run's named in the notes (devices: in a DDP run)."""
+    ours = {"accelerator": run.accelerator, "devices": run.devices, "logger": False, "enable_checkpointing": False,
+            "enable_progress_bar": False, "enable_model_summary": False}
+    for key, what in TRAINER_OVERRIDDEN.items():
+        if key in user and (value := user.pop(key)) != ours[key] and (key != "devices" or run.devices > 1) \
+                and str(value) != str(ours[key]):
+            note = f"trainer.{key}={value!r}: the audit's runs use {key}={ours[key]!r} ({what})"
+            if note not in NOTES:
+                NOTES.append(note)
 
 
 def _users_sync_batchnorm(accelerator: str):

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 __all__ = ["AuditRun", "DEFAULT_STEPS", "import_class", "resolve_class_arg", "failed_marker", "TRAINER_ARGS",
-           "TRAINER_SET", "DDP_STRATEGIES", "DECIDING", "DRAWS_LEFT", "HAS_BUFFERS", "LEFT", "ONE_DEVICE", "SEEN_FILE",
-           "seen_in", "trained", "same_runs"]
+           "TRAINER_SET", "TRAINER_OVERRIDDEN", "DDP_STRATEGIES", "DECIDING", "DRAWS_LEFT", "HAS_BUFFERS", "LEFT",
+           "ONE_DEVICE", "SEEN_FILE", "seen_in", "trained", "same_runs"]
 
 #: Optimizer steps per run where the caller names none: the command (``--steps``), the Python API and the pytest
 #: helper alike.
@@ -55,15 +55,23 @@ argument of ``Trainer`` goes through as well (``--trainer.NAME VALUE``, Lightnin
 except those of ``TRAINER_SET``."""
 
 TRAINER_SET: dict[str, str] = {
-    "accelerator": "--accelerator", "devices": "--devices", "num_nodes": "--devices, on one node",
+    "num_nodes": "--devices, on one node",
     "max_steps": "--steps", "min_steps": "--steps", "max_time": "--steps", "fast_dev_run": "--steps",
     "overfit_batches": "the batches each step trains on", "use_distributed_sampler": "the sampler fix",
     "plugins": "the fixes", "callbacks": "its probes and fixes",
-    "logger": "no logger", "enable_checkpointing": "no checkpoints", "enable_progress_bar": "no progress bar",
-    "enable_model_summary": "no summary", "limit_val_batches": "no validation", "num_sanity_val_steps": "no validation",
+    "limit_val_batches": "no validation", "num_sanity_val_steps": "no validation",
 }
-"""``Trainer`` arguments the audit sets itself in every run (``vae_ddp.audit.run.build``), each
-with what sets it: refused as ``--trainer.NAME``."""
+"""``Trainer`` arguments the audit sets itself in every run (``vae_ddp.audit.run.build``) that change which steps
+are compared, each with what sets it: refused as ``--trainer.NAME``."""
+
+TRAINER_OVERRIDDEN: dict[str, str] = {
+    "accelerator": "--accelerator", "devices": "--devices and one device", "logger": "no logger",
+    "enable_checkpointing": "no checkpoints", "enable_progress_bar": "no progress bar",
+    "enable_model_summary": "no summary",
+}
+"""``Trainer`` arguments that do not change what the audit compares: accepted (a project's LightningCLI config as
+it is), replaced in every run by what the audit uses (name -> what that is), and named in the report's notes where
+the user's value differs."""
 
 
 def _module_name(path: Path) -> str:
