@@ -167,12 +167,26 @@ def test_threads_share_the_run_folder_and_the_last_removes_it(tmp_path, monkeypa
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_zygote_still_importing_does_not_make_the_removed_folder_again(tmp_path):
-    """A caller that leaves its run folder while its zygote still imports (the docs runner interrupted at once)
-    ends the zygote first (``zygote.end_all``): the zygote's imports wrote into ``TMPDIR`` (inductor's cache
-    folder) after the folder had been removed, and made it again. Here the module the zygote imports writes
-    into ``TMPDIR`` once the caller has left the folder; the zygote is gone and the folder stays removed (a zygote
-    left alive is given 30 s to write)."""
+_LEAVES = {  # how a caller leaves its run folder: the docs runner's end_all, or the command's main
+    "end_all": ("with private_tmpdir() as p:\n"
+                "    z = zygote._zygote('slow_import', wait=False)\n"
+                "    print(p, z.proc.pid, flush=True)\n"
+                "    zygote.end_all()\n"),
+    "vae-ddp main": ("from vae_ddp import cli\nZ = []\n"
+                     "def started(argv):  # the command's work: a zygote still importing when it ends\n"
+                     "    Z.append(zygote._zygote('slow_import', wait=False))\n"
+                     "    print(os.environ['TMPDIR'], Z[0].proc.pid, flush=True)\n    return 0\n"
+                     "cli._main = started\nassert cli.main([]) == 0\nz = Z[0]\n"),
+}
+
+
+@pytest.mark.parametrize("leave", list(_LEAVES))
+def test_a_zygote_still_importing_does_not_make_the_removed_folder_again(tmp_path, leave):
+    """A caller that leaves its run folder while its zygote still imports (the docs runner or ``vae-ddp audit``
+    interrupted at once) ends the zygote first (``zygote.end_all``): the zygote's imports wrote into ``TMPDIR``
+    (inductor's cache folder) after the folder had been removed, and made it again. Here the module the zygote
+    imports writes into ``TMPDIR`` once the caller has left the folder; the zygote is gone and the folder stays
+    removed (a zygote left alive is given 30 s to write)."""
     import os
     import subprocess
     import sys
@@ -185,10 +199,7 @@ def test_a_zygote_still_importing_does_not_make_the_removed_folder_again(tmp_pat
         "pathlib.Path(left.parent, 'wrote').touch()\n")
     (tmp_path / "tmp").mkdir()
     script = ("import os, pathlib, time\nfrom vae_ddp import zygote\nfrom vae_ddp.utils import private_tmpdir\n"
-              "with private_tmpdir() as p:\n"
-              "    z = zygote._zygote('slow_import', wait=False)\n"
-              "    print(p, z.proc.pid, flush=True)\n"
-              "    zygote.end_all()\n"
+              + _LEAVES[leave] +
               "pathlib.Path(os.environ['T59_LEFT']).touch()\n"
               "t, wrote = time.monotonic(), pathlib.Path(os.environ['T59_LEFT']).with_name('wrote')\n"
               "while z.proc.poll() is None and not wrote.exists() and time.monotonic() - t < 30:\n"
@@ -199,5 +210,6 @@ def test_a_zygote_still_importing_does_not_make_the_removed_folder_again(tmp_pat
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 0, done.stderr
     folder, pid = done.stdout.split()
+    assert Path(folder).parent == tmp_path / "tmp"
     assert not Path(folder).exists(), sorted(p.name for p in Path(folder).rglob("*"))
-    assert not Path(f"/proc/{pid}").exists(), "the zygote outlived end_all"
+    assert not Path(f"/proc/{pid}").exists(), "the zygote outlived its caller's folder"

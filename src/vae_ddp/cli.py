@@ -100,7 +100,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         from vae_ddp.utils import private_tmpdir
 
         with _sigterm_says_terminated(), private_tmpdir(tuple(_MADE)):  # nothing left in TMPDIR, however it ends
-            return _main(argv)
+            try:
+                return _main(argv)
+            finally:  # a zygote still importing (a SIGTERM at once) made inductor's folder in the removed TMPDIR
+                if "vae_ddp.zygote" in sys.modules:
+                    sys.modules["vae_ddp.zygote"].end_all()
     except Terminated:
         print("vae-ddp: terminated", file=sys.stderr, flush=True)
         return 143
