@@ -213,3 +213,39 @@ def test_a_zygote_still_importing_does_not_make_the_removed_folder_again(tmp_pat
     assert Path(folder).parent == tmp_path / "tmp"
     assert not Path(folder).exists(), sorted(p.name for p in Path(folder).rglob("*"))
     assert not Path(f"/proc/{pid}").exists(), "the zygote outlived its caller's folder"
+
+
+@pytest.mark.timeout(180)
+def test_a_sigkill_while_the_command_imports_leaves_nothing(tmp_path):
+    """``vae-ddp audit`` SIGKILLed while it imports torch and Lightning, once the imports made inductor's cache
+    folder: the imports run inside the command's run folder, which its reaper removes (the folder was made in
+    TMPDIR itself, and a SIGKILL before the command's end left it there: the 30 kills, seed 29)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    env["TMPDIR"] = str(tmp)
+    vae_ddp = Path(sys.executable).with_name("vae-ddp")
+    top = subprocess.Popen([str(vae_ddp), "audit", "--model", "examples/audit_models.py:Plain", "--data",
+                            "examples/audit_models.py:Regression", "--out", str(tmp_path / "out")],
+                           cwd=Path(__file__).resolve().parents[1], env=env, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    try:
+        t = time.monotonic()
+        while not list(tmp.rglob("torchinductor*")) and top.poll() is None and time.monotonic() - t < 120:
+            time.sleep(0.02)
+        made = [str(p.relative_to(tmp)) for p in tmp.rglob("torchinductor*")]
+        assert made, "the imports made no inductor folder"
+        os.kill(top.pid, signal.SIGKILL)
+    finally:
+        top.kill()
+        top.wait(timeout=30)
+    t = time.monotonic()
+    while list(tmp.iterdir()) and time.monotonic() - t < 30:
+        time.sleep(0.05)
+    assert list(tmp.iterdir()) == [], (made, sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*")))

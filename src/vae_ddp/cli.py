@@ -162,7 +162,7 @@ def _import_or_end_at_ctrl_c(argv: list[str]) -> None:
     the process at once: one line, exit code 130. A KeyboardInterrupt raised inside these imports can be
     lost in them and leave a module half-initialised: numpy's, whose ``__getattr__`` then recursed
     until a RecursionError with a traceback and exit code 1 (2 runs of 25, Ctrl-C 0.9-1.0 s after the
-    start, measured). Nothing needs cleaning yet: no folder, no process is made before these imports.
+    start, measured). Nothing needs cleaning but the run folder, which its reaper removes.
     A SIGINT ignored by whoever started the command stays ignored; a ``-h`` or ``--help`` imports none of them
     (``vae-ddp audit -h`` answers without torch)."""
     import signal
@@ -237,16 +237,19 @@ def entry() -> None:
     by re-raising SIGINT at exit; exit status -2 in about 4 runs of 10 with Ctrl-C 1 to 3 s after the start,
     measured, although ``main`` caught it and returned 130) and when the user's code left a thread running
     (``_leave``: the command only borrows the model and the data; the Python API and the
-    pytest helper leave the caller's threads alone). The empty cache folder of torch inductor that importing
-    Lightning makes in TMPDIR is removed at the end, if it did not exist before
-    ([`inductor_folder_to_remove`][vae_ddp.utils.inductor_folder_to_remove]). Raises ``SystemExit`` (that is
-    how it ends)."""
+    pytest helper leave the caller's threads alone). The imports run in the command's own ``TMPDIR``
+    ([`private_tmpdir`][vae_ddp.utils.private_tmpdir]), so the cache folder of torch inductor they make goes
+    with it, also after a SIGKILL during them. Raises ``SystemExit`` (that is how it ends)."""
     _end_at_sigterm()
-    from vae_ddp.utils import inductor_folder_to_remove
+    from vae_ddp.utils import inductor_folder_to_remove, private_tmpdir
 
-    _MADE[:] = filter(None, [inductor_folder_to_remove()])  # importing Lightning makes it: removed if empty
-    _import_or_end_at_ctrl_c(sys.argv[1:])
-    _leave(main())
+    # the imports inside the run folder (main's, shared), so that inductor's folder they make is made in it and a
+    # SIGKILL during them leaves nothing (the folder's reaper): made in TMPDIR before, it stayed there
+    with private_tmpdir():
+        _MADE[:] = filter(None, [inductor_folder_to_remove()])  # (None but where the folder cannot be made)
+        _import_or_end_at_ctrl_c(sys.argv[1:])
+        code = main()
+    _leave(code)
 
 
 if __name__ == "__main__":
