@@ -14,7 +14,13 @@ never selects a matplotlib backend, sets a warnings filter or seeds a generator 
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any
+
+if os.environ.get("VAE_DDP_LIGHTNING"):  # an audit's run of a module built on lightning.pytorch
+    from vae_ddp.lightning_package import install as _install
+
+    _install()
 
 __version__ = "0.1.0"
 

@@ -40,7 +40,7 @@ from vae_ddp.utils import run_lock
 
 __all__ = ["warm", "start", "usable", "end_all"]
 
-_ZYGOTES: dict[tuple[int, str, Optional[str]], "_Zygote"] = {}
+_ZYGOTES: dict[tuple[int, str, tuple], "_Zygote"] = {}
 _LOCK = threading.Lock()
 #: the seconds a zygote may take to import its module before the launch starts an interpreter instead
 _READY_S = 600.0
@@ -67,11 +67,12 @@ def _module(cmd: list[str], preload: tuple[str, ...] = ()) -> str:
     return cmd[3].partition(":")[0] if cmd[2] == "vae_ddp.harness" and len(cmd) > 3 else cmd[2]
 
 
-def warm(module: str) -> None:
+def warm(module: str, env: Optional[dict] = None) -> None:
     """Start this process's zygote of ``module`` (if none runs and [`usable`][vae_ddp.zygote.usable]
-    holds for its command) without waiting for its imports."""
+    holds for its command) without waiting for its imports; ``env``: entries the launches it serves add to this
+    process's environment (those read at an interpreter's start, ``AT_START``, choose the zygote)."""
     if usable([sys.executable, "-m", module]):
-        _zygote(module, wait=False, hashseed=os.environ.get("PYTHONHASHSEED"))
+        _zygote(module, wait=False, at_start=_at_start(dict(os.environ, **(env or {}))))
 
 
 def end_all() -> None:
@@ -95,11 +96,11 @@ def start(cmd: list[str], stall: Optional[float], grace: float, startup: Optiona
     (``preload``: of these modules instead), run in ``cwd`` (default: this process's) with ``env``:
     what [`guard.run_all`][vae_ddp.guard.run_all] waits for (``pid``, ``wait``, ``terminate``,
     ``kill``, ``returncode``, as a ``psutil.Process``). ``stdout``, ``stderr``: None (this process's),
-    ``subprocess.DEVNULL``, a descriptor or a file. The zygote starts with ``env``'s
-    ``PYTHONHASHSEED`` (read only at an interpreter's start). None when no zygote could start or
+    ``subprocess.DEVNULL``, a descriptor or a file. The zygote starts with ``env``'s entries of ``AT_START``
+    (read only at an interpreter's start). None when no zygote could start or
     import the module (the caller then starts an interpreter, which reports the error)."""
     env = dict(os.environ if env is None else env)
-    z = _zygote(_module(cmd, preload), wait=True, hashseed=env.get("PYTHONHASHSEED"))
+    z = _zygote(_module(cmd, preload), wait=True, at_start=_at_start(env))
     if z is None:
         return None
     request = {"cmd": list(map(str, cmd)), "env": env, "cwd": os.path.abspath(cwd or os.getcwd()),
@@ -173,7 +174,7 @@ class Launched:
 
 
 class _Zygote:
-    def __init__(self, module: str, hashseed: Optional[str]) -> None:
+    def __init__(self, module: str, at_start: tuple) -> None:
         import psutil
 
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -184,7 +185,7 @@ class _Zygote:
             self.proc = psutil.Popen([sys.executable, "-m", "vae_ddp.guard", "--zygote", module,
                                       str(theirs.fileno()), str(os.getpid())], pass_fds=[theirs.fileno()],
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     env=_with_hashseed(hashseed))
+                                     env=_with(at_start))
 
     def wait_ready(self) -> bool:
         if self.ready is None:
@@ -195,18 +196,27 @@ class _Zygote:
         return self.ready
 
 
-def _with_hashseed(hashseed: Optional[str]) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
-    return env if hashseed is None else dict(env, PYTHONHASHSEED=hashseed)
+#: The environment variables an interpreter reads at its start only: a zygote's are those of the launches it serves
+#: (``PYTHONHASHSEED``; ``VAE_DDP_LIGHTNING``, the Lightning package ``vae_ddp`` aliases at its import).
+AT_START = ("PYTHONHASHSEED", "VAE_DDP_LIGHTNING")
 
 
-def _zygote(module: str, wait: bool, hashseed: Optional[str] = None) -> Optional[_Zygote]:
-    key = (os.getpid(), module, hashseed)  # a fork of this process starts its own
+def _at_start(env: dict) -> tuple:
+    return tuple((k, env.get(k)) for k in AT_START)
+
+
+def _with(at_start: tuple) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in AT_START}
+    return dict(env, **{k: v for k, v in at_start if v is not None})
+
+
+def _zygote(module: str, wait: bool, at_start: tuple = ()) -> Optional[_Zygote]:
+    key = (os.getpid(), module, at_start)  # a fork of this process starts its own
     with _LOCK:
         z = _ZYGOTES.get(key)
         if z is None or z.proc.poll() is not None:
             try:
-                z = _ZYGOTES[key] = _Zygote(module, hashseed)
+                z = _ZYGOTES[key] = _Zygote(module, at_start)
             except OSError:
                 return None
     if wait:

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional, Union
 
 from vae_ddp import zygote
+from vae_ddp.lightning_package import env_for, of
 from vae_ddp.audit.engine import run_config
 from vae_ddp.audit.spec import DEFAULT_STEPS
 from vae_ddp.errors import RunFailed, UserError
@@ -285,8 +286,9 @@ def audit(model: Classish, datamodule: Classish, *, model_args: Optional[dict] =
                  "trainer": dict(trainer_args) or None}
         cfg = _parse(given)
         temporary = out is None
-        if accelerator == "cpu":  # started outside the call's TMPDIR: it serves this process's later calls too, and
-            zygote.warm("vae_ddp.audit.run")  # its imports, which make inductor's folder, may outlast the call
+        if accelerator == "cpu":  # outside the call's TMPDIR: it serves this process's later calls too, and its
+            # imports, which make inductor's folder, may outlast the call; the Lightning package of the user's module
+            zygote.warm("vae_ddp.audit.run", env_for(of(model if isinstance(model, type) else type(model))))
         # a TMPDIR of the call's own, removed however the call or its caller ends (a SIGKILL too: its reaper),
         # and with it the temporary output folder made in it
         with private_tmpdir():
@@ -341,26 +343,23 @@ _BASE = {"model": ("pytorch_lightning.core.module.LightningModule", "model", "mo
                   "LightningDataModule")}
 
 
-def _is_sub(cls: type, base: str) -> bool:
-    return any(f"{k.__module__}.{k.__qualname__}" == base for k in cls.__mro__)
-
-
 def _class_cfg(key: str, obj: Any, args: Optional[dict]) -> dict:
     """``{"class_path", "init_args"}`` of ``obj`` (a class and ``args``, or an instance), the class path
     one the runs import ([`class_arg`][vae_ddp.audit.preflight.class_arg]: a file's registered)."""
     __tracebackhide__ = True
     from vae_ddp.audit import preflight
+    from vae_ddp.lightning_package import is_a  # pytorch_lightning's base or lightning.pytorch's
 
     base, name, args_name, base_name = _BASE[key]
     if args is not None and not isinstance(args, dict):
         raise TypeError(f"{args_name} must be a dict of {name}'s __init__ arguments, got {type(args).__name__}")
     if isinstance(obj, type):
-        if not _is_sub(obj, base):
+        if not is_a(obj, base):
             raise TypeError(f"{name}={obj.__qualname__} is not a {base_name} subclass: give your {base_name} "
                             "class (its __init__ arguments in " + args_name + ") or an instance")
         cls, init_args = obj, dict(args or {})
         _check_init_args(cls, init_args, args_name)
-    elif _is_sub(type(obj), base):
+    elif is_a(type(obj), base):
         if args:
             raise TypeError(f"{args_name} is for a class; {name} is an instance, built with its own arguments: give "
                             f"the class and {args_name}, or the instance alone")

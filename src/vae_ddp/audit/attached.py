@@ -19,10 +19,13 @@ __all__ = ["one_device_trainer", "LOGGERS"]
 LOGGERS = ("pytorch_lightning", "lightning_fabric", "lightning.pytorch")
 
 
-def one_device_trainer() -> Any:
-    """A ``pytorch_lightning.Trainer`` on one CPU (no logger, checkpoints, progress bar or summary), built with
+def one_device_trainer(package: str = "pytorch_lightning") -> Any:
+    """A ``Trainer`` of ``package`` (``pytorch_lightning`` or ``lightning``: ``lightning.pytorch``, the package the
+    user's classes are built on) on one CPU (no logger, checkpoints, progress bar or summary), built with
     Lightning's chatter (its device lines, its warnings) silenced."""
-    from pytorch_lightning import Trainer
+    import importlib
+
+    Trainer = importlib.import_module("lightning.pytorch" if package == "lightning" else "pytorch_lightning").Trainer
 
     loggers = [logging.getLogger(n) for n in LOGGERS]
     levels = [lg.level for lg in loggers]

@@ -30,12 +30,13 @@ def run_config(cfg: Any, out: Path, command: str, progress: bool = True, cwd: Op
     from vae_ddp import zygote
     from vae_ddp.audit import preflight
     from vae_ddp.audit.study import audit as study_audit
+    from vae_ddp.lightning_package import env_for
     from vae_ddp.utils import out_folder_lock
 
     cwd = cwd or os.getcwd()
     run, model_cls, data_cls = preflight.audit_run(cfg.as_dict() if hasattr(cfg, "as_dict") else cfg)
     if run.accelerator == "cpu":  # the runs' process imports torch and Lightning beside the checks below
-        zygote.warm("vae_ddp.audit.run")
+        zygote.warm("vae_ddp.audit.run", env_for(run.lightning))
     cost: list[str] = []
     sizes: dict[str, int] = {}
     with contextlib.redirect_stdout(io.StringIO()):  # the checks call training_step dozens of times: not shown

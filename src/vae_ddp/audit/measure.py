@@ -12,6 +12,7 @@ import torch
 from vae_ddp.audit.plan import Plan
 from vae_ddp.audit.spec import ONE_DEVICE
 from vae_ddp.harness.launch import Job, RunFailed, launch
+from vae_ddp.lightning_package import env_for
 from vae_ddp.probes import per_step_differences
 
 __all__ = ["Measured", "measure"]
@@ -84,7 +85,7 @@ def measure(plan: Plan, runs_dir: Path) -> Measured:
     # the caller silenced this process's output (the API without progress redirects sys.stdout)
     launched = launch(Job({ONE_DEVICE: plan.one_device, "ddp": plan.ddp}, together=True), runs_dir,
                       quiet=sys.stdout is not sys.__stdout__,
-                      train="vae_ddp.audit.run:train_runs")
+                      train="vae_ddp.audit.run:train_runs", extra_env=env_for(plan.ddp[0].lightning))
     # the runs trained, in the order they trained: the plan's, but those whose factor was not seen exposed
     # (AuditRun.if_seen), with the check of the sync_grads advice where a gather was seen (localise.SYNC_GRADS);
     # a run the same as another (``same_as``) reads that run's files

@@ -28,6 +28,7 @@ from typing import Any, Optional
 
 from vae_ddp.audit.attached import one_device_trainer
 from vae_ddp.errors import UserError
+from vae_ddp.lightning_package import is_a, one_package
 
 __all__ = ["LightningModule", "LightningDataModule", "class_arg", "as_given", "trainer_args", "check",
            "writable", "STATIC_BATCHES", "PRECISIONS"]
@@ -39,7 +40,8 @@ STATIC_BATCHES = 4
 #: (float64 for 64-true, else float32), overriding --dtype.
 PRECISIONS = ("64-true", "32-true", "bf16-mixed", "16-mixed")
 
-#: Lightning's base class of each class flag (checked by name: no import of Lightning to build the parser).
+#: Lightning's base class of each class flag (checked by name: no import of Lightning to build the parser), as
+#: ``pytorch_lightning`` names it; ``lightning.pytorch``'s is accepted alike (``is_a``).
 BASES = {"model": "pytorch_lightning.core.module.LightningModule",
          "data": "pytorch_lightning.core.datamodule.LightningDataModule"}
 
@@ -57,8 +59,7 @@ class _ByName(abc.ABC):
 
     @classmethod
     def __subclasshook__(cls, other: type) -> Any:
-        return (any(f"{k.__module__}.{k.__qualname__}" == cls.BASE for k in getattr(other, "__mro__", ()))
-                or NotImplemented)
+        return is_a(other, cls.BASE) or NotImplemented
 
 
 class LightningModule(_ByName):
@@ -127,9 +128,9 @@ def class_arg(key: str, value: str) -> str:
         raise UserError(f"{flag} {value} does not import ({where} defines no {name}): give "
                         "package.module.Class or path/to/file.py:Class")
     cls, base = getattr(mod, name, None), BASES[key.split(".")[0]]
-    if not (isinstance(cls, type) and any(f"{k.__module__}.{k.__qualname__}" == base for k in cls.__mro__)):
-        raise UserError(f"{flag} {value} is not a {base.rpartition('.')[2]} subclass: give "
-                        "package.module.Class or path/to/file.py:Class")
+    if not is_a(cls, base):
+        raise UserError(f"{flag} {value} is not a {base.rpartition('.')[2]} subclass (of pytorch_lightning or "
+                        "lightning.pytorch): give package.module.Class or path/to/file.py:Class")
     return path
 
 
@@ -213,12 +214,13 @@ def audit_run(cfg: dict) -> tuple[Any, type, type]:
         default = inspect.signature(data_cls).parameters.get("batch_size")
         gbs = None if default is None or default.default is inspect.Parameter.empty else default.default
     trainer = trainer_args(cfg.get("trainer"))
+    package = one_package(model_cls, data_cls)
     precision = trainer.get("precision")
     dtype = cfg["dtype"] if precision is None else "float64" if str(precision) == "64-true" else "float32"
     run = AuditRun(model=classes["model"], data=classes["data"], model_file=_FILES.get(classes["model"]["class_path"]),
                    data_file=_FILES.get(classes["data"]["class_path"]), devices=cfg["devices"],
                    global_batch_size=int(gbs or 0), steps=cfg["steps"], dtype=dtype, accelerator=cfg["accelerator"],
-                   seed=cfg["seed"], trainer=trainer, effect_batches=cfg["effect_batches"])
+                   seed=cfg["seed"], trainer=trainer, effect_batches=cfg["effect_batches"], lightning=package)
     return run, model_cls, data_cls
 
 
@@ -255,8 +257,6 @@ def check(run, data_cls: type, model_cls: type, cost: Optional[list] = None,
     checks that call it (the DDP runs answer for it) instead of being refused."""
 
     import torch
-    from pytorch_lightning import LightningModule
-
     from vae_ddp.harness.resources import audit_cost
 
     if run.devices < 2:
@@ -268,7 +268,7 @@ def check(run, data_cls: type, model_cls: type, cost: Optional[list] = None,
         raise UserError(f"--steps must be at least 1, got {run.steps}")
     if run.effect_batches != 0 and run.effect_batches < 4:
         raise UserError(f"--effect_batches must be 0 (skip) or at least 4, got {run.effect_batches}")
-    if model_cls.training_step is LightningModule.training_step:
+    if all(k.__dict__.get("training_step") is None for k in model_cls.__mro__ if k.__name__ != "LightningModule"):
         raise UserError(f"{model_cls.__name__} has no training_step: the audit trains it, so define one")
     if "batch_size" not in inspect.signature(data_cls).parameters:
         raise UserError(f"{data_cls.__name__} takes no batch_size argument: the audit sets the per-device batch "
@@ -287,7 +287,7 @@ def check(run, data_cls: type, model_cls: type, cost: Optional[list] = None,
     except Exception as err:  # noqa: BLE001 - the user's class: its first line
         raise UserError(f"{data_cls.__name__}(...) fails ({type(err).__name__}: {_first(err)}): check --data's "
                         "init args") from None
-    dm.trainer = one_device_trainer()  # as Lightning attaches its own before any hook (self.trainer.global_rank)
+    dm.trainer = one_device_trainer(run.lightning)  # as Lightning attaches one before any hook (self.trainer.*)
     try:
         dm.prepare_data()
         dm.setup("fit")
@@ -418,7 +418,7 @@ def _with_a_trainer(run, model_cls: type, model, dm, batches: list, batch, dtype
     skips the checks with a note: the DDP runs compare it."""
     from vae_ddp.fixes.factor import cast_batch as _cast
 
-    model.trainer = one_device_trainer()
+    model.trainer = one_device_trainer(run.lightning)
     model.log = model.log_dict = lambda *args, **kwargs: None
     gathers = _count_gathers(model)
     try:

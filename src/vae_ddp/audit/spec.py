@@ -277,6 +277,9 @@ class AuditRun:
             of an audit whose model is not exposed to it.
         param_count: the module's parameters (elements), which the pre-flight counted (0: not counted):
             what [`saved_bytes`][vae_ddp.audit.spec.AuditRun.saved_bytes] estimates from.
+        lightning: the Lightning package the user's classes are built on, ``pytorch_lightning`` or
+            ``lightning`` (``lightning.pytorch``): the runs' processes use that package's Trainer and classes
+            ([`vae_ddp.lightning_package`][vae_ddp.lightning_package]).
     """
 
     model: dict
@@ -308,6 +311,7 @@ class AuditRun:
     sync_grads: bool = False
     if_seen: list[str] = field(default_factory=list)
     param_count: int = 0
+    lightning: str = "pytorch_lightning"
 
     #: Bytes of the logs, ``run.json`` files and report beside an audit's tensors, at most
     #: ([`space_needed`][vae_ddp.harness.resources.space_needed]): an audit of ``examples.audit_models.Plain``

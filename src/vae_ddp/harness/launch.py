@@ -92,13 +92,15 @@ class Job:
 
 
 def launch(spec: Job, out_dir: Path, timeout: Optional[float] = None, quiet: bool = False,
-           entry: Optional[list[str]] = None, stall: Optional[float] = None, train: str = RUNNER) -> dict:
+           entry: Optional[list[str]] = None, stall: Optional[float] = None, train: str = RUNNER,
+           extra_env: Optional[dict] = None) -> dict:
     """Run the job ``spec`` (its specs validated) in a process tree under a guard; return its
     ``run.json``. Progress lines stream to stdout (unless ``quiet``), stderr to
     ``out_dir/stderr.log``. The child is ``python -m vae_ddp.harness TRAIN JOB_FILE OUT_DIR``
     ([`run_job`][vae_ddp.harness.launch.run_job]), ``train`` (``"module:function"``) what trains
     a group's specs: the study runner's ``RUNNER`` by default; ``entry`` replaces
-    ``[python, -m, vae_ddp.harness, TRAIN]`` (a test's script); ``stall``: the watchdog's limit.
+    ``[python, -m, vae_ddp.harness, TRAIN]`` (a test's script); ``stall``: the watchdog's limit;
+    ``extra_env``: entries the child's environment adds to this process's.
     On ``timeout``, SIGINT/SIGTERM of this process, or its death, every process of the run ends.
     From a process that runs one thread and has imported Lightning (the entries of ``make
     results``) the child is a fork of this one (``guard.run(how="fork")``; the same runs bit for
@@ -132,7 +134,7 @@ def launch(spec: Job, out_dir: Path, timeout: Optional[float] = None, quiet: boo
     job = out_dir / JOB_FILE
     write_atomic(job, spec.to_json())
     log = out_dir / "stderr.log"
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra_env or {}))
     env.pop("LOCAL_RANK", None)
     if spec.accelerator == "cpu" and "OMP_NUM_THREADS" not in os.environ:
         # like torchrun: do not let N ranks x all cores threads fight over the cores
