@@ -334,6 +334,25 @@ def _step_left(runs: list[AuditRun], out: Path, timeout: float = WAIT_S) -> bool
 #: The run this process trains now (its label), for the line that names a run that failed.
 _CURRENT: list[str] = []
 
+#: The file in a group's folder where its rank 0 says, after each run, the runs done and how many are to come
+#: as known so far (``{"done": [labels], "to_come": int}``): the audit's progress lines
+#: ([`watch`][vae_ddp.audit.measure.watch]).
+PROGRESS_FILE = "progress.json"
+
+
+def _say_progress(out: Path, done: list[str], later: list[AuditRun], same: dict[str, str],
+                  decided: Optional[set[str]], left_checked: bool) -> None:
+    """``out/PROGRESS_FILE`` (rank 0): ``done`` and the ``later`` runs still to train as known now: not the same
+    as another (``same``), of ``if_seen`` either undecided or ``trained`` by ``decided`` (or waiting on the check
+    of what is left for the user's code, not yet made); undecided here, decided where the DDP runs wrote
+    ``SEEN_FILE`` (the one-device process reads it only when it reaches such a run)."""
+    seen_file = out.parent / SEEN_FILE
+    if decided is None and seen_file.exists():
+        decided = set(json.loads(seen_file.read_text())["seen"])
+    to_come = sum(1 for r in later if r.label not in same and (
+        decided is None or trained(r, decided) or (LEFT in r.if_seen and not left_checked)))
+    write_atomic(out / PROGRESS_FILE, json.dumps({"done": done, "to_come": to_come}))
+
 
 def train_runs(runs: list[AuditRun], out: Path) -> int:
     """What the audit's launches train (``python -m vae_ddp.harness vae_ddp.audit.run:train_runs JOB
@@ -454,6 +473,7 @@ def _train(runs: list[AuditRun], out: Path) -> int:
                 if not run.teacher_forced:  # the reference: its weights, for the forced runs (written whole)
                     with replacing(Path(run.steps_file)) as tmp:
                         torch.save({**record, "states": probe.states}, tmp)
+            _say_progress(out, list(info), runs[runs.index(run) + 1:], same, decided, left_checked)
         # Lightning's Trainer and module refer to each other: without a collection here each run's
         # module, optimizer state and recorded steps (several copies of the parameters) outlive it
         del model, dm, trainer, probe
