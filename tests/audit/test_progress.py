@@ -16,7 +16,7 @@ DONE = re.compile(r"^\[audit\] (\d+) of (\d+) runs done, (\d+) s: (\S+) \((one d
 
 def test_a_line_per_run_done_counts_the_runs_planned_so_far(tmp_path, capsys):
     from vae_ddp.audit.measure import POLL_S, watch
-    from vae_ddp.audit.run import PROGRESS_FILE
+    from vae_ddp.audit.spec import PROGRESS_FILE
 
     plan = SimpleNamespace(one_device=[None] * 3, ddp=[None] * 4, base=SimpleNamespace(devices=2))
     one, ddp = tmp_path / "one-device", tmp_path / "ddp"
@@ -37,8 +37,8 @@ def test_a_line_per_run_done_counts_the_runs_planned_so_far(tmp_path, capsys):
 
 
 def test_the_runs_to_come_are_those_still_planned_as_known_so_far(tmp_path):
-    from vae_ddp.audit.run import PROGRESS_FILE, _say_progress
-    from vae_ddp.audit.spec import LEFT, SEEN_FILE
+    from vae_ddp.audit.run import _say_progress
+    from vae_ddp.audit.spec import LEFT, PROGRESS_FILE, SEEN_FILE
 
     def run(label, *if_seen):
         return SimpleNamespace(label=label, if_seen=list(if_seen))

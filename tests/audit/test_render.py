@@ -45,10 +45,9 @@ def test_every_cause_is_named_in_the_order_of_exit_why():
     assert lines[0].endswith("because of: BatchNorm statistics, Random streams per rank"), lines[0]
     assert lines[2] == "- Random streams per rank. Fix: seed each rank differently"
     # what else makes it 1 follows the factors, in the exit rule's words
-    result["exit_why"] = ["batchnorm", "with every fix, DDP's step is not within 2x its floor: the gradient, 5x its floor"]
-    assert headline(Verdict.from_dict(result)).endswith(
-        "because of: BatchNorm statistics; with every fix, DDP's step is not within 2x its floor: the gradient, 5x "
-        "its floor")
+    apart = "with every fix, DDP's step is not within 2x its floor: the gradient, 5x its floor"
+    result["exit_why"] = ["batchnorm", apart]
+    assert headline(Verdict.from_dict(result)).endswith(f"because of: BatchNorm statistics; {apart}")
 
 
 def test_a_passing_report_opens_with_exit_0_and_what_the_study_shows():

@@ -15,7 +15,7 @@ from typing import Iterator
 import torch
 
 from vae_ddp.audit.plan import Plan
-from vae_ddp.audit.spec import ONE_DEVICE
+from vae_ddp.audit.spec import ONE_DEVICE, PROGRESS_FILE
 from vae_ddp.harness.launch import Job, RunFailed, launch
 from vae_ddp.probes import per_step_differences
 
@@ -110,8 +110,6 @@ def watch(plan: Plan, runs_dir: Path, start: float) -> Iterator[None]:
     where the DDP runs see it exposed, so N falls once they have looked), S the seconds since ``start``
     (``time.monotonic()``), read from each group's ``PROGRESS_FILE`` (rank 0 writes it after each run,
     [`vae_ddp.audit.run`][vae_ddp.audit.run]) by a thread of this process."""
-    from vae_ddp.audit.run import PROGRESS_FILE
-
     groups = {ONE_DEVICE: len(plan.one_device), "ddp": len(plan.ddp)}
     files = {tag: runs_dir / tag / PROGRESS_FILE for tag in groups}
     for f in files.values():  # an earlier audit's, in the same folder

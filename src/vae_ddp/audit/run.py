@@ -43,8 +43,8 @@ from vae_ddp.audit import localise
 from vae_ddp.audit.callback import DDPAudit
 from vae_ddp.audit.draws import KeyedTorchDraws, NoAttentionDropout
 from vae_ddp.audit.loader_draws import keyed_items, measure
-from vae_ddp.audit.spec import (DECIDING, LEFT, ONE_DEVICE, SEEN_FILE, AuditRun, failed_marker, import_class,
-                              same_runs, seen_in, trained)
+from vae_ddp.audit.spec import (DECIDING, LEFT, ONE_DEVICE, PROGRESS_FILE, SEEN_FILE, AuditRun, failed_marker,
+                              import_class, same_runs, seen_in, trained)
 from vae_ddp import heartbeat
 from vae_ddp.fixes import registry
 from vae_ddp.beats import beat
@@ -333,11 +333,6 @@ def _step_left(runs: list[AuditRun], out: Path, timeout: float = WAIT_S) -> bool
 
 #: The run this process trains now (its label), for the line that names a run that failed.
 _CURRENT: list[str] = []
-
-#: The file in a group's folder where its rank 0 says, after each run, the runs done and how many are to come
-#: as known so far (``{"done": [labels], "to_come": int}``): the audit's progress lines
-#: ([`watch`][vae_ddp.audit.measure.watch]).
-PROGRESS_FILE = "progress.json"
 
 
 def _say_progress(out: Path, done: list[str], later: list[AuditRun], same: dict[str, str],
