@@ -83,7 +83,14 @@ def audit_one(name: str, out: Path, steps: int = 3, in_process: bool = False) ->
             "findings": [{**{k: f[k] for k in ("factor", "exposed", "bites", "contribution", "automatic_fix", "fix",
                                                "evidence", "page")}, "follows": f.get("follows")}
                          for f in r.get("findings", [])],
-            "table": out_text[out_text.find("Audit of "):] if "Audit of " in out_text else ""}
+            "table": _report(out_text)}
+
+
+def _report(out_text: str) -> str:
+    """The audit's report in what it printed (stdout): from its first line, ``exit 0: ...`` or ``exit 1: ...``
+    (the user's own output of the reference run may come before it); "" where it printed none."""
+    start = re.search(r"^exit [01]: ", out_text, re.M)
+    return out_text[start.start():] if start else ""
 
 
 def main(argv=None) -> dict:

@@ -584,7 +584,7 @@ def test_out_is_where_the_command_started_whatever_the_module_does(tmp_path, cap
     try:
         code = main(["audit", "--model", str(ROOT / "tests/scripts/changes_folder.py:ChangesFolder"), "--data",
                      f"{M}.Regression", "--steps", "1", "--out", stray.name])
-        out = capsys.readouterr().out
+        out = capsys.readouterr().err  # what the audit says it does: stderr (stdout is the report)
         assert code == 0 and not stray.exists(), out
     finally:
         import shutil
@@ -620,7 +620,7 @@ def test_a_world_size_says_what_it_costs_and_one_that_does_not_fit_is_refused(tm
     assert ("--devices 64: 65 processes (64 DDP ranks and the one-device runs beside them) need about 9.8 GB of "
             "memory (150.0 MB each), 1.0 GB is available: use at most --devices 5") in captured.err, captured.err
     code = main([*args, "16", "--devices", "4", "--out", str(tmp_path / "small")])
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err  # before anything starts, on stderr: stdout is the report's
     assert code == 3, out
     assert ("[audit] cost: 5 processes (4 DDP ranks and the one-device runs beside them) on 2 CPU cores, about 2x as "
             "long per step as with a core each; about 750.") in out.splitlines()[0], out

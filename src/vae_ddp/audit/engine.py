@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import sys
 from pathlib import Path
 from typing import Any, Optional
 
@@ -44,7 +45,7 @@ def run_config(cfg: Any, out: Path, command: str, progress: bool = True, cwd: Op
     run = run.replace(param_count=sizes.get("param_count", 0))  # what the runs write: the space check's estimate
     if progress:
         for line in cost:  # before anything starts: what the world size costs
-            print(f"[audit] cost: {line}", flush=True)
+            print(f"[audit] cost: {line}", file=sys.stderr, flush=True)
     if os.getcwd() != cwd:  # the user's __init__ changed the working folder: the runs start where the caller was
         os.chdir(cwd)
     out = preflight.writable(out)

@@ -25,9 +25,12 @@ decide the code.
 
 from __future__ import annotations
 
-__all__ = ["ANOTHER_MODEL", "mechanism", "decide", "apart"]
+__all__ = ["ANOTHER_MODEL", "SAME_DISTRIBUTION", "PLOT", "mechanism", "decide", "apart"]
 
 ANOTHER_MODEL = "another model"
+#: The mechanisms of an exit code 0: other samples or independent draws of one device's distribution, what is logged.
+SAME_DISTRIBUTION = "same distribution"
+PLOT = "plot"
 
 
 def mechanism(factor: str, findings: list[dict]) -> str:

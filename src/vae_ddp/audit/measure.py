@@ -3,19 +3,24 @@ what they saved ([`measure`][vae_ddp.audit.measure.measure] gives a [`Measured`]
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import contextlib
+import json
 import sys
+import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
 from vae_ddp.audit.plan import Plan
-from vae_ddp.audit.spec import ONE_DEVICE
+from vae_ddp.audit.spec import ONE_DEVICE, PROGRESS_FILE
 from vae_ddp.harness.launch import Job, RunFailed, launch
 from vae_ddp.lightning_package import env_for
 from vae_ddp.probes import per_step_differences
 
-__all__ = ["Measured", "measure"]
+__all__ = ["Measured", "measure", "watch"]
 
 
 #: One run's measurement: its final state (``{name: tensor}``, parameters and buffers), its ``run.json``
@@ -93,3 +98,51 @@ def measure(plan: Plan, runs_dir: Path) -> Measured:
                    for label, info in launched[tag].items()} for tag in (ONE_DEVICE, "ddp"))
     return Measured(one, first)
 
+
+
+#: Seconds between two looks at the runs' progress files.
+POLL_S = 0.5
+
+
+@contextlib.contextmanager
+def watch(plan: Plan, runs_dir: Path, start: float) -> Iterator[None]:
+    """While the launch of ``plan`` into ``runs_dir`` runs: one line on stderr per run that finished, ``[audit] K
+    of N runs done, S s: LABEL (...)``, K the runs done, N those planned so far (a factor's runs train only
+    where the DDP runs see it exposed, so N falls once they have looked), S the seconds since ``start``
+    (``time.monotonic()``), read from each group's ``PROGRESS_FILE`` (rank 0 writes it after each run,
+    [`vae_ddp.audit.run`][vae_ddp.audit.run]) by a thread of this process."""
+    groups = {ONE_DEVICE: len(plan.one_device), "ddp": len(plan.ddp)}
+    files = {tag: runs_dir / tag / PROGRESS_FILE for tag in groups}
+    for f in files.values():  # an earlier audit's, in the same folder
+        f.unlink(missing_ok=True)
+    said: dict[str, list[str]] = {tag: [] for tag in groups}
+    stop = threading.Event()
+
+    def look() -> None:
+        now = {}
+        for tag, f in files.items():
+            try:
+                now[tag] = json.loads(f.read_text())
+            except (OSError, ValueError):  # not written yet
+                now[tag] = {"done": said[tag], "to_come": groups[tag] - len(said[tag])}
+        planned = sum(len(n["done"]) + n["to_come"] for n in now.values())
+        for tag, n in now.items():
+            for label in n["done"][len(said[tag]):]:
+                said[tag].append(label)
+                done = sum(map(len, said.values()))
+                where = "one device" if tag == ONE_DEVICE else f"{plan.base.devices} DDP ranks"
+                print(f"[audit] {done} of {max(planned, done)} runs done, {time.monotonic() - start:.0f} s: "
+                      f"{label} ({where})", file=sys.stderr, flush=True)
+
+    def poll() -> None:
+        while not stop.wait(POLL_S):
+            look()
+
+    thread = threading.Thread(target=poll, name="vae-ddp audit progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        look()

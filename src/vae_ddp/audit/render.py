@@ -1,30 +1,36 @@
-"""The Markdown report of an audit ([`Verdict`][vae_ddp.audit.verdict.Verdict] in, text out): the
-ranked table of the factors, the effects' table, what the step measured against its floors, the verdict
-line and the free-running trajectory as context."""
+"""The Markdown report of an audit ([`Verdict`][vae_ddp.audit.verdict.Verdict] in, text out): first the
+exit code and the verdict in words ([`headline`][vae_ddp.audit.render.headline]), each cause with its fix and
+the verdict's line ([`summary`][vae_ddp.audit.render.summary]); then the evidence: the ranked table of the
+factors, the effects' table, what the step measured against its floors and the free-running trajectory as
+context."""
 
 from __future__ import annotations
 
 import torch
 
-from vae_ddp.audit import effects, localise, whole_step
+from vae_ddp.audit import effects, exit_rule, localise, whole_step
 from vae_ddp.audit.verdict import (FLOOR_RATIO, ROUNDING_EPS, TRAJECTORY_RATIO, Verdict, _factors, _name,
                                    rounding_unit)
 from vae_ddp.fixes import noise
 from vae_ddp.fixes.factor import page_url
 from vae_ddp.harness.table import format_table
 
-__all__ = ["render"]
+__all__ = ["render", "summary", "headline", "verdict_line"]
+
+#: What a row of a factor that changes only which samples DDP takes (its mechanism
+#: ``"same distribution"``: Lightning's shuffling DistributedSampler) says beside its number, by ``bites``.
+LUCK = {True: "only which samples (luck)", False: "does not bite", None: "not separable"}
 
 
 def render(verdict: Verdict) -> str:
-    """The Markdown the audit prints and writes as ``tables.md`` (without its last newline): the ranked
-    table, the effects, what the step measured against its floors, the verdict line, the free-running
-    trajectory as context, the notes. A verdict read back from an ``audit.json``:
-    ``render(Verdict.from_dict(json.loads(text)))``."""
+    """The Markdown the audit prints and writes as ``tables.md`` (without its last newline): the
+    [`summary`][vae_ddp.audit.render.summary] (the exit code and the verdict in words, each cause with its
+    fix, the verdict's line), then the evidence: the ranked table, the effects, what the step measured
+    against its floors, the free-running trajectory as context, the notes. A verdict read back from an
+    ``audit.json``: ``render(Verdict.from_dict(json.loads(text)))``."""
     u = _Units(verdict)
-    lines = _render_table(verdict, u) + [""] + effects.render(verdict.to_dict(), _name)
+    lines = summary(verdict) + [""] + _render_table(verdict, u) + [""] + effects.render(verdict.to_dict(), _name)
     lines += [""] * bool(lines[-1]) + _render_measures(verdict, u)
-    lines.append(_render_verdict(verdict, u))
     lines.append(_render_trajectory(verdict, u))
     lines += [f"- note: {n}" for n in verdict.notes]
     return "\n".join(lines)
@@ -58,6 +64,8 @@ def _render_table(verdict: Verdict, u: _Units) -> list[str]:
             return f"your code: {u.vs_floor(left).replace(' (', ' left (', 1)}"
         if c is None:
             return "needs your code" if f["exposed"] and not f["automatic_fix"] else ""
+        if f["exposed"] and f.get("mechanism") == exit_rule.SAME_DISTRIBUTION:  # another data order's luck
+            return f"{c:.3g}: {LUCK[f['bites']]}"
         verdict = {True: "", False: ": does not bite", None: ": not separable"}[f["bites"]]
         return u.vs_floor(c) + verdict
 
@@ -88,6 +96,9 @@ def _render_table(verdict: Verdict, u: _Units) -> list[str]:
                 if batch_noise is not None
                 else "not measured: it needs two optimizer steps)")
              + ": below 1, the factor moves the gradient less than the batch-to-batch noise of training. "
+             + (f"{LUCK[True]}: the factor changes only which samples DDP takes from one device's distribution, so "
+                "its number is the difference another data order makes, luck and no multiple of the floor. "
+                if any(contribution(f).endswith(LUCK[True]) for f in verdict.findings) else "")
              + "Evidence and fix, per factor:", ""]
     return lines + [f"- {_name(f['factor'])}: {f['evidence']}" + (f". Fix: {f['fix']}" if f["fix"] else "") + alone(f)
                     + f" (see {page_url(f['page'])})" for f in verdict.findings]
@@ -135,6 +146,48 @@ def _render_measures(verdict: Verdict, u: _Units) -> list[str]:
                      + (f" (the dataset's: {draws['dataset']['short' if draws['repeated'] else 'state']})"
                         if draws.get("dataset") else ""))
     return lines
+
+
+def summary(verdict: Verdict) -> list[str]:
+    """The report's first lines: the [`headline`][vae_ddp.audit.render.headline] (the exit code and the
+    verdict in words), each factor behind an exit code 1 with its fix (as its finding gives it, Lightning's
+    switch first where there is one), then the [`verdict_line`][vae_ddp.audit.render.verdict_line]."""
+    causes = {f["factor"]: f for f in verdict.findings}
+    lines = [headline(verdict)]
+    lines += [f"- {_name(k)}. Fix: {causes[k]['fix']}" for k in verdict.exit_why
+              if k in causes and causes[k].get("fix") and verdict.deterministic]
+    return lines + [verdict_line(verdict)]
+
+
+def headline(verdict: Verdict) -> str:
+    """One line that opens the report: ``exit 1: ...`` or ``exit 0: ...``, what the exit code says of the
+    model DDP trains as the user runs it ([`exit_rule`][vae_ddp.audit.exit_rule]): for a 1 the causes
+    (``exit_why``: the factors by name, then what else is not within its floor), nothing of DDP where the
+    audit could not judge; for a 0 what the study shows (one device's whole step with the fixes, and what
+    alone differs without them)."""
+    if not verdict.deterministic:
+        return (f"exit 1: not judged: one device's own gradient changes by {verdict.floor:.3g} relative when the "
+                "samples inside its batches are permuted, more than rounding, so no comparison with one device "
+                "can tell DDP's difference from that")
+    named = [_name(k) for k in verdict.exit_why if k in _factors()]
+    rest = [w for w in verdict.exit_why if w not in _factors()]
+    if verdict.exit_code:
+        why = ", ".join(named) + ("; " if named and rest else "") + "; ".join(rest) \
+            + ("; not one of the known factors" if verdict.unexplained else "")
+        return "exit 1: DDP does not train one device's model as you run it" + (f", because of: {why}" if why else "")
+    exposed = [f for f in verdict.findings if f["exposed"] and not f.get("follows")]
+    samples = [_name(f["factor"]) for f in exposed
+               if f.get("mechanism") == exit_rule.SAME_DISTRIBUTION and f["bites"] is not False]
+    logs = [_name(f["factor"]) for f in exposed if f.get("mechanism") == exit_rule.PLOT]
+    draws = verdict.unkeyed_draws
+    parts = ([f"which samples it takes from one device's distribution ({', '.join(samples)})"] if samples else []) \
+        + (["independent draws on every rank, as one device's rows are"] if draws and not draws["repeated"] else []) \
+        + ([f"what it logs ({', '.join(logs)})"] if logs else [])
+    quiet = (f"none of the exposed factors ({', '.join(_name(f['factor']) for f in exposed)}) changes the gradient "
+             "here" if exposed else "no factor is exposed")
+    return (f"exit 0: DDP trains one device's model as you run it: with the fixes it computes one device's whole "
+            f"step, each part within {FLOOR_RATIO:g}x its floor; "
+            + (f"as you run it, it differs only in {' and '.join(parts)}" if parts else quiet))
 
 
 def verdict_line(verdict: Verdict) -> str:

@@ -43,7 +43,8 @@ from vae_ddp.audit import localise
 from vae_ddp.audit.callback import DDPAudit
 from vae_ddp.audit.draws import KeyedTorchDraws, NoAttentionDropout
 from vae_ddp.audit.loader_draws import keyed_items, measure
-from vae_ddp.audit.spec import (DECIDING, LEFT, ONE_DEVICE, SEEN_FILE, TRAINER_OVERRIDDEN, AuditRun, failed_marker,
+from vae_ddp.audit import users_trainer
+from vae_ddp.audit.spec import (DECIDING, LEFT, ONE_DEVICE, PROGRESS_FILE, SEEN_FILE, AuditRun, failed_marker,
                               import_class, same_runs, seen_in, trained)
 from vae_ddp import heartbeat
 from vae_ddp.fixes import registry
@@ -95,9 +96,9 @@ def build(run: AuditRun,
     model_cls = import_class(run.model["class_path"], run.model_file)
     data_cls = import_class(run.data["class_path"], run.data_file)
     model = model_cls(**run.model.get("init_args", {}))
-    parts = registry.audit_parts(run)  # each fix in run.fixes, as its factor declares it
-    if run.trainer.get("sync_batchnorm") and run.devices > 1 and "batchnorm" not in run.fixes:
-        parts = parts.merge(_users_sync_batchnorm(run.accelerator))  # the audit's own fix replaces it, never adds
+    # each fix in run.fixes, as its factor declares it; the user's Trainer arguments as they run here
+    parts, user, notes = users_trainer.in_run(run, registry.audit_parts(run))
+    NOTES.extend(n for n in notes if n not in NOTES)
     data_args = dict(run.data.get("init_args", {}), batch_size=run.global_batch_size // run.devices)
     dm = data_cls(**data_args)
     callbacks: list[Callback] = [probe] if probe is not None else []  # first: θ_k before any other acts
@@ -115,9 +116,6 @@ def build(run: AuditRun,
     callbacks.append(DDPAudit(warn=False))
     callbacks += heartbeat.callbacks()  # the guard's watchdog sees the run's progress
     plugins = parts.plugins + cluster_plugins()  # cluster_plugins: a forked rank (the environment vae_ddp.ranks set)
-    user = dict(run.trainer)
-    user.pop("sync_batchnorm", None)  # in parts, as it can run here
-    _override(user, run)
     # the user's, else what a Trainer with neither max_epochs nor max_steps gives the module (the
     # audit's max_steps would make Lightning's default -1, and a schedule counted from it negative)
     max_epochs = user.pop("max_epochs", None)
@@ -133,32 +131,6 @@ def build(run: AuditRun,
         precision=precision, callbacks=callbacks,
         **({"plugins": plugins} if plugins else {}), **parts.trainer)
     return model, dm, trainer
-
-
-def _override(user: dict, run: AuditRun) -> None:
-    """Remove from ``user`` (the user's Trainer arguments) those the audit replaces (``TRAINER_OVERRIDDEN``), each
-    whose value differs from the run's named in the notes (devices: in a DDP run)."""
-    ours = {"accelerator": run.accelerator, "devices": run.devices, "logger": False, "enable_checkpointing": False,
-            "enable_progress_bar": False, "enable_model_summary": False}
-    for key, what in TRAINER_OVERRIDDEN.items():
-        if key in user and (value := user.pop(key)) != ours[key] and (key != "devices" or run.devices > 1) \
-                and str(value) != str(ours[key]):
-            note = f"trainer.{key}={value!r}: the audit's runs use {key}={ours[key]!r} ({what})"
-            if note not in NOTES:
-                NOTES.append(note)
-
-
-def _users_sync_batchnorm(accelerator: str):
-    """The user's ``sync_batchnorm=True`` in a DDP run, as it can run here (on CPU the package's equivalent, said
-    in the run's notes)."""
-    from vae_ddp.fixes.batchnorm import sync_batchnorm_parts
-
-    if accelerator != "gpu":
-        note = ("sync_batchnorm=True: on CPU the DDP runs use plugins=[GlobalSyncBatchNorm()] "
-                "(vae_ddp.fixes), the same global-batch statistics (torch's SyncBatchNorm refuses CPU tensors)")
-        if note not in NOTES:
-            NOTES.append(note)
-    return sync_batchnorm_parts(accelerator)
 
 
 #: ``self.trainer.max_epochs`` of a ``Trainer`` given neither ``max_epochs`` nor ``max_steps``
@@ -365,6 +337,20 @@ def _step_left(runs: list[AuditRun], out: Path, timeout: float = WAIT_S) -> bool
 _CURRENT: list[str] = []
 
 
+def _say_progress(out: Path, done: list[str], later: list[AuditRun], same: dict[str, str],
+                  decided: Optional[set[str]], left_checked: bool) -> None:
+    """``out/PROGRESS_FILE`` (rank 0): ``done`` and the ``later`` runs still to train as known now: not the same
+    as another (``same``), of ``if_seen`` either undecided or ``trained`` by ``decided`` (or waiting on the check
+    of what is left for the user's code, not yet made); undecided here, decided where the DDP runs wrote
+    ``SEEN_FILE`` (the one-device process reads it only when it reaches such a run)."""
+    seen_file = out.parent / SEEN_FILE
+    if decided is None and seen_file.exists():
+        decided = set(json.loads(seen_file.read_text())["seen"])
+    to_come = sum(1 for r in later if r.label not in same and (
+        decided is None or trained(r, decided) or (LEFT in r.if_seen and not left_checked)))
+    write_atomic(out / PROGRESS_FILE, json.dumps({"done": done, "to_come": to_come}))
+
+
 def train_runs(runs: list[AuditRun], out: Path) -> int:
     """What the audit's launches train (``python -m vae_ddp.harness vae_ddp.audit.run:train_runs JOB
     OUT``, [`run_job`][vae_ddp.harness.launch.run_job]: the audit's job trains its groups together,
@@ -484,6 +470,7 @@ def _train(runs: list[AuditRun], out: Path) -> int:
                 if not run.teacher_forced:  # the reference: its weights, for the forced runs (written whole)
                     with replacing(Path(run.steps_file)) as tmp:
                         torch.save({**record, "states": probe.states}, tmp)
+            _say_progress(out, list(info), runs[runs.index(run) + 1:], same, decided, left_checked)
         # Lightning's Trainer and module refer to each other: without a collection here each run's
         # module, optimizer state and recorded steps (several copies of the parameters) outlive it
         del model, dm, trainer, probe

@@ -169,6 +169,11 @@ LEFT = "left-for-code"
 #: beside them.
 SEEN_FILE = "seen.json"
 
+#: The file in a group's folder where its rank 0 says, after each run, the runs done and how many are to come
+#: as known so far (``{"done": [labels], "to_come": int}``): the audit's progress lines
+#: ([`watch`][vae_ddp.audit.measure.watch]).
+PROGRESS_FILE = "progress.json"
+
 
 def seen_in(label: str, findings: list[dict], has_buffers: bool) -> set[str]:
     """The ``if_seen`` tokens a deciding run (``label``, one of ``DECIDING``) gives from its ``DDPAudit``

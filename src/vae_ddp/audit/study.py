@@ -40,7 +40,10 @@ to fix in the user's code, the difference is "unexplained: not one of the known 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -50,6 +53,7 @@ from vae_ddp.audit.judge import judge as _judge
 from vae_ddp.audit.judge import shown_name as shown_name
 from vae_ddp.audit.measure import Measured as Measured
 from vae_ddp.audit.measure import measure as _measure
+from vae_ddp.audit.measure import watch as measure_watch
 from vae_ddp.audit.plan import FLOOR_DRAWS as FLOOR_DRAWS
 from vae_ddp.audit.plan import Plan as Plan
 from vae_ddp.audit.plan import plan as _plan
@@ -125,29 +129,31 @@ def _audit(base: AuditRun, out_dir: Path, static: Optional[list[dict]], progress
         notes.append("--trainer.precision 16-mixed runs as bf16-mixed on a CPU (Lightning 2.x: float16 autocast is "
                      "not supported there), so the audit compares bf16-mixed, in bfloat16's rounding unit")
     plan = _plan(base, out_dir, static or [])
-    if progress:
-        for spec in plan.one_device + plan.ddp:
-            print(f"[audit] {spec.label}: {spec.devices} process(es), fixes: {', '.join(spec.fixes) or 'none'}"
-                  f"{', samples permuted in each batch' if spec.permute else ''}"
-                  f"{', each batch from the weights of the step before' if spec.lag else ''}"
-                  f"{', every step from the one-device weights' if spec.teacher_forced else ''}"
-                  f"{', only if the DDP run sees ' + ' or '.join(spec.if_seen) if spec.if_seen else ''}", flush=True)
-    measured = _measure(plan, out_dir / "runs")
+    planned = len(plan.one_device) + len(plan.ddp)
+    if progress:  # the plan in one line, then a line per run done (measure.watch), on stderr: stdout is the report
+        _say(f"{planned} runs planned, {len(plan.one_device)} on one device beside {len(plan.ddp)} on "
+             f"{base.devices} DDP ranks; a factor's runs train only where the first DDP runs see it exposed")
+    with measure_watch(plan, out_dir / "runs", time.monotonic()) if progress else contextlib.nullcontext():
+        measured = _measure(plan, out_dir / "runs")
     if progress:
         same = measured.same_runs
-        print(f"[audit] {len(measured.runs)} of {len(plan.one_device) + len(plan.ddp)} planned runs trained (a "
-              "factor's runs only where it is exposed)" + (f"; {len(same)} more are the same as one of them (they "
-              "differ by fixes that change nothing here): " + ", ".join(f"{a} = {b}" for a, b in same.items())
-              if same else ""), flush=True)
+        _say(f"{len(measured.runs)} of {planned} planned runs trained (a "
+             "factor's runs only where it is exposed)" + (f"; {len(same)} more are the same as one of them (they "
+             "differ by fixes that change nothing here): " + ", ".join(f"{a} = {b}" for a, b in same.items())
+             if same else ""))
     verdict = _judge(plan, measured, notes or [])
     text = render(verdict)
     result = verdict.to_dict()
     write_report(out_dir, result, text)
-    print(text)
+    print(text, flush=True)
     if progress:
-        print(f"[audit] report of this audit written to {out_dir / 'tables.md'} and {out_dir / 'audit.json'}",
-              flush=True)
+        _say(f"report of this audit written to {out_dir / 'tables.md'} and {out_dir / 'audit.json'}")
     return result
+
+
+def _say(line: str) -> None:
+    """``[audit] LINE`` on stderr, where the audit says what it does (stdout holds the report)."""
+    print(f"[audit] {line}", file=sys.stderr, flush=True)
 
 
 #: The report's files: replaced together ([`write_report`][vae_ddp.audit.study.write_report]).

@@ -310,9 +310,8 @@ def _watch_loaders(seen: Seen) -> list:
             "sampler", f"{type(s).__name__}(shuffle=True) deals interleaved rows (indices[rank::{s.num_replicas}]) "
             "of its own permutation, not the one-device order (Lightning 2.x shuffles the training "
             "DistributedSampler even for DataLoader(shuffle=False))",
-            "deal each single-device global batch to the ranks in contiguous chunks with "
-            "Trainer(use_distributed_sampler=False) and a sampler of your own; "
-            "vae_ddp.fixes.GlobalBatchDistributedSampler"))
+            "Trainer(use_distributed_sampler=False) and a sampler of your own that deals each single-device "
+            "global batch to the ranks in contiguous chunks; vae_ddp.fixes.GlobalBatchDistributedSampler"))
         break
     return out
 

@@ -1,0 +1,39 @@
+"""The user's ``Trainer`` arguments in one of the audit's runs: what each becomes there.
+
+- ``sync_batchnorm=True`` is the user's BatchNorm fix: kept in each DDP run (on CPU as the package's
+  [`GlobalSyncBatchNorm`][vae_ddp.fixes.batchnorm.GlobalSyncBatchNorm], the same global-batch statistics: torch's
+  ``SyncBatchNorm`` refuses CPU tensors), unless the run has the audit's own BatchNorm fix, which replaces it
+  (Lightning refuses ``sync_batchnorm=True`` beside a ``LayerSync`` plugin); nothing on one device;
+- those that do not change the comparison (``TRAINER_OVERRIDDEN``: accelerator, devices, logger, checkpoints,
+  progress bar, summary) are replaced by the audit's own, each whose value differs named in a note;
+- the rest go to the run's ``Trainer`` as given.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vae_ddp.audit.spec import TRAINER_OVERRIDDEN
+
+__all__ = ["in_run"]
+
+
+def in_run(run: Any, parts: Any) -> tuple[Any, dict, list[str]]:
+    """For ``run`` (an [`AuditRun`][vae_ddp.audit.spec.AuditRun]) and ``parts`` (the audit's fixes in it, a
+    ``FixParts``): ``(parts with the user's sync_batchnorm where it applies, the user's other Trainer arguments
+    but those the audit replaces, notes)``."""
+    from vae_ddp.fixes.batchnorm import sync_batchnorm_parts
+
+    user, notes = dict(run.trainer), []
+    if user.pop("sync_batchnorm", False) and run.devices > 1 and "batchnorm" not in run.fixes:
+        parts = parts.merge(sync_batchnorm_parts(run.accelerator))
+        if run.accelerator != "gpu":
+            notes.append("sync_batchnorm=True: on CPU the DDP runs use plugins=[GlobalSyncBatchNorm()] "
+                         "(vae_ddp.fixes), the same global-batch statistics (torch's SyncBatchNorm refuses CPU "
+                         "tensors)")
+    ours = {"accelerator": run.accelerator, "devices": run.devices, "logger": False, "enable_checkpointing": False,
+            "enable_progress_bar": False, "enable_model_summary": False}
+    for key, what in TRAINER_OVERRIDDEN.items():
+        if key in user and str(value := user.pop(key)) != str(ours[key]) and (key != "devices" or run.devices > 1):
+            notes.append(f"trainer.{key}={value!r}: the audit's runs use {key}={ours[key]!r} ({what})")
+    return parts, user, notes
