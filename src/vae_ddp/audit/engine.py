@@ -15,12 +15,14 @@ from typing import Any, Optional
 __all__ = ["run_config"]
 
 
-def run_config(cfg: Any, out: Path, command: str, progress: bool = True, cwd: Optional[str] = None) -> dict:
+def run_config(cfg: Any, out: Path, command: str, progress: bool = True, cwd: Optional[str] = None,
+               instances: Optional[dict] = None) -> dict:
     """The audit of a parsed configuration ``cfg`` (the audit parser's namespace, ``--out`` aside)
     into ``out`` (absolute): the pre-flight checks, the cost line, the audit under the folder's lock
     ([`out_folder_lock`][vae_ddp.utils.out_folder_lock], ``command`` naming the holder). The runs
     start in ``cwd`` (default: this process's working folder when called). The engine of ``vae-ddp audit`` and of
-    [`audit`][vae_ddp.audit.api.audit].
+    [`audit`][vae_ddp.audit.api.audit]. ``instances``: the API's pickled instances
+    ([`AuditRun.instances`][vae_ddp.audit.spec.AuditRun]).
 
     Returns:
         ``study.audit``'s dict (``audit.json``).
@@ -36,6 +38,7 @@ def run_config(cfg: Any, out: Path, command: str, progress: bool = True, cwd: Op
 
     cwd = cwd or os.getcwd()
     run, model_cls, data_cls = preflight.audit_run(cfg.as_dict() if hasattr(cfg, "as_dict") else cfg)
+    run = run.replace(instances=dict(instances or {}))
     if run.accelerator == "cpu":  # the runs' process imports torch and Lightning beside the checks below
         zygote.warm("vae_ddp.audit.run", env_for(run.lightning))
     cost: list[str] = []

@@ -43,9 +43,9 @@ from vae_ddp.audit import localise
 from vae_ddp.audit.callback import DDPAudit
 from vae_ddp.audit.draws import KeyedTorchDraws, NoAttentionDropout
 from vae_ddp.audit.loader_draws import keyed_items, measure
-from vae_ddp.audit import users_trainer
+from vae_ddp.audit import user_objects, users_trainer
 from vae_ddp.audit.spec import (DECIDING, LEFT, ONE_DEVICE, PROGRESS_FILE, SEEN_FILE, AuditRun, failed_marker,
-                              import_class, same_runs, seen_in, trained)
+                              same_runs, seen_in, trained)
 from vae_ddp import heartbeat
 from vae_ddp.fixes import registry
 from vae_ddp.beats import beat
@@ -93,14 +93,11 @@ def build(run: AuditRun,
     ``run.fixes`` on (and ``probe`` as its first callback). Call in every rank (Lightning re-runs
     the command)."""
     pl.seed_everything(run.seed, verbose=False)
-    model_cls = import_class(run.model["class_path"], run.model_file)
-    data_cls = import_class(run.data["class_path"], run.data_file)
-    model = model_cls(**run.model.get("init_args", {}))
+    model = user_objects.build(run, "model")
     # each fix in run.fixes, as its factor declares it; the user's Trainer arguments as they run here
     parts, user, notes = users_trainer.in_run(run, registry.audit_parts(run))
     NOTES.extend(n for n in notes if n not in NOTES)
-    data_args = dict(run.data.get("init_args", {}), batch_size=run.global_batch_size // run.devices)
-    dm = data_cls(**data_args)
+    dm = user_objects.build(run, "data", batch_size=run.global_batch_size // run.devices)
     callbacks: list[Callback] = [probe] if probe is not None else []  # first: θ_k before any other acts
     callbacks += parts.callbacks
     if run.permute:
@@ -198,8 +195,7 @@ def audit_strategy(run: AuditRun, name: str, loaders: list) -> Strategy:
         datamodule (``setup("fit")``): what the sampler fix deals to the ranks. The trainer's own
         datamodule stays the per-device one, as under DDP (a schedule counted from its loader's
         length sees what it would see)."""
-        data = import_class(run.data["class_path"], run.data_file)(
-            **dict(run.data.get("init_args", {}), batch_size=run.global_batch_size))
+        data = user_objects.build(run, "data", batch_size=run.global_batch_size)
         data.trainer = self.lightning_module.trainer
         data.setup("fit")
         loader = data.train_dataloader()

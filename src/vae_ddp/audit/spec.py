@@ -285,6 +285,9 @@ class AuditRun:
         lightning: the Lightning package the user's classes are built on, ``pytorch_lightning`` or
             ``lightning`` (``lightning.pytorch``): the runs' processes use that package's Trainer and classes
             ([`vae_ddp.lightning_package`][vae_ddp.lightning_package]).
+        instances: ``"model"``/``"data"`` -> the instance the caller gave, pickled
+            ([`saved`][vae_ddp.audit.user_objects.saved]): every run starts from a copy of it
+            ([`build`][vae_ddp.audit.user_objects.build]) instead of building the class.
     """
 
     model: dict
@@ -317,6 +320,7 @@ class AuditRun:
     if_seen: list[str] = field(default_factory=list)
     param_count: int = 0
     lightning: str = "pytorch_lightning"
+    instances: dict = field(default_factory=dict)
 
     #: Bytes of the logs, ``run.json`` files and report beside an audit's tensors, at most
     #: ([`space_needed`][vae_ddp.harness.resources.space_needed]): an audit of ``examples.audit_models.Plain``
