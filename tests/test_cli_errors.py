@@ -495,3 +495,15 @@ def test_the_audits_parser_takes_no_abbreviation(args, monkeypatch):
 
     with pytest.raises(argparse.ArgumentError, match="unrecognized arguments"):
         build_parser().parse_args(["--model", f"{M}.Plain", "--data", f"{M}.Regression", *args])
+
+
+def test_a_class_path_of_no_file_in_a_config_is_named_as_such(tmp_path, capsys, monkeypatch):
+    """A config file's ``class_path: shapes:Net`` (read by the parser, after the early checks) said
+    'not a LightningModule subclass': the same line as on the command line."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr("sys.path", list(__import__("sys").path))
+    (tmp_path / "c.yaml").write_text("model:\n  class_path: shapes:Net\n")
+    code, err = _run(capsys, "audit", "--config", str(tmp_path / "c.yaml"), "--data", f"{M}.Regression",
+                     "--out", str(tmp_path / "o"))
+    assert code == 2 and err.strip() == ("vae-ddp audit: error: --model shapes:Net names no file.py: give "
+                                         "path/to/file.py:Class or package.module.Class"), err
