@@ -22,7 +22,7 @@ from typing import Callable, Iterable, Optional
 
 __all__ = ["FLAGS", "refusal", "class_path_problem", "did_you_mean", "unexpected_keywords"]
 
-#: Every flag of the audit's parser ([`build_parser`][vae_ddp.audit.cli.build_parser]; a test keeps them equal).
+#: Every flag of the audit's parser (``vae_ddp.audit.cli.build_parser``; a test keeps them equal).
 FLAGS = ("--accelerator", "--config", "--data", "--data.help", "--devices", "--dtype", "--effect_batches", "--help",
          "--model", "--model.help", "--out", "--print_config", "--seed", "--steps", "--trainer", "-h")
 #: The flags that take no value.
