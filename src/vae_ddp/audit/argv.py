@@ -51,8 +51,9 @@ def did_you_mean(word: str, choices: Iterable[str]) -> Optional[str]:
 def refusal(argv: list[str], cwd: str) -> Optional[str]:
     """The line that refuses ``vae-ddp audit ARGV`` from its strings alone (``cwd``: where class paths
     and files are looked for), or None when the parser has to tell. ``-h``/``--help`` is never refused;
-    a ``--config`` file, ``--print_config`` and ``--model.help``/``--data.help`` may go without ``--model``
-    and ``--data``. Looks up files and top-level module names only: imports nothing of the user's."""
+    a ``--config`` file, ``--print_config``, ``--model.help``/``--data.help`` and jsonargparse's
+    ``JSONARGPARSE_DEFAULT_ENV=true`` (flags from the environment) may go without ``--model`` and ``--data``.
+    Looks up files and top-level module names only: imports nothing of the user's."""
     args = argv[:argv.index("--")] if "--" in argv else list(argv)
     if {"-h", "--help"} & set(args):
         return None
@@ -76,7 +77,8 @@ def refusal(argv: list[str], cwd: str) -> Optional[str]:
     if unknown:
         return _unknown(unknown)
     missing = [f for f in REQUIRED if f not in given]
-    if missing and not {"--config", "--print_config", "--model.help", "--data.help"} & set(given):
+    from_env = os.environ.get("JSONARGPARSE_DEFAULT_ENV", "").lower() == "true"  # jsonargparse reads them there
+    if missing and not from_env and not {"--config", "--print_config", "--model.help", "--data.help"} & set(given):
         what = [f"{REQUIRED[f]} as {f}" for f in missing]
         what[0] += " package.module.Class or path/to/file.py:Class"
         return (f"the following arguments are required: {', '.join(sorted(missing))}: give {', and '.join(what)} "
