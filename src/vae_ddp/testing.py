@@ -50,10 +50,10 @@ def assert_ddp_matches_one_device(model: Any, datamodule: Any, *, devices: int =
         vae_ddp.audit.api.AuditRunFailed: a training run failed: no verdict.
     """
     __tracebackhide__ = True  # pytest shows the assertion, not this frame
-    from vae_ddp.audit.api import audit
-    from vae_ddp.audit.argv import unexpected_keywords
+    from vae_ddp.audit.api import KEYWORDS, audit
+    from vae_ddp.audit.argv import keywords, unexpected_keywords
 
-    unexpected_keywords("assert_ddp_matches_one_device", options, assert_ddp_matches_one_device, audit)
+    unexpected_keywords("assert_ddp_matches_one_device", options, keywords(assert_ddp_matches_one_device) + KEYWORDS)
     result = audit(model, datamodule, devices=devices, steps=steps, out=out, **options)
     if result.exit_code != 0:
         raise AssertionError(failure_message(result))

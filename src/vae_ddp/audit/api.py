@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional, Union
 
 from vae_ddp import zygote
-from vae_ddp.audit.argv import unexpected_keywords
+from vae_ddp.audit.argv import keywords, unexpected_keywords
 from vae_ddp.audit.engine import run_config
 from vae_ddp.audit.spec import DEFAULT_STEPS
 from vae_ddp.errors import RunFailed, UserError
@@ -269,7 +269,7 @@ def audit(model: Classish, datamodule: Classish, *, model_args: Optional[dict] =
         AuditRunFailed: a training run failed (the command's exit code 3).
     """
     __tracebackhide__ = True  # pytest shows a bad input's one line, not this function's source
-    unexpected_keywords("audit", trainer_args, audit)  # step=, data_arg=: "did you mean"
+    unexpected_keywords("audit", trainer_args, KEYWORDS)  # step=, data_arg=: "did you mean"
     _check_types(devices=(devices, int), steps=(steps, int), seed=(seed, int), effect_batches=(effect_batches, int),
                  progress=(progress, bool))
     _check_choice("dtype", dtype, ("float64", "float32"))
@@ -308,6 +308,7 @@ def audit(model: Classish, datamodule: Classish, *, model_args: Optional[dict] =
     return AuditResult.of(result, report, None if temporary else folder)
 
 
+KEYWORDS = keywords(audit)  # audit's own keyword arguments, read once (the pytest helper names them too)
 #: the command line's names in a pre-flight message -> the Python arguments of ``audit``
 _NAMES = [(r"--model\.init_args\.(\w+)", r"model_args['\1']"), (r"--data\.init_args\.(\w+)", r"data_args['\1']"),
           (r"--model's init args", "model_args"), (r"--data's init args", "data_args"),

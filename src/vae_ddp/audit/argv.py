@@ -20,7 +20,7 @@ import os
 from importlib.machinery import PathFinder
 from typing import Callable, Iterable, Optional
 
-__all__ = ["FLAGS", "refusal", "class_path_problem", "did_you_mean", "unexpected_keywords"]
+__all__ = ["FLAGS", "refusal", "class_path_problem", "did_you_mean", "keywords", "unexpected_keywords"]
 
 #: Every flag of the audit's parser (``vae_ddp.audit.cli.build_parser``; a test keeps them equal).
 FLAGS = ("--accelerator", "--config", "--data", "--data.help", "--devices", "--dtype", "--effect_batches", "--help",
@@ -153,10 +153,17 @@ def _modules_in(folder: str) -> list[str]:
     return [n.removesuffix(".py") for n in names if n.removesuffix(".py").isidentifier()]
 
 
-def unexpected_keywords(function: str, given: Iterable[str], *functions: Callable) -> None:
-    """Refuse a keyword of ``given`` (the ``**`` keywords a call of ``function`` got) that is neither a
-    keyword-only argument of ``functions`` nor an argument of Lightning's ``Trainer``, naming the likeliest
-    of those it misspells (``step`` -> ``steps``, ``data_arg`` -> ``data_args``, ``gradient_clip_vale``).
+def keywords(*functions: Callable) -> list[str]:
+    """The keyword-only arguments of ``functions``, in order."""
+    return list(dict.fromkeys(n for f in functions for n, p in inspect.signature(f).parameters.items()
+                              if p.kind is p.KEYWORD_ONLY))
+
+
+def unexpected_keywords(function: str, given: Iterable[str], own: Iterable[str]) -> None:
+    """Refuse a keyword of ``given`` (the ``**`` keywords a call of ``function`` got) that is neither one of
+    ``own`` (its keyword arguments, [`keywords`][vae_ddp.audit.argv.keywords]) nor an argument of Lightning's
+    ``Trainer``, naming the likeliest of those it misspells (``step`` -> ``steps``, ``data_arg`` -> ``data_args``,
+    ``gradient_clip_vale`` -> ``gradient_clip_val``).
 
     Raises:
         TypeError: ``function() got an unexpected keyword argument 'NAME' (did you mean 'OTHER'?) ...``,
@@ -164,11 +171,10 @@ def unexpected_keywords(function: str, given: Iterable[str], *functions: Callabl
     """
     from pytorch_lightning import Trainer
 
-    own = [n for f in functions for n, p in inspect.signature(f).parameters.items() if p.kind is p.KEYWORD_ONLY]
-    trainer = list(inspect.signature(Trainer).parameters)
+    own, trainer = list(own), list(inspect.signature(Trainer).parameters)
     for key in given:
         if key not in own and key not in trainer:
-            near = did_you_mean(key, list(dict.fromkeys(own + trainer)))
+            near = did_you_mean(key, own + trainer)
             raise TypeError(f"{function}() got an unexpected keyword argument {key!r}"
                             + (f" (did you mean {near!r}?)" if near else "")
-                            + f": it takes {', '.join(dict.fromkeys(own))} and the arguments of Lightning's Trainer")
+                            + f": it takes {', '.join(own)} and the arguments of Lightning's Trainer")
