@@ -399,3 +399,111 @@ def test_no_process_outlives_a_fast_refusal(tmp_path, refusal):
     finally:
         for pid in _started_with(mark):
             os.kill(pid, signal.SIGKILL)
+
+
+M = "examples.audit_models"
+
+
+def _refused_without_torch(*args: str, cwd=ROOT) -> str:
+    """``vae-ddp ARGS`` as the console command runs it (``entry``), with ``-X importtime``: exit code 2,
+    one line and no traceback on stderr, and neither torch nor Lightning imported before the refusal
+    (importtime names every module the process imported). Returns the line."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "vae_ddp.cli", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+    imported = {ln.rsplit("|", 1)[1].strip() for ln in proc.stderr.splitlines() if ln.startswith("import time:")}
+    said = [ln for ln in proc.stderr.splitlines() if not ln.startswith("import time:")]
+    assert "vae_ddp.audit.argv" in imported  # the probe reads the imports (the refusal is this module's)
+    assert proc.returncode == 2 and len(said) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    heavy = {m for m in imported if m.split(".")[0] in ("torch", "pytorch_lightning", "lightning")}
+    assert not heavy, sorted(heavy)[:5]
+    return said[0]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("args, line", [
+    ([], "vae-ddp audit: error: the following arguments are required: --data, --model: give your LightningModule "
+         "as --model package.module.Class or path/to/file.py:Class, and your LightningDataModule as --data (see -h)"),
+    (["--model", f"{M}.Plain"], "the following arguments are required: --data: give your LightningDataModule"),
+    # argparse took --step for --steps (a prefix of one flag)
+    (["--model", f"{M}.Plain", "--data", f"{M}.Regression", "--step", "3"],
+     "vae-ddp audit: error: unrecognized arguments: --step 3 (did you mean --steps? flags are not abbreviated)"),
+    (["--model", f"{M}.Plain", "--data", f"{M}.Regression", "--stpes", "3"],
+     "vae-ddp audit: error: unrecognized arguments: --stpes 3 (did you mean --steps?)"),
+    (["--modle", f"{M}.Plain", "--data", f"{M}.Regression"],
+     "vae-ddp audit: error: unrecognized arguments: --modle examples.audit_models.Plain (did you mean --model?)"),
+    (["--model", f"{M}.Plain", "--data", f"{M}.Regression", "--modle.init_args.p=0.5"],
+     "unrecognized arguments: --modle.init_args.p=0.5 (did you mean --model.init_args.p?)"),
+    # a class path of no file.py: it said "not a LightningModule subclass"
+    (["--model", "shapes:Net", "--data", f"{M}.Regression"],
+     "vae-ddp audit: error: --model shapes:Net names no file.py: give path/to/file.py:Class or package.module.Class"),
+    (["--model", "examples/audit_models:Plain", "--data", f"{M}.Regression"],
+     "--model examples/audit_models:Plain names no file.py: give path/to/file.py:Class or package.module.Class "
+     "(examples/audit_models.py exists: --model examples/audit_models.py:Plain)"),
+    (["--model", f"{M}.Plain", "--data", "examples/missing.py:Data"],
+     "--data: examples/missing.py does not exist: give path/to/file.py:Class or package.module.Class"),
+    (["--model", "Plain", "--data", f"{M}.Regression"],
+     "--model Plain is not a class path: give path/to/file.py:Class or package.module.Class"),
+    (["--model", "examples/audit_models.py", "--data", f"{M}.Regression"],
+     "--model examples/audit_models.py names no class: give examples/audit_models.py:Class"),
+    (["--model", "exmaples.audit_models.Plain", "--data", f"{M}.Regression"],
+     "--model exmaples.audit_models.Plain does not import (ModuleNotFoundError: No module named 'exmaples'): give "
+     "package.module.Class or path/to/file.py:Class (did you mean examples?)"),
+    (["--model", f"{M}.Plain", "--data", f"{M}.Regression", "--steps"], "--steps: expected a value (see -h)"),
+], ids=["nothing", "no data", "abbreviated", "misspelled", "misspelled class flag", "misspelled nested flag",
+        "no .py", "no .py but the file", "no file", "no module", "no class", "no such package", "no value"])
+def test_what_the_command_line_tells_is_refused_before_torch_is_imported(args, line):
+    """``vae-ddp audit`` with no arguments imported torch and Lightning for 4.6-6 s (12-21 s on a loaded machine)
+    before saying that --model and --data are required: whatever the arguments alone tell is refused before
+    torch, Lightning or the user's file is imported (the timing is benchmarks/cli_errors.py's)."""
+    said = _refused_without_torch("audit", *args)
+    assert line in said, said
+
+
+def test_a_refused_command_line_imports_no_user_file(tmp_path, capsys, monkeypatch):
+    """In this process (torch is imported here): a misspelled flag beside a class of a file is refused
+    before that file is imported (it would run the user's module-level code)."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr("sys.path", list(__import__("sys").path))
+    (tmp_path / "net.py").write_text(f"open({str(tmp_path / 'imported')!r}, 'w').close()\nclass Net: pass\n")
+    code, err = _run(capsys, "audit", "--model", f"{tmp_path}/net.py:Net", "--data", f"{M}.Regression",
+                     "--effect_batchs", "0", "--out", str(tmp_path / "o"))
+    assert code == 2 and err.strip() == ("vae-ddp audit: error: unrecognized arguments: --effect_batchs 0 "
+                                         "(did you mean --effect_batches?)"), err
+    assert not (tmp_path / "imported").exists() and not (tmp_path / "o").exists()
+
+
+def test_the_early_checks_know_every_flag_of_the_audits_parser():
+    """The checks before any import (``vae_ddp.audit.argv``) list the parser's flags themselves: the same set."""
+    from vae_ddp.audit.argv import FLAGS
+    from vae_ddp.audit.cli import build_parser
+
+    assert set(FLAGS) == set(build_parser()._option_string_actions)
+
+
+@pytest.mark.parametrize("args", [["--step", "3"], ["--ste=3"], ["--dev", "4"]])
+def test_the_audits_parser_takes_no_abbreviation(args, monkeypatch):
+    """jsonargparse (argparse) read ``--step 3`` as ``--steps 3``; the parser itself refuses it too."""
+    import argparse
+
+    from vae_ddp.audit.cli import build_parser
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr("sys.path", [str(ROOT), *__import__("sys").path])
+
+    with pytest.raises(argparse.ArgumentError, match="unrecognized arguments"):
+        build_parser().parse_args(["--model", f"{M}.Plain", "--data", f"{M}.Regression", *args])
+
+
+def test_a_class_path_of_no_file_in_a_config_is_named_as_such(tmp_path, capsys, monkeypatch):
+    """A config file's ``class_path: shapes:Net`` (read by the parser, after the early checks) said
+    'not a LightningModule subclass': the same line as on the command line."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr("sys.path", list(__import__("sys").path))
+    (tmp_path / "c.yaml").write_text("model:\n  class_path: shapes:Net\n")
+    code, err = _run(capsys, "audit", "--config", str(tmp_path / "c.yaml"), "--data", f"{M}.Regression",
+                     "--out", str(tmp_path / "o"))
+    assert code == 2 and err.strip() == ("vae-ddp audit: error: --model shapes:Net names no file.py: give "
+                                         "path/to/file.py:Class or package.module.Class"), err

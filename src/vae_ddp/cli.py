@@ -164,11 +164,17 @@ def _import_or_end_at_ctrl_c(argv: list[str]) -> None:
     until a RecursionError with a traceback and exit code 1 (2 runs of 25, Ctrl-C 0.9-1.0 s after the
     start, measured). Nothing needs cleaning but the run folder, which its reaper removes.
     A SIGINT ignored by whoever started the command stays ignored; a ``-h`` or ``--help`` imports none of them
-    (``vae-ddp audit -h`` answers without torch)."""
+    (``vae-ddp audit -h`` answers without torch), nor does an audit whose arguments alone are refused
+    ([`refusal`][vae_ddp.audit.argv.refusal]: it answers in well under a second)."""
     import signal
 
     if {"-h", "--help"} & set(argv) or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         return
+    if argv[:1] == ["audit"]:
+        from vae_ddp.audit.argv import refusal
+
+        if refusal(argv[1:], os.getcwd()):
+            return
 
     def interrupted(signum, frame):
         print("vae-ddp audit: interrupted; no verdict" if argv[:1] == ["audit"] else "vae-ddp: interrupted",

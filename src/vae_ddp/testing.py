@@ -45,12 +45,15 @@ def assert_ddp_matches_one_device(model: Any, datamodule: Any, *, devices: int =
     Raises:
         AssertionError: the audit's exit code is 1; the message is
             [`failure_message`][vae_ddp.testing.failure_message]: each cause with its effect, fix and page.
-        TypeError, ValueError: bad input, before any training (the message names the argument).
+        TypeError, ValueError: bad input, before any training (the message names the argument; for a
+            keyword neither the helper's, audit's nor Trainer's, the closest of them).
         vae_ddp.audit.api.AuditRunFailed: a training run failed: no verdict.
     """
     __tracebackhide__ = True  # pytest shows the assertion, not this frame
-    from vae_ddp.audit.api import audit
+    from vae_ddp.audit.api import KEYWORDS, audit
+    from vae_ddp.audit.argv import keywords, unexpected_keywords
 
+    unexpected_keywords("assert_ddp_matches_one_device", options, keywords(assert_ddp_matches_one_device) + KEYWORDS)
     result = audit(model, datamodule, devices=devices, steps=steps, out=out, **options)
     if result.exit_code != 0:
         raise AssertionError(failure_message(result))

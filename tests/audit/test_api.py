@@ -82,6 +82,11 @@ def test_an_instance_without_its_init_args_is_refused():
     # a misspelled init argument (jsonargparse said "model: expected null, got ...")
     (dict(model_args={"sync_dsit": True}), ValueError, "model_args['sync_dsit']: Plain has no init argument"),
     (dict(data_args={"batch_sise": 16}), ValueError, "data_args['batch_sise']: Regression has no init argument"),
+    # a misspelled keyword of audit's own or of Trainer's (it listed Trainer's arguments without audit's)
+    (dict(step=2), TypeError, "audit() got an unexpected keyword argument 'step' (did you mean 'steps'?): it takes "
+                              "model_args, data_args, devices, steps, dtype, precision"),
+    (dict(data_arg={"batch_size": 8}), TypeError, "argument 'data_arg' (did you mean 'data_args'?)"),
+    (dict(gradient_clip_vale=1.0), TypeError, "argument 'gradient_clip_vale' (did you mean 'gradient_clip_val'?)"),
 ])
 @pytest.mark.timeout(120)
 def test_bad_input_is_one_error_naming_the_argument(tmp_path, kwargs, error, words):
@@ -286,3 +291,16 @@ def test_one_default_number_of_steps_for_the_command_the_api_and_the_helper():
     command = build_parser().get_defaults()["steps"]
     python = {f.__name__: inspect.signature(f).parameters["steps"].default for f in (api.audit, helper)}
     assert command == DEFAULT_STEPS and set(python.values()) == {DEFAULT_STEPS}, (command, python)
+
+
+@pytest.mark.timeout(60)
+def test_the_helper_names_a_misspelled_keyword_and_what_it_means(tmp_path):
+    """The pytest helper's ``**options`` reach ``audit``: a misspelled one is refused in the helper's name,
+    with the closest of its own, audit's and Trainer's arguments, before any run."""
+    with pytest.raises(TypeError) as err:
+        assert_ddp_matches_one_device(Plain, Regression, out=tmp_path / "audit", step=2)
+    assert str(err.value).startswith("assert_ddp_matches_one_device() got an unexpected keyword argument 'step' "
+                                     "(did you mean 'steps'?): it takes devices, steps, out, model_args"), err.value
+    with pytest.raises(TypeError, match=r"'modle_args' \(did you mean 'model_args'\?\)"):
+        assert_ddp_matches_one_device(Plain, Regression, out=tmp_path / "audit", modle_args={})
+    assert not (tmp_path / "audit").exists()

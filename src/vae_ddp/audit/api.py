@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional, Union
 
 from vae_ddp import zygote
+from vae_ddp.audit.argv import keywords, unexpected_keywords
 from vae_ddp.lightning_package import env_for, of
 from vae_ddp.audit.engine import run_config
 from vae_ddp.audit.spec import DEFAULT_STEPS
@@ -263,12 +264,13 @@ def audit(model: Classish, datamodule: Classish, *, model_args: Optional[dict] =
 
     Raises:
         TypeError: ``model``/``datamodule`` is neither such a class nor an instance, an argument has the
-            wrong type, or init arguments are not JSON values.
+            wrong type or a name neither audit's nor Trainer's (it names the closest), or init arguments are not JSON.
         AuditInputError: (a ``ValueError``) any bad input the command answers with exit code 2, before
             any training; the message names the Python argument and what to do.
         AuditRunFailed: a training run failed (the command's exit code 3).
     """
     __tracebackhide__ = True  # pytest shows a bad input's one line, not this function's source
+    unexpected_keywords("audit", trainer_args, KEYWORDS)  # step=, data_arg=: "did you mean"
     _check_types(devices=(devices, int), steps=(steps, int), seed=(seed, int), effect_batches=(effect_batches, int),
                  progress=(progress, bool))
     _check_choice("dtype", dtype, ("float64", "float32"))
@@ -308,6 +310,7 @@ def audit(model: Classish, datamodule: Classish, *, model_args: Optional[dict] =
     return AuditResult.of(result, report, None if temporary else folder)
 
 
+KEYWORDS = keywords(audit)  # audit's own keyword arguments, read once (the pytest helper names them too)
 #: the command line's names in a pre-flight message -> the Python arguments of ``audit``
 _NAMES = [(r"--model\.init_args\.(\w+)", r"model_args['\1']"), (r"--data\.init_args\.(\w+)", r"data_args['\1']"),
           (r"--model's init args", "model_args"), (r"--data's init args", "data_args"),
@@ -443,14 +446,11 @@ def _found(name: str) -> Any:
     from importlib.machinery import PathFinder
 
     parent, _, last = name.rpartition(".")
-    if parent:
-        if _found(parent) is None:
-            return None
-        path = getattr(sys.modules.get(parent), "__path__", None)
-        if path is None:
-            return None
-    else:
-        path = sys.path
+    if parent and _found(parent) is None:
+        return None
+    path = getattr(sys.modules.get(parent), "__path__", None) if parent else sys.path
+    if path is None:
+        return None
     try:
         return PathFinder.find_spec(last, list(path))
     except (ImportError, ValueError):

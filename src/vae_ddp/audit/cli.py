@@ -5,8 +5,10 @@
                   [--out DIR] [--trainer.* ...] [--config FILE]
 
 MODEL and DATA are ``package.module.Class`` or ``path/to/file.py:Class``. DATA's ``batch_size``
-is the global batch size (one device's batch); each DDP rank gets ``batch_size / devices``. The
-checks of the input before any training live in [`vae_ddp.audit.preflight`][vae_ddp.audit.preflight];
+is the global batch size (one device's batch); each DDP rank gets ``batch_size / devices``. What the
+arguments alone tell (an unknown or abbreviated flag, a missing one, a class path of no file.py) is
+refused before they are parsed ([`vae_ddp.audit.argv`][vae_ddp.audit.argv]: no torch, no user file imported);
+the checks of the input before any training live in [`vae_ddp.audit.preflight`][vae_ddp.audit.preflight];
 every bad input is one line ([`one_line`][vae_ddp.errors.one_line] for jsonargparse's). Exit codes:
 ``EPILOG`` (0 passed, 1 not, 2 bad input before any training, 3 a training run failed).
 """
@@ -23,6 +25,7 @@ from jsonargparse import ArgumentParser
 from jsonargparse.typing import NotEmptyStr
 
 from vae_ddp.audit import preflight
+from vae_ddp.audit.argv import refusal
 from vae_ddp.errors import Terminated, UserError, config_action, one_line
 
 __all__ = ["main", "build_parser", "AuditParser"]
@@ -46,10 +49,11 @@ BASES = {"model": preflight.LightningModule, "data": preflight.LightningDataModu
 
 class AuditParser(ArgumentParser):
     """jsonargparse's parser named ``vae-ddp audit`` (the help ``--model.help`` prints too), whose
-    help names a class made of a file as the user did (``path/to/file.py:Class``)."""
+    help names a class made of a file as the user did (``path/to/file.py:Class``); a flag is spelled whole
+    (argparse took ``--step 3`` for ``--steps 3``)."""
 
     def __init__(self, *args: Any, prog: str = "vae-ddp audit", exit_on_error: bool = False, **kwargs: Any) -> None:
-        super().__init__(*args, prog=prog, exit_on_error=exit_on_error, **kwargs)
+        super().__init__(*args, prog=prog, exit_on_error=exit_on_error, allow_abbrev=False, **kwargs)
 
     def format_help(self) -> str:
         return preflight.as_given(super().format_help())
@@ -128,6 +132,8 @@ def _main(argv: Optional[list[str]]) -> int:
         sys.path.insert(0, cwd)
     try:
         default_stall()  # VAE_DDP_WATCHDOG_S: refused here, not in the runs
+        if line := refusal(argv, cwd):  # what the strings tell, before the parser imports the user's classes
+            raise UserError(line)
         cfg = build_parser().parse_args(argv)
     except (argparse.ArgumentError, UserError) as err:
         text = str(err) if isinstance(err, UserError) else preflight.as_given(one_line(str(err)))

@@ -99,20 +99,22 @@ def class_arg(key: str, value: str) -> str:
     dict is returned as it is.
 
     Raises:
-        UserError: the file does not exist, the module does not import or defines no such
+        UserError: ``value`` is no class path ([`class_path_problem`][vae_ddp.audit.argv.class_path_problem]:
+            ``shapes:Net``), the file does not exist, the module does not import or defines no such
             class, or the class is not a LightningModule (``model``) / LightningDataModule (``data``).
     """
     from importlib import import_module
 
+    from vae_ddp.audit.argv import class_path_problem
     from vae_ddp.audit.spec import resolve_class_arg
 
     flag = f"--{key}"
     if not isinstance(value, str) or value.startswith(("{", "-")) or value.endswith((".yaml", ".yml", ".json")):
         return value
+    if value not in _GIVEN and (problem := class_path_problem(flag, value)):  # _GIVEN's: made of a file
+        raise UserError(problem)
     try:
         path, file = resolve_class_arg(value)
-    except ValueError as err:  # the file does not exist
-        raise UserError(f"{flag}: {err}") from None
     except Exception as err:  # noqa: BLE001 - the user's file fails to import
         raise UserError(f"{flag}: {value} does not import: {type(err).__name__}: {_first(err)}") from None
     if file:
@@ -300,8 +302,7 @@ def check(run, data_cls: type, model_cls: type, cost: Optional[list] = None,
     except StopIteration:
         raise UserError(f"{data_cls.__name__}.train_dataloader() yields no batch: give it data") from None
     except Exception as err:  # noqa: BLE001 - the user's datamodule: its first line
-        first = str(err).splitlines()[0] if str(err) else ""
-        raise UserError(f"{data_cls.__name__} yields no batch ({type(err).__name__}: {first}): check its setup() "
+        raise UserError(f"{data_cls.__name__} yields no batch ({type(err).__name__}: {_first(err)}): check its setup() "
                         "and train_dataloader()") from None
     size = _dataset_size(dm)
     if size is not None and size < run.global_batch_size:
