@@ -838,7 +838,8 @@ def test_the_users_sync_batchnorm_is_kept_and_the_audits_own_fix_replaces_it(mon
 
 
 def test_a_lightning_cli_configs_trainer_settings_are_accepted_and_noted(monkeypatch, tmp_path):
-    """A project's LightningCLI config as it is: ``trainer.accelerator``, ``devices``, ``sync_batchnorm``,
+    """A project's LightningCLI config as it is: ``seed_everything`` (the runs' seed), ``trainer.accelerator``,
+    ``devices``, ``sync_batchnorm``,
     ``logger: false``, ``enable_checkpointing: false`` (each refused before, one try each) are accepted; those the
     audit replaces are named in the notes where they differ from its own (``devices: 4`` against 2 ranks)."""
     from vae_ddp.audit import preflight
@@ -846,13 +847,14 @@ def test_a_lightning_cli_configs_trainer_settings_are_accepted_and_noted(monkeyp
     from vae_ddp.audit.cli import build_parser
 
     config = tmp_path / "fit.yaml"
-    config.write_text("trainer:\n  accelerator: cpu\n  devices: 4\n  sync_batchnorm: true\n  logger: false\n"
+    config.write_text("seed_everything: 7\ntrainer:\n  accelerator: cpu\n  devices: 4\n  sync_batchnorm: true\n  logger: false\n"
                       "  enable_checkpointing: false\n  enable_progress_bar: true\n"
                       f"model:\n  class_path: {M}.WithBatchNorm\ndata:\n  class_path: {M}.Regression\n")
     monkeypatch.chdir(ROOT)
     run, _, _ = preflight.audit_run(build_parser().parse_args(["--config", str(config)]).as_dict())
     assert run.trainer == {"accelerator": "cpu", "devices": 4, "sync_batchnorm": True, "logger": False,
                            "enable_checkpointing": False, "enable_progress_bar": True}, run.trainer
+    assert run.seed == 7
     seen = {}
     monkeypatch.setattr(audit_run, "Trainer", lambda **kwargs: seen.update(kwargs))
     monkeypatch.setattr(audit_run, "NOTES", [])

@@ -24,7 +24,8 @@ __all__ = ["FLAGS", "refusal", "class_path_problem", "did_you_mean", "keywords",
 
 #: Every flag of the audit's parser (``vae_ddp.audit.cli.build_parser``; a test keeps them equal).
 FLAGS = ("--accelerator", "--config", "--data", "--data.help", "--devices", "--dtype", "--effect_batches", "--help",
-         "--model", "--model.help", "--out", "--print_config", "--seed", "--steps", "--trainer", "-h")
+         "--model", "--model.help", "--out", "--print_config", "--seed", "--seed_everything", "--steps", "--trainer",
+         "-h")
 #: The flags that take no value.
 SWITCHES = ("-h", "--help", "--print_config")
 #: The flags whose dotted names (``--model.init_args.NAME``, ``--trainer.NAME``) the parser checks.

@@ -19,7 +19,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 from jsonargparse import ArgumentParser
 from jsonargparse.typing import NotEmptyStr
@@ -89,7 +89,7 @@ def build_parser() -> AuditParser:
     class flags check their base class by name ([`LightningModule`][vae_ddp.audit.preflight.LightningModule])
     and ``--trainer.NAME VALUE`` collects any ``Trainer`` argument, which
     [`trainer_args`][vae_ddp.audit.preflight.trainer_args] checks after parsing."""
-    from vae_ddp.audit.spec import DEFAULT_STEPS, TRAINER_ARGS, TRAINER_SET
+    from vae_ddp.audit.spec import DEFAULT_STEPS, TRAINER_ARGS, TRAINER_OVERRIDDEN, TRAINER_SET
 
     p = AuditParser(description=DESCRIPTION, epilog=EPILOG)
     p.add_argument("--config", action=config_action(), help="read the options from this YAML file (see --print_config)")
@@ -102,6 +102,9 @@ def build_parser() -> AuditParser:
     p.add_argument("--dtype", type=Literal["float64", "float32"], default="float64", help="float64 or float32")
     p.add_argument("--accelerator", type=Literal["cpu", "gpu"], default="cpu")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed_everything", type=Optional[Union[bool, int]], default=None, help="LightningCLI's, as a "
+                   "project's config has it: an integer is the runs' seed (it replaces --seed); true or false leave "
+                   "--seed (the runs are seeded alike)")
     p.add_argument("--effect_batches", type=int, default=32, help="global batches each side takes from one device's "
                    "weights to tell a change of what DDP trains from other luck (a bias, a noise ratio); 0 skips it")
     p.add_argument("--out", type=NotEmptyStr, default="runs/audit", help="output folder")
@@ -109,7 +112,9 @@ def build_parser() -> AuditParser:
         "your Trainer's arguments as LightningCLI spells them, --trainer.NAME VALUE, the same in every run: "
         + "; ".join(f"--trainer.{k}: {text}" for k, text in TRAINER_ARGS.items())
         + "; any other Trainer argument, except those the audit sets: "
-        + ", ".join(f"--trainer.{k} ({v})" for k, v in TRAINER_SET.items())))
+        + ", ".join(f"--trainer.{k} ({v})" for k, v in TRAINER_SET.items())
+        + "; accepted and replaced by the audit's own (a note names each that differs): "
+        + ", ".join(f"--trainer.{k}" for k in TRAINER_OVERRIDDEN)))
     return p
 
 

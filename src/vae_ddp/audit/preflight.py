@@ -216,13 +216,14 @@ def audit_run(cfg: dict) -> tuple[Any, type, type]:
         default = inspect.signature(data_cls).parameters.get("batch_size")
         gbs = None if default is None or default.default is inspect.Parameter.empty else default.default
     trainer = trainer_args(cfg.get("trainer"))
-    package = one_package(model_cls, data_cls)
+    package, seed = one_package(model_cls, data_cls), cfg.get("seed_everything")  # LightningCLI's, an int: the seed
+    seed = seed if isinstance(seed, int) and not isinstance(seed, bool) else cfg["seed"]
     precision = trainer.get("precision")
     dtype = cfg["dtype"] if precision is None else "float64" if str(precision) == "64-true" else "float32"
     run = AuditRun(model=classes["model"], data=classes["data"], model_file=_FILES.get(classes["model"]["class_path"]),
                    data_file=_FILES.get(classes["data"]["class_path"]), devices=cfg["devices"],
                    global_batch_size=int(gbs or 0), steps=cfg["steps"], dtype=dtype, accelerator=cfg["accelerator"],
-                   seed=cfg["seed"], trainer=trainer, effect_batches=cfg["effect_batches"], lightning=package)
+                   seed=seed, trainer=trainer, effect_batches=cfg["effect_batches"], lightning=package)
     return run, model_cls, data_cls
 
 
