@@ -26,9 +26,9 @@ def assert_ddp_matches_one_device(model: Any, datamodule: Any, *, devices: int =
     """Assert that Lightning DDP on ``devices`` processes trains ``model``'s one-device model.
 
     Args:
-        model: your ``LightningModule`` class (init arguments in ``model_args={...}``) or an instance
-            whose init arguments are its ``hparams`` (``self.save_hyperparameters()``); the runs rebuild
-            it from its class in processes of their own (see [`audit`][vae_ddp.audit.api.audit]).
+        model: your ``LightningModule`` class (init arguments in ``model_args={...}``) or an instance,
+            which travels to the runs pickled, as Lightning's spawn launcher sends it: every run starts
+            from a copy, with its weights (see [`audit`][vae_ddp.audit.api.audit]).
         datamodule: your ``LightningDataModule`` class (``data_args={...}``; its ``batch_size`` is the
             global batch) or such an instance.
         devices: the DDP world size (at least 2).

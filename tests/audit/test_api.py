@@ -62,11 +62,54 @@ def test_the_api_builds_the_clis_run():
     assert given["init_args"] == {"batch_size": 12, "n": 64} and given["class_path"].endswith("test_api.Saved")
 
 
-def test_an_instance_without_its_init_args_is_refused():
-    with pytest.raises(api.AuditInputError, match=r"pass the class and its arguments, model=Plain, model_args="):
-        api.audit(Plain(sync_dist=False), Regression)
+class Unpicklable(Plain):
+    """Keeps a lambda (it does not pickle) and not its init argument under its name."""
+
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        self.units, self.hook = width, lambda: None
+
+
+class Kept(Plain):
+    """Keeps neither its init argument (``lr``, under another name) nor its hparams; writes the weights each run
+    starts from (rank, sum of the first layer's weight) into the file ``record``."""
+
+    def __init__(self, lr: float, record: str = "") -> None:
+        super().__init__()
+        self.learning_rate, self.record = lr, record
+
+    def on_train_start(self) -> None:
+        with open(self.record, "a") as f:
+            f.write(f"{self.global_rank} {float(self.net[0].weight.double().sum())!r}\n")
+
+
+def test_an_instance_that_neither_pickles_nor_keeps_its_init_args_is_refused():
+    """It cannot travel (pickled, as Lightning's spawn launcher sends it) nor be rebuilt: the message names both
+    (the attribute that does not pickle, the argument not recovered) and what to do."""
+    with pytest.raises(api.AuditInputError, match=r"the Unpicklable instance does not pickle \(attribute 'hook' "
+                                                  r"\(function: .*\)\) and its init arguments cannot be recovered "
+                                                  r"\(width\): make it pickle, pass the class and its arguments"):
+        api.audit(Unpicklable(), Regression)
     with pytest.raises(TypeError, match="model_args is for a class; model is an instance"):
         api.audit(Plain(sync_dist=False), Regression, model_args={"sync_dist": False})
+
+
+@pytest.mark.timeout(600)
+def test_instances_travel_pickled_and_every_run_starts_from_their_weights(tmp_path):
+    """``assert_ddp_matches_one_device(Net(lr=0.03), Data(batch_size=16))`` with classes that call no
+    ``save_hyperparameters()`` (refused before: "init arguments cannot be recovered"): the instances travel
+    pickled, and every run, one device's and every rank's, starts from the instance's own weights (the model writes
+    them down at its start; set here to values no seed gives)."""
+    import torch
+
+    model = Kept(lr=0.03, record=str(tmp_path / "starts.txt"))
+    with torch.no_grad():
+        model.net[0].weight.fill_(0.125)
+    result = assert_ddp_matches_one_device(model, Regression(batch_size=16), effect_batches=0)
+    assert result.exit_code == 0
+    starts = [line.split() for line in (tmp_path / "starts.txt").read_text().splitlines()]
+    assert len(starts) >= 3 and {rank for rank, _ in starts} == {"0", "1"}, starts
+    assert {float(total) for _, total in starts} == {0.125 * 16 * 8}, starts
 
 
 @pytest.mark.parametrize("kwargs, error, words", [
@@ -268,7 +311,7 @@ def test_each_call_has_a_folder_of_its_own(monkeypatch):
 
     folders = []
 
-    def stop(cfg, folder, command, progress=True):
+    def stop(cfg, folder, command, progress=True, instances=None):
         folders.append(folder)
         assert folder.is_dir() and not any(folder.iterdir())
         raise UserError("stopped before any run")

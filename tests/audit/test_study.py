@@ -847,8 +847,8 @@ def test_a_lightning_cli_configs_trainer_settings_are_accepted_and_noted(monkeyp
     from vae_ddp.audit.cli import build_parser
 
     config = tmp_path / "fit.yaml"
-    config.write_text("seed_everything: 7\ntrainer:\n  accelerator: cpu\n  devices: 4\n  sync_batchnorm: true\n  logger: false\n"
-                      "  enable_checkpointing: false\n  enable_progress_bar: true\n"
+    config.write_text("seed_everything: 7\ntrainer:\n  accelerator: cpu\n  devices: 4\n  sync_batchnorm: true\n"
+                      "  logger: false\n  enable_checkpointing: false\n  enable_progress_bar: true\n"
                       f"model:\n  class_path: {M}.WithBatchNorm\ndata:\n  class_path: {M}.Regression\n")
     monkeypatch.chdir(ROOT)
     run, _, _ = preflight.audit_run(build_parser().parse_args(["--config", str(config)]).as_dict())

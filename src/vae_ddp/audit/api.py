@@ -14,14 +14,11 @@ checks ([`vae_ddp.audit.preflight`][vae_ddp.audit.preflight]), then
 [`study.audit`][vae_ddp.audit.study.audit]. The result is the command's ``audit.json``, typed
 ([`AuditResult`][vae_ddp.audit.api.AuditResult]; ``to_dict()`` is the file's content).
 
-The ranks are the command's: a new interpreter (``python -m vae_ddp.harness
-vae_ddp.audit.run:train_runs``) under the guard, the other ranks forked from it on CPU. Your
-classes reach them by import, never by pickling: a
-class of an importable module by its dotted name (this process's ``sys.path`` entries outside
-the interpreter's own are added to ``PYTHONPATH`` for them), any other class of a file (a pytest
-test file, a script) by that file, imported under a module name of its own
-([`import_class`][vae_ddp.audit.spec.import_class]); a script must therefore keep its top-level
-work under ``if __name__ == "__main__":``. Classes defined inside a function cannot be reached.
+The ranks are the command's, under the guard. Your classes reach them by import: a class of an importable
+module by its dotted name (this process's own ``sys.path`` entries are added to ``PYTHONPATH``), any other of a
+file (a test file, a script) by that file ([`import_class`][vae_ddp.audit.spec.import_class]; a script keeps its
+top-level work under ``if __name__ == "__main__":``); a class defined inside a function cannot be reached.
+An instance travels pickled ([`user_objects`][vae_ddp.audit.user_objects]), as Lightning's spawn launcher sends it.
 """
 
 from __future__ import annotations
@@ -46,6 +43,7 @@ from vae_ddp import zygote
 from vae_ddp.audit.argv import keywords, unexpected_keywords
 from vae_ddp.lightning_package import env_for, of
 from vae_ddp.audit.engine import run_config
+from vae_ddp.audit.user_objects import STAND_INS, saved, unpicklable
 from vae_ddp.audit.spec import DEFAULT_STEPS
 from vae_ddp.errors import RunFailed, UserError
 from vae_ddp.utils import private_tmpdir
@@ -229,15 +227,14 @@ def audit(model: Classish, datamodule: Classish, *, model_args: Optional[dict] =
     (its runs are processes of their own).
 
     Args:
-        model: a ``LightningModule`` subclass (its ``__init__`` arguments in ``model_args``) or an
-            instance of one. An instance is rebuilt from its class and init arguments in every run (the
-            audit seeds each run before building it: the same initial weights in all of them); its init
-            arguments are its ``hparams`` (``self.save_hyperparameters()`` in ``__init__``, with nothing
-            ignored), or none for a class whose ``__init__`` takes none. State set on the instance
-            after ``__init__`` (loaded weights, attributes) does not travel.
-        datamodule: a ``LightningDataModule`` subclass (arguments in ``data_args``) or an instance,
-            the same way. Its ``batch_size`` is the global batch size B (one device's batch); each
-            of the ``devices`` ranks gets ``B / devices``.
+        model: a ``LightningModule`` subclass (its ``__init__`` arguments in ``model_args``; each run builds
+            it after seeding) or an instance, sent to the runs as Lightning's spawn launcher sends it (pickled,
+            with its weights and attributes: every run starts from a copy,
+            [`vae_ddp.audit.user_objects`][vae_ddp.audit.user_objects]); one that does not pickle is rebuilt
+            from its class and its ``hparams`` or same-named attributes, else refused naming what does not pickle.
+        datamodule: a ``LightningDataModule`` subclass (arguments in ``data_args``) or an instance, the
+            same way (its ``batch_size`` attribute set to each run's). Its ``batch_size`` is the global batch
+            size B (one device's batch); each of the ``devices`` ranks gets ``B / devices``.
         model_args: ``model``'s ``__init__`` arguments (JSON values: numbers, strings, lists, dicts),
             as ``--model.init_args.NAME``.
         data_args: ``datamodule``'s, as ``--data.init_args.NAME``.
@@ -281,24 +278,26 @@ def audit(model: Classish, datamodule: Classish, *, model_args: Optional[dict] =
         _check_choice("precision", str(precision), PRECISIONS)
         trainer_args["precision"] = str(precision)
     with _child_path():
-        classes = {key: _class_cfg(key, obj, args) for key, obj, args in
-                   (("model", model, model_args), ("data", datamodule, data_args))}
-        given = {**classes, "devices": devices, "steps": steps, "dtype": dtype, "accelerator": accelerator,
-                 "seed": seed, "effect_batches": effect_batches, "out": str(out or "unused"),
-                 "trainer": dict(trainer_args) or None}
-        cfg = _parse(given)
+        given_objs = (("model", model, model_args), ("data", datamodule, data_args))
+        classes = {key: _class_cfg(key, obj, args) for key, obj, args in given_objs}
+        travel = {key: obj for key, obj, _ in given_objs if not isinstance(obj, type) and unpicklable(obj) is None}
+        given = {**classes, **{k: {"class_path": STAND_INS[k]} for k in travel}, "devices": devices, "steps": steps,
+                 "dtype": dtype, "accelerator": accelerator, "seed": seed, "effect_batches": effect_batches,
+                 "out": str(out or "unused"), "trainer": dict(trainer_args) or None}
+        cfg = dict(_parse(given).as_dict(), **{k: classes[k] for k in travel})  # an instance's class as it is
         temporary = out is None
         if accelerator == "cpu":  # outside the call's TMPDIR: it serves this process's later calls too, and its
-            # imports, which make inductor's folder, may outlast the call; the Lightning package of the user's module
+            # imports (inductor's folder) may outlast the call; the Lightning package of the user's module
             zygote.warm("vae_ddp.audit.run", env_for(of(model if isinstance(model, type) else type(model))))
-        # a TMPDIR of the call's own, removed however the call or its caller ends (a SIGKILL too: its reaper),
-        # and with it the temporary output folder made in it
+        # a TMPDIR of the call's own, removed however the call or its caller ends (a SIGKILL too: its reaper), and with
+        # it the temporary output folder and the pickled instances made in it
         with private_tmpdir():
             folder = Path(tempfile.mkdtemp(prefix="vae-ddp-audit-")) if temporary else Path(out).expanduser().resolve()
             shown = contextlib.nullcontext() if progress else contextlib.redirect_stdout(io.StringIO())
             try:
                 with shown:  # the report is the result's (report); the runs' own output goes to their logs
-                    result = run_config(cfg, folder, "vae_ddp.audit.api.audit", progress=progress)
+                    result = run_config(cfg, folder, "vae_ddp.audit.api.audit", progress=progress,
+                                        instances={k: saved(obj) for k, obj in travel.items()})
                 report = (folder / "tables.md").read_text() if (folder / "tables.md").exists() else ""
             except UserError as err:
                 raise AuditInputError(python_names(str(err))) from None
@@ -397,22 +396,24 @@ def _check_init_args(cls: type, init_args: dict, args_name: str) -> None:
 
 
 def _init_args(obj: Any, name: str, args_name: str) -> dict:
-    """The init arguments an instance was built with: its ``hparams_initial`` when they name every
-    parameter of its class's ``__init__``, ``{}`` for an ``__init__`` without parameters."""
+    """The init arguments of an instance, as far as they are recovered: its ``hparams_initial``, else its
+    attributes of the parameters' names (``self.lr = lr``); a datamodule's ``batch_size`` attribute. All of them,
+    where the instance does not pickle (rebuilt from them), else AuditInputError naming what does not pickle."""
     __tracebackhide__ = True
-    cls = type(obj)
+    cls, saved_args = type(obj), dict(getattr(obj, "hparams_initial", None) or {})
     params = [p for p in inspect.signature(cls.__init__).parameters.values()
               if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    if not params:
-        return {}
-    saved = dict(getattr(obj, "hparams_initial", None) or {})
-    missing = [p.name for p in params if p.name not in saved]
-    if missing:
+    found = {p.name: saved_args[p.name] if p.name in saved_args else getattr(obj, p.name) for p in params
+             if p.name in saved_args or isinstance(getattr(obj, p.name, None), (bool, int, float, str))}
+    if name == "datamodule" and isinstance(getattr(obj, "batch_size", None), int):
+        found["batch_size"] = obj.batch_size
+    missing, problem = [p.name for p in params if p.name not in found], unpicklable(obj)
+    if missing and problem:
         raise AuditInputError(
-            f"{name}: the {cls.__name__} instance's init arguments cannot be recovered ({', '.join(missing)} not in "
-            f"its hparams): pass the class and its arguments, {name}={cls.__name__}, {args_name}={{...}}, or call "
-            "self.save_hyperparameters() in its __init__")
-    return {p.name: saved[p.name] for p in params}
+            f"{name}: the {cls.__name__} instance does not pickle ({problem}) and its init arguments cannot be "
+            f"recovered ({', '.join(missing)}): make it pickle, pass the class and its arguments, {name}="
+            f"{cls.__name__}, {args_name}={{...}}, or call self.save_hyperparameters() in its __init__")
+    return found
 
 
 def _where(cls: type, name: str) -> str:

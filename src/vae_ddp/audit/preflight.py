@@ -26,6 +26,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Optional
 
+from vae_ddp.audit import user_objects
 from vae_ddp.audit.attached import one_device_trainer
 from vae_ddp.errors import UserError
 from vae_ddp.lightning_package import is_a, one_package
@@ -273,7 +274,7 @@ def check(run, data_cls: type, model_cls: type, cost: Optional[list] = None,
         raise UserError(f"--effect_batches must be 0 (skip) or at least 4, got {run.effect_batches}")
     if all(k.__dict__.get("training_step") is None for k in model_cls.__mro__ if k.__name__ != "LightningModule"):
         raise UserError(f"{model_cls.__name__} has no training_step: the audit trains it, so define one")
-    if "batch_size" not in inspect.signature(data_cls).parameters:
+    if "batch_size" not in inspect.signature(data_cls).parameters and "data" not in run.instances:
         raise UserError(f"{data_cls.__name__} takes no batch_size argument: the audit sets the per-device batch "
                         "through it (batch_size = global batch / devices)")
     if run.global_batch_size < 1:
@@ -286,7 +287,7 @@ def check(run, data_cls: type, model_cls: type, cost: Optional[list] = None,
         raise UserError(f"--accelerator gpu with {run.devices} devices needs that many CUDA devices, this machine "
                         f"has {torch.cuda.device_count()}: use --accelerator cpu")
     try:
-        dm = data_cls(**dict(run.data.get("init_args", {}), batch_size=run.global_batch_size))
+        dm = user_objects.build(run, "data", batch_size=run.global_batch_size)  # (a copy of an instance given)
     except Exception as err:  # noqa: BLE001 - the user's class: its first line
         raise UserError(f"{data_cls.__name__}(...) fails ({type(err).__name__}: {_first(err)}): check --data's "
                         "init args") from None
@@ -323,7 +324,7 @@ def _check_model(run, model_cls: type, dm, batches: list, batch,
     from vae_ddp.fixes.factor import cast_batch as _cast
     from vae_ddp.harness.resources import audit_cost
     try:
-        model = model_cls(**run.model.get("init_args", {}))
+        model = user_objects.build(run, "model")
     except Exception as err:  # noqa: BLE001 - the user's class: its first line
         raise UserError(f"{model_cls.__name__}(...) fails ({type(err).__name__}: {_first(err)}): check --model's "
                         "init args") from None

@@ -19,7 +19,11 @@ from typing import Any, Optional
 
 from vae_ddp.audit.spec import import_class
 
-__all__ = ["saved", "build", "unpicklable"]
+__all__ = ["saved", "build", "unpicklable", "STAND_INS"]
+
+#: What the audit's parser checks in place of an instance (``"model"``, ``"data"``): classes that take nothing
+#: the instance must show (``vae_ddp.audit.stand_ins``); the runs build the instance, never these.
+STAND_INS = {"model": "vae_ddp.audit.stand_ins.GivenModule", "data": "vae_ddp.audit.stand_ins.GivenDataModule"}
 
 
 def unpicklable(obj: Any) -> Optional[str]:
