@@ -32,18 +32,12 @@ __all__ = ["main", "build_parser", "AuditParser"]
 
 DESCRIPTION = ("Train your LightningModule on one device and with DDP from the same weights and global batch, and "
                "find which factor makes them differ.")
-EPILOG = ("exit codes: 0 DDP, as you run it, trains one device's model: it computes one device's step, "
-          "or differs only in which samples or independent draws it takes (Lightning's shuffling DistributedSampler) "
-          "or in what it logs; 1 it does not: a factor whose mechanism changes what DDP trains "
-          "(the same draws on every rank, "
-          "per-rank BatchNorm statistics, a loss reduced per rank, a stream every rank reads whole, buffers or "
-          "parameters that part), even where the audit's fix closes it (the fix is the advice), or with every fix "
-          "DDP's step is not within 2x the one-device floor, or it could not be judged; 2 bad input; "
-          "3 a training run failed")
-HELPS = {"model": "your LightningModule: package.module.Class or path/to/file.py:Class; its __init__ arguments as "
-                  "--model.init_args.NAME VALUE or --model.NAME VALUE (listed by --model.help CLASS)",
-         "data": "your LightningDataModule, given the same way; its batch_size (--data.init_args.batch_size) is the "
-                 "global batch size: each of the --devices ranks gets batch_size / devices"}
+EPILOG = ("exit codes: 0 DDP, as you run it, trains one device's model (it computes one device's step, or differs "
+          "only in which samples or independent draws it takes, or in what it logs); 1 it does not (a factor that "
+          "changes what DDP trains, a step not within 2x the one-device floor, or no judgement); 2 bad input; 3 a "
+          "training run failed. What each option and --trainer.NAME does: the 'Audit your own model' page.")
+HELPS = {"model": "package.module.Class or path/to/file.py:Class; init arguments as --model.init_args.NAME VALUE",
+         "data": "the same way; its batch_size is the global batch size (batch_size / devices per rank)"}
 BASES = {"model": preflight.LightningModule, "data": preflight.LightningDataModule}
 
 
@@ -102,19 +96,14 @@ def build_parser() -> AuditParser:
     p.add_argument("--dtype", type=Literal["float64", "float32"], default="float64", help="float64 or float32")
     p.add_argument("--accelerator", type=Literal["cpu", "gpu"], default="cpu")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--seed_everything", type=Optional[Union[bool, int]], default=None, help="LightningCLI's, as a "
-                   "project's config has it: an integer is the runs' seed (it replaces --seed); true or false leave "
-                   "--seed (the runs are seeded alike)")
-    p.add_argument("--effect_batches", type=int, default=32, help="global batches each side takes from one device's "
-                   "weights to tell a change of what DDP trains from other luck (a bias, a noise ratio); 0 skips it")
+    p.add_argument("--seed_everything", type=Optional[Union[bool, int]], default=None,
+                   help="a LightningCLI config's: an integer replaces --seed")
+    p.add_argument("--effect_batches", type=int, default=32, help="global batches of the effect runs (0: none)")
     p.add_argument("--out", type=NotEmptyStr, default="runs/audit", help="output folder")
     p.add_argument("--trainer", type=Optional[dict[str, Any]], default=None, metavar="NAME VALUE", help=(
-        "your Trainer's arguments as LightningCLI spells them, --trainer.NAME VALUE, the same in every run: "
-        + "; ".join(f"--trainer.{k}: {text}" for k, text in TRAINER_ARGS.items())
-        + "; any other Trainer argument, except those the audit sets: "
-        + ", ".join(f"--trainer.{k} ({v})" for k, v in TRAINER_SET.items())
-        + "; accepted and replaced by the audit's own (a note names each that differs): "
-        + ", ".join(f"--trainer.{k}" for k in TRAINER_OVERRIDDEN)))
+        "your Trainer's arguments as LightningCLI spells them, --trainer.NAME VALUE, the same in every run ("
+        + ", ".join(TRAINER_ARGS) + " and any other), but those the audit sets (" + ", ".join(TRAINER_SET)
+        + "); " + ", ".join(TRAINER_OVERRIDDEN) + " are replaced by the audit's own"))
     return p
 
 
