@@ -177,3 +177,17 @@ def test_workers_seeded_by_rank_pass(tmp_path, truth):
     assert "independent draws from one device's distribution" in log and "same augmentation" not in log
     rows = {f["factor"]: f for f in result["findings"]}
     assert not rows["noise"]["exposed"] and "- passed, in two parts" in log
+
+
+def test_every_cause_of_the_noise_factor_is_listed_at_once():
+    """The dataset's augmentation drawn alike on the ranks and dropout masks repeated across ranks (the ``ddp``
+    run's ``DDPAudit`` finding): one row names both, with both fixes (the first audit named the augmentation only;
+    the dropout masks came out only once it was fixed)."""
+    dropout = {"factor": "noise", "manual": False, "evidence": "the training step draws random numbers and all 2 "
+               "ranks draw the same ones (same torch seed): its dropout masks or noise repeat across ranks",
+               "fix": "vae_ddp.fixes.PerRankSeed"}
+    both = draws_verdict([], [], [dropout], verdict(SAME))["finding"]
+    assert both["evidence"].startswith(dropout["evidence"] + "; the dataset draws random augmentation"), both
+    assert both["fix"].startswith("vae_ddp.fixes.PerRankSeed; for the dataset's draws: seed the workers"), both
+    alone = draws_verdict([], [], [], verdict(SAME))["finding"]
+    assert "dropout" not in alone["evidence"]

@@ -314,7 +314,8 @@ def draws_verdict(attention: list[str], torch_draws: list[str], default_findings
     ``ddp`` run's noise check: the ranks' generators alike, and the step draws; the ranks' loaders
     reading the same samples; not measured counts as the same)? ``{"attention", "torch", "dataset"
     (with ``items`` only), "repeated", "finding"}``, the finding being the noise factor's row (``default_findings``: the
-    ``ddp`` run's ``DDPAudit`` findings, as dicts)."""
+    ``ddp`` run's ``DDPAudit`` findings, as dicts), every cause in it: the dataset's draws beside the step's own
+    that ``DDPAudit`` saw repeated (dropout masks)."""
     from vae_ddp.fixes import noise
 
     step = bool(attention or torch_draws)
@@ -343,6 +344,9 @@ def draws_verdict(attention: list[str], torch_draws: list[str], default_findings
                                                "step is compared with each sample's draws keyed to its index): "
                                                + items["state"])
         fixes += ("; for the dataset's draws: " if step else "") + items["fix"]
+    own = [f for f in default_findings if f["factor"] == noise.FACTOR.key and not f.get("manual")]
+    if items and not step and own:  # the step's own draws repeated too (dropout masks): every cause at once
+        evidence, fixes = own[0]["evidence"] + "; " + evidence, own[0]["fix"] + "; for the dataset's draws: " + fixes
     finding = {"factor": noise.FACTOR.key, "manual": True, "unkeyed": True, "evidence": evidence, "fix": fixes}
     return {"attention": attention, "torch": torch_draws, **({"dataset": items} if items else {}), "repeated": repeated,
             "finding": finding}
