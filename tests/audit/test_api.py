@@ -83,6 +83,34 @@ class Kept(Plain):
             f.write(f"{self.global_rank} {float(self.net[0].weight.double().sum())!r}\n")
 
 
+class ValidatedUnsynced(Plain):
+    """Logs its validation loss without ``sync_dist``, as most users do (Lightning warns of it)."""
+
+    def validation_step(self, batch, batch_idx):
+        from torch.nn import functional as F
+
+        x, y = batch
+        self.log("val_loss", F.mse_loss(self(x), y))
+
+
+class WithValidation(Regression):
+    def val_dataloader(self):
+        from torch.utils.data import DataLoader
+
+        return DataLoader(self.train_set, batch_size=self.batch_size)
+
+
+@pytest.mark.timeout(600)
+def test_validation_metrics_logged_without_sync_dist_are_judged_like_training_ones():
+    """``val_loss`` logged without ``sync_dist`` was reported as "every logged metric synchronised" (the runs
+    validated nothing) while Lightning itself warns: the run with Lightning's defaults validates two batches, and
+    the logging row names the metric."""
+    result = api.audit(ValidatedUnsynced, WithValidation, effect_batches=0)
+    logging = {f.factor: f for f in result.findings}.get("logging")
+    assert logging is not None, [f.factor for f in result.findings]
+    assert "validation: 1 metric(s) logged without sync_dist (val_loss)" in logging.evidence, logging.evidence
+
+
 def test_an_instance_that_neither_pickles_nor_keeps_its_init_args_is_refused():
     """It cannot travel (pickled, as Lightning's spawn launcher sends it) nor be rebuilt: the message names both
     (the attribute that does not pickle, the argument not recovered) and what to do."""

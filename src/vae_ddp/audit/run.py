@@ -347,6 +347,19 @@ def _say_progress(out: Path, done: list[str], later: list[AuditRun], same: dict[
     write_atomic(out / PROGRESS_FILE, json.dumps({"done": done, "to_come": to_come}))
 
 
+def _validate(trainer: Trainer, model: LightningModule, dm: Any) -> None:
+    """Two batches of the user's validation (``trainer.validate``), where the module has a ``validation_step`` and
+    the datamodule a ``val_dataloader``: what ``DDPAudit`` sees of the metrics it logs (without ``sync_dist``, an
+    epoch mean over counts the world size does not divide). The runs themselves validate nothing."""
+    def own(obj: Any, name: str) -> bool:
+        return any(name in k.__dict__ for k in type(obj).__mro__ if not k.__module__.startswith(("pytorch_lightning",
+                                                                                                 "lightning.")))
+
+    if own(model, "validation_step") and own(dm, "val_dataloader"):
+        trainer.limit_val_batches = 2
+        trainer.validate(model, datamodule=dm, verbose=False)
+
+
 def train_runs(runs: list[AuditRun], out: Path) -> int:
     """What the audit's launches train (``python -m vae_ddp.harness vae_ddp.audit.run:train_runs JOB
     OUT``, [`run_job`][vae_ddp.harness.launch.run_job]: the audit's job trains its groups together,
@@ -431,6 +444,8 @@ def _train(runs: list[AuditRun], out: Path) -> int:
         if run.label == localise.RANKS_GRADS and run.devices > 1 and trainer.strategy.reduce_boolean_decision(
                 bool(gathers), all=False):  # a gather without gradient on any rank: its advice checked, next
             runs.insert(runs.index(run) + 1, run.replace(label=localise.SYNC_GRADS, sync_grads=True))
+        if run.label == DECIDING[0] and run.devices > 1:  # Lightning's defaults: what the validation logs too
+            _validate(trainer, model, dm)
         if run.label in deciding:  # what it saw, rank 0's findings, on every rank
             mine = None
             if trainer.is_global_zero:

@@ -96,10 +96,10 @@ def _logged(metric: Any) -> list:
             for p in parts if isinstance(p, torch.Tensor)]
 
 
-def _watch_unsynced(seen: Seen) -> list:
+def _watch_unsynced(seen: Seen, where: str = "", share: str = "the batch") -> list:
     """``train_batch_end`` (first batch): metrics logged as tensors without ``sync_dist`` whose values
     differ across the ranks (a constant, a weight or a schedule's value, logged alike on every rank is
-    rank 0's value and the global one alike)."""
+    rank 0's value and the global one alike); ``where``, ``share``: the validation's words."""
     results = seen.trainer._results  # the active loop's _ResultCollection (Lightning 2.x)
     if results is None:
         return []
@@ -110,16 +110,20 @@ def _watch_unsynced(seen: Seen) -> list:
                       if len(ranks) < 2 or any(r.get(name) != candidates[name] for r in ranks))
     if not unsynced:
         return []
-    return [Finding("logging", f"{len(unsynced)} metric(s) logged without sync_dist ({', '.join(unsynced[:4])}): "
-                    "under DDP the logged value is rank 0's share of the batch",
+    names = ", ".join(unsynced[:4])
+    return [Finding("logging", f"{where}{len(unsynced)} metric(s) logged without sync_dist ({names}): "
+                    f"under DDP the logged value is rank 0's share of {share}",
                     "self.log(name, value, sync_dist=True, batch_size=len(batch[0]))")]
 
 
 def _watch_count(seen: Seen) -> list:
-    """``validation_batch_end``: count this rank's validation samples."""
+    """``validation_batch_end``: count this rank's validation samples; at the first batch, the metrics the
+    validation logs without ``sync_dist`` whose values differ across the ranks (as ``train_batch_end``'s; Lightning
+    itself only warns of them)."""
     tensors = batch_tensors(seen.batch)
+    first = "samples" not in seen.state
     seen.state["samples"] = seen.state.get("samples", 0) + (len(tensors[0]) if tensors and tensors[0].dim() > 0 else 0)
-    return []
+    return _watch_unsynced(seen, "validation: ", "the validation set") if first else []
 
 
 def _watch_epoch_mean(seen: Seen) -> list:
