@@ -111,6 +111,31 @@ def test_validation_metrics_logged_without_sync_dist_are_judged_like_training_on
     assert "validation: 1 metric(s) logged without sync_dist (val_loss)" in logging.evidence, logging.evidence
 
 
+class OwnSampler(Regression):
+    """Deals its training set with a ``DistributedSampler(shuffle=True)`` of its own (the ranks from its Trainer):
+    what a user runs with ``Trainer(use_distributed_sampler=False)``."""
+
+    def train_dataloader(self):
+        from torch.utils.data import DataLoader, DistributedSampler
+
+        sampler = DistributedSampler(self.train_set, num_replicas=self.trainer.world_size,
+                                     rank=self.trainer.global_rank, shuffle=True, seed=0)
+        return DataLoader(self.train_set, batch_size=self.batch_size, sampler=sampler)
+
+
+@pytest.mark.timeout(600)
+def test_a_sampler_of_the_users_own_is_audited_as_they_run_it():
+    """``use_distributed_sampler=False`` with the user's own sampler was refused ("the audit sets it"): the DDP run
+    as they run it keeps their sampler, whose interleaved rows of its own permutation are the sampler row's
+    evidence, as Lightning's would be. The fixed runs deal one device's global batches, which the user's loader
+    draws as one device (world size 1 in the view its datamodule gets): with every fix DDP computes one device's
+    step (the global-batch loader drew rank r's share and the gradient was 3.7e15x its floor)."""
+    result = api.audit(Plain, OwnSampler, use_distributed_sampler=False, effect_batches=0)
+    assert result.exit_code == 0 and result.within_floor, str(result)
+    sampler = {f.factor: f for f in result.findings}["sampler"]
+    assert sampler.evidence.startswith("DistributedSampler(shuffle=True) deals interleaved rows"), sampler.evidence
+
+
 def test_an_instance_that_neither_pickles_nor_keeps_its_init_args_is_refused():
     """It cannot travel (pickled, as Lightning's spawn launcher sends it) nor be rebuilt: the message names both
     (the attribute that does not pickle, the argument not recovered) and what to do."""

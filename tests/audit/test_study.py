@@ -819,7 +819,8 @@ def test_the_trainer_arguments_the_audit_refuses_are_those_its_runs_set(monkeypa
     run = AuditRun(model={"class_path": f"{M}.Plain"}, data={"class_path": f"{M}.Regression"}, devices=2,
                    global_batch_size=16, steps=1, fixes=list(registry.audit_fixable()))
     audit_run.build(run)
-    set_by_runs = set(seen) - {"strategy", "precision", "max_epochs", *TRAINER_OVERRIDDEN}
+    # the user's too: use_distributed_sampler (False with a sampler of their own; the sampler fix sets it itself)
+    set_by_runs = set(seen) - {"strategy", "precision", "max_epochs", "use_distributed_sampler", *TRAINER_OVERRIDDEN}
     assert set(TRAINER_OVERRIDDEN) <= set(seen) and not set(TRAINER_OVERRIDDEN) & set(TRAINER_SET)
     assert set_by_runs <= set(TRAINER_SET), set_by_runs - set(TRAINER_SET)
     steps = {"num_nodes", "min_steps", "max_time", "fast_dev_run", "overfit_batches"}

@@ -13,7 +13,7 @@ import logging
 import warnings
 from typing import Any
 
-__all__ = ["one_device_trainer", "LOGGERS"]
+__all__ = ["one_device_trainer", "one_device_view", "LOGGERS"]
 
 #: Lightning's loggers, whose lines about the devices a ``Trainer`` finds are the pre-checks', not the user's.
 LOGGERS = ("pytorch_lightning", "lightning_fabric", "lightning.pytorch")
@@ -39,3 +39,25 @@ def one_device_trainer(package: str = "pytorch_lightning") -> Any:
     finally:
         for lg, level in zip(loggers, levels):
             lg.setLevel(level)
+
+
+class _OneDeviceView:
+    """A rank's ``Trainer`` as one device's: world size 1, rank 0; every other attribute the trainer's own."""
+
+    world_size = num_devices = num_nodes = 1
+    global_rank = local_rank = node_rank = 0
+    is_global_zero = True
+
+    def __init__(self, trainer: Any) -> None:
+        self._trainer = trainer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._trainer, name)
+
+
+def one_device_view(trainer: Any) -> Any:
+    """``trainer`` (a DDP rank's) as the datamodule that draws one device's global batches in that rank sees it
+    (the audit's sampler fix deals them to the ranks): ``world_size`` 1, ``global_rank`` 0, so that a loader built
+    from them (a ``DistributedSampler`` of the user's own, ``use_distributed_sampler=False``) draws what one device
+    draws; every other attribute is the trainer's."""
+    return _OneDeviceView(trainer)

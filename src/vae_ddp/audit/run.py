@@ -44,6 +44,7 @@ from vae_ddp.audit.callback import DDPAudit
 from vae_ddp.audit.draws import KeyedTorchDraws, NoAttentionDropout
 from vae_ddp.audit.loader_draws import keyed_items, measure
 from vae_ddp.audit import user_objects, users_trainer
+from vae_ddp.audit.attached import one_device_view
 from vae_ddp.audit.spec import (DECIDING, LEFT, ONE_DEVICE, PROGRESS_FILE, SEEN_FILE, AuditRun, failed_marker,
                               same_runs, seen_in, trained)
 from vae_ddp import heartbeat
@@ -196,7 +197,7 @@ def audit_strategy(run: AuditRun, name: str, loaders: list) -> Strategy:
         datamodule stays the per-device one, as under DDP (a schedule counted from its loader's
         length sees what it would see)."""
         data = user_objects.build(run, "data", batch_size=run.global_batch_size)
-        data.trainer = self.lightning_module.trainer
+        data.trainer = one_device_view(self.lightning_module.trainer)  # one device's loader (a sampler by rank too)
         data.setup("fit")
         loader = data.train_dataloader()
         note = make_fork_safe(loader, preload=("vae_ddp.audit.spec",))

@@ -46,6 +46,8 @@ TRAINER_ARGS: dict[str, str] = {
     "gradient_clip_algorithm": "norm (default) or value",
     "deterministic": "torch's deterministic algorithms: true, false or warn",
     "detect_anomaly": "autograd's anomaly detection",
+    "use_distributed_sampler": "false: your own sampler, kept in the DDP runs without the audit's sampler fix (which "
+                               "deals one device's global batches itself); its batches judged as Lightning's are",
     "sync_batchnorm": "your BatchNorm fix, kept in the DDP runs (on CPU as plugins=[GlobalSyncBatchNorm()], the same "
                       "global-batch statistics: torch's SyncBatchNorm refuses CPU tensors); a run with the audit's own "
                       "BatchNorm fix uses that one instead, never both",
@@ -57,7 +59,7 @@ except those of ``TRAINER_SET``."""
 TRAINER_SET: dict[str, str] = {
     "num_nodes": "--devices, on one node",
     "max_steps": "--steps", "min_steps": "--steps", "max_time": "--steps", "fast_dev_run": "--steps",
-    "overfit_batches": "the batches each step trains on", "use_distributed_sampler": "the sampler fix",
+    "overfit_batches": "the batches each step trains on",
     "plugins": "the fixes", "callbacks": "its probes and fixes",
     "limit_val_batches": "no validation", "num_sanity_val_steps": "no validation",
 }

@@ -6,7 +6,9 @@
   (Lightning refuses ``sync_batchnorm=True`` beside a ``LayerSync`` plugin); nothing on one device;
 - those that do not change the comparison (``TRAINER_OVERRIDDEN``: accelerator, devices, logger, checkpoints,
   progress bar, summary) are replaced by the audit's own, each whose value differs named in a note;
-- the rest go to the run's ``Trainer`` as given.
+- the rest go to the run's ``Trainer`` as given (``use_distributed_sampler=False`` with the user's own sampler
+  too), but where the audit's fix in the run sets the same argument (the sampler fix deals one device's global
+  batches with ``use_distributed_sampler=False`` of its own).
 """
 
 from __future__ import annotations
@@ -36,4 +38,6 @@ def in_run(run: Any, parts: Any) -> tuple[Any, dict, list[str]]:
     for key, what in TRAINER_OVERRIDDEN.items():
         if key in user and str(value := user.pop(key)) != str(ours[key]) and (key != "devices" or run.devices > 1):
             notes.append(f"trainer.{key}={value!r}: the audit's runs use {key}={ours[key]!r} ({what})")
+    for key in parts.trainer:  # the audit's fix in this run sets it (use_distributed_sampler=False: the sampler fix)
+        user.pop(key, None)
     return parts, user, notes
