@@ -93,27 +93,9 @@ class ValidatedUnsynced(Plain):
         self.log("val_loss", F.mse_loss(self(x), y))
 
 
-class WithValidation(Regression):
-    def val_dataloader(self):
-        from torch.utils.data import DataLoader
-
-        return DataLoader(self.train_set, batch_size=self.batch_size)
-
-
-@pytest.mark.timeout(600)
-def test_validation_metrics_logged_without_sync_dist_are_judged_like_training_ones():
-    """``val_loss`` logged without ``sync_dist`` was reported as "every logged metric synchronised" (the runs
-    validated nothing) while Lightning itself warns: the run with Lightning's defaults validates two batches, and
-    the logging row names the metric."""
-    result = api.audit(ValidatedUnsynced, WithValidation, effect_batches=0)
-    logging = {f.factor: f for f in result.findings}.get("logging")
-    assert logging is not None, [f.factor for f in result.findings]
-    assert "validation: 1 metric(s) logged without sync_dist (val_loss)" in logging.evidence, logging.evidence
-
-
 class OwnSampler(Regression):
     """Deals its training set with a ``DistributedSampler(shuffle=True)`` of its own (the ranks from its Trainer):
-    what a user runs with ``Trainer(use_distributed_sampler=False)``."""
+    what a user runs with ``Trainer(use_distributed_sampler=False)``; validates on the same set, by rank too."""
 
     def train_dataloader(self):
         from torch.utils.data import DataLoader, DistributedSampler
@@ -122,18 +104,31 @@ class OwnSampler(Regression):
                                      rank=self.trainer.global_rank, shuffle=True, seed=0)
         return DataLoader(self.train_set, batch_size=self.batch_size, sampler=sampler)
 
+    def val_dataloader(self):
+        from torch.utils.data import DataLoader, DistributedSampler
+
+        sampler = DistributedSampler(self.train_set, num_replicas=self.trainer.world_size,
+                                     rank=self.trainer.global_rank, shuffle=False)
+        return DataLoader(self.train_set, batch_size=self.batch_size, sampler=sampler)
+
 
 @pytest.mark.timeout(600)
-def test_a_sampler_of_the_users_own_is_audited_as_they_run_it():
-    """``use_distributed_sampler=False`` with the user's own sampler was refused ("the audit sets it"): the DDP run
-    as they run it keeps their sampler, whose interleaved rows of its own permutation are the sampler row's
-    evidence, as Lightning's would be. The fixed runs deal one device's global batches, which the user's loader
-    draws as one device (world size 1 in the view its datamodule gets): with every fix DDP computes one device's
-    step (the global-batch loader drew rank r's share and the gradient was 3.7e15x its floor)."""
-    result = api.audit(Plain, OwnSampler, use_distributed_sampler=False, effect_batches=0)
+def test_the_users_own_sampler_and_validation_are_audited_as_they_run_them():
+    """One audit, two of a user's everyday settings (each was missed or refused):
+
+    - ``use_distributed_sampler=False`` with the user's own sampler (refused: "the audit sets it"): the DDP run as
+      they run it keeps their sampler, whose interleaved rows of its own permutation are the sampler row's
+      evidence, as Lightning's would be. The fixed runs deal one device's global batches, which the user's loader
+      draws as one device (world size 1 in the view its datamodule gets): with every fix DDP computes one device's
+      step (the global-batch loader drew rank r's share, and the gradient was 3.7e15x its floor);
+    - ``val_loss`` logged without ``sync_dist`` (reported as "every logged metric synchronised": the runs validated
+      nothing, while Lightning itself warns): the run with Lightning's defaults validates two batches, and the
+      logging row names the metric."""
+    result = api.audit(ValidatedUnsynced, OwnSampler, use_distributed_sampler=False, effect_batches=0)
     assert result.exit_code == 0 and result.within_floor, str(result)
-    sampler = {f.factor: f for f in result.findings}["sampler"]
-    assert sampler.evidence.startswith("DistributedSampler(shuffle=True) deals interleaved rows"), sampler.evidence
+    found = {f.factor: f for f in result.findings}
+    assert found["sampler"].evidence.startswith("DistributedSampler(shuffle=True) deals interleaved rows"), found
+    assert "validation: 1 metric(s) logged without sync_dist (val_loss)" in found["logging"].evidence, found
 
 
 def test_an_instance_that_neither_pickles_nor_keeps_its_init_args_is_refused():
