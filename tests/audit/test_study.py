@@ -858,6 +858,21 @@ def test_the_users_sync_batchnorm_is_kept_and_the_audits_own_fix_replaces_it(mon
         assert audit_run.NOTES == []
 
 
+def test_batchnorms_layer_sync_plugin_is_the_users_sync_batchnorm():
+    """The audit's own advice on CPU, ``plugins=[GlobalSyncBatchNorm()]`` (an instance, a class path, a config's
+    ``class_path``), or Lightning's ``TorchSyncBatchNorm``, is the BatchNorm fix ``sync_batchnorm=True`` stands for
+    (it was refused: the audit sets the plugins); any other plugin is still refused."""
+    from vae_ddp.audit import preflight
+    from vae_ddp.errors import UserError
+    from vae_ddp.fixes import GlobalSyncBatchNorm
+
+    for plugins in ([GlobalSyncBatchNorm()], "vae_ddp.fixes.GlobalSyncBatchNorm",
+                    [{"class_path": "pytorch_lightning.plugins.TorchSyncBatchNorm"}]):
+        assert preflight.trainer_args({"plugins": plugins}) == {"sync_batchnorm": True}, plugins
+    with pytest.raises(UserError, match=r"--trainer.plugins: the audit sets it \(the fixes; BatchNorm's LayerSync"):
+        preflight.trainer_args({"plugins": ["lightning_fabric.plugins.environments.LightningEnvironment"]})
+
+
 def test_a_lightning_cli_configs_trainer_settings_are_accepted_and_noted(monkeypatch, tmp_path):
     """A project's LightningCLI config as it is: ``seed_everything`` (the runs' seed), ``trainer.accelerator``,
     ``devices``, ``sync_batchnorm``,

@@ -26,7 +26,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Optional
 
-from vae_ddp.audit import user_objects
+from vae_ddp.audit import user_objects, users_trainer
 from vae_ddp.audit.attached import one_device_trainer
 from vae_ddp.errors import UserError
 from vae_ddp.lightning_package import is_a, one_package
@@ -138,9 +138,9 @@ def class_arg(key: str, value: str) -> str:
 
 
 def trainer_args(given: Optional[dict]) -> dict:
-    """The ``--trainer.NAME VALUE`` arguments (``given``: jsonargparse's dict of them) that
-    differ from Lightning's defaults, once checked: typed as ``Trainer``'s signature types them
-    (jsonargparse) and accepted by Lightning (a ``Trainer`` built with them, its chatter silenced).
+    """The ``--trainer.NAME VALUE`` arguments (``given``: jsonargparse's dict of them) that differ from Lightning's
+    defaults, once checked: typed as ``Trainer``'s signature types them (jsonargparse) and accepted by Lightning (a
+    ``Trainer`` built with them, its chatter silenced); BatchNorm's ``LayerSync`` plugins as ``sync_batchnorm``.
 
     Raises:
         UserError: an argument the audit sets itself (``TRAINER_SET``) or that ``Trainer`` does not
@@ -154,7 +154,7 @@ def trainer_args(given: Optional[dict]) -> dict:
     from vae_ddp.audit.spec import DDP_STRATEGIES, TRAINER_OVERRIDDEN, TRAINER_SET
     from vae_ddp.errors import one_line
 
-    given, params = dict(given or {}), inspect.signature(Trainer).parameters
+    given, params = users_trainer.layer_sync_plugins(dict(given or {})), inspect.signature(Trainer).parameters
     accepted = [k for k in params if k not in TRAINER_SET]
     for key in given:
         if "-" in key:  # --trainer.max-steps: LightningCLI's names are the Python ones

@@ -60,7 +60,7 @@ TRAINER_SET: dict[str, str] = {
     "num_nodes": "--devices, on one node",
     "max_steps": "--steps", "min_steps": "--steps", "max_time": "--steps", "fast_dev_run": "--steps",
     "overfit_batches": "the batches each step trains on",
-    "plugins": "the fixes", "callbacks": "its probes and fixes",
+    "plugins": "the fixes; BatchNorm's LayerSync alone is taken as sync_batchnorm", "callbacks": "its probes and fixes",
     "limit_val_batches": "no validation", "num_sanity_val_steps": "no validation",
 }
 """``Trainer`` arguments the audit sets itself in every run (``vae_ddp.audit.run.build``) that change which steps

@@ -17,7 +17,7 @@ from typing import Any
 
 from vae_ddp.audit.spec import TRAINER_OVERRIDDEN
 
-__all__ = ["in_run"]
+__all__ = ["in_run", "layer_sync_plugins"]
 
 
 def in_run(run: Any, parts: Any) -> tuple[Any, dict, list[str]]:
@@ -41,3 +41,18 @@ def in_run(run: Any, parts: Any) -> tuple[Any, dict, list[str]]:
     for key in parts.trainer:  # the audit's fix in this run sets it (use_distributed_sampler=False: the sampler fix)
         user.pop(key, None)
     return parts, user, notes
+
+
+def layer_sync_plugins(given: dict) -> dict:
+    """``given`` (the user's Trainer arguments) with ``plugins`` that are BatchNorm's ``LayerSync`` alone (this
+    package's ``GlobalSyncBatchNorm``, the audit's advice on CPU, or Lightning's ``TorchSyncBatchNorm``: an
+    instance, a class path or ``{"class_path": ...}``) taken as ``sync_batchnorm=True``, the same fix; other
+    plugins stay (the audit refuses them: its fixes are plugins)."""
+    plugins = given.get("plugins")
+    items = plugins if isinstance(plugins, (list, tuple)) else [plugins]
+    names = [p.get("class_path") if isinstance(p, dict) else p if isinstance(p, str) else type(p).__name__
+             for p in items]
+    if plugins is None or not items or not all(isinstance(n, str) and n.rpartition(".")[2] in
+                                                ("GlobalSyncBatchNorm", "TorchSyncBatchNorm") for n in names):
+        return given
+    return {**{k: v for k, v in given.items() if k != "plugins"}, "sync_batchnorm": True}
