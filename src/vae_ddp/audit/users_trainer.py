@@ -24,11 +24,11 @@ def in_run(run: Any, parts: Any) -> tuple[Any, dict, list[str]]:
     """For ``run`` (an [`AuditRun`][vae_ddp.audit.spec.AuditRun]) and ``parts`` (the audit's fixes in it, a
     ``FixParts``): ``(parts with the user's sync_batchnorm where it applies, the user's other Trainer arguments
     but those the audit replaces, notes)``."""
-    from vae_ddp.fixes.batchnorm import sync_batchnorm_parts
+    from vae_ddp.fixes import batchnorm
 
     user, notes = dict(run.trainer), []
-    if user.pop("sync_batchnorm", False) and run.devices > 1 and "batchnorm" not in run.fixes:
-        parts = parts.merge(sync_batchnorm_parts(run.accelerator))
+    if user.pop("sync_batchnorm", False) and run.devices > 1 and batchnorm.FACTOR.key not in run.fixes:
+        parts = parts.merge(batchnorm.sync_batchnorm_parts(run.accelerator))
         if run.accelerator != "gpu":
             notes.append("sync_batchnorm=True: on CPU the DDP runs use plugins=[GlobalSyncBatchNorm()] "
                          "(vae_ddp.fixes), the same global-batch statistics (torch's SyncBatchNorm refuses CPU "
