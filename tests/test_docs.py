@@ -269,7 +269,7 @@ def test_results_runs_an_entry_in_a_fork_of_its_zygote_as_its_command_line_would
         shown = (root / "docs" / "generated" / name / "output.md").read_text()
         assert shown == f"| 0 | Agg | {root} | True |\n", shown
     started = [k for k in zygote._ZYGOTES if k[0] == os.getpid() and k not in before]
-    assert started == [(os.getpid(), "wave", "0")], started
+    assert started == [(os.getpid(), "wave", (("PYTHONHASHSEED", "0"), ("VAE_DDP_LIGHTNING", None)))], started
 
 
 def test_results_runs_a_command_that_is_not_python(tmp_path):

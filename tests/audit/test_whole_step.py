@@ -201,7 +201,7 @@ def test_a_loss_that_turns_nan_is_one_line_naming_the_run_rank_and_step(tmp_path
     code, stdout, stderr = main_captured(["audit", "--model", "examples/audit_models.py:Diverging", "--data",
                                           "examples/audit_models.py:Regression", "--steps", "3", "--out", str(out)],
                                          cwd=ROOT)
-    first = stderr.strip().splitlines()[0]
+    first = next(line for line in stderr.strip().splitlines() if not line.startswith("[audit] "))  # (progress)
     assert code == 3 and not (out / "audit.json").exists(), stderr[-2000:]
     assert "run 'single': the gradient is not finite (NaN or infinite) at training batch 1 on rank 0" in first, first
     last = stderr.strip().splitlines()[-1]

@@ -34,6 +34,7 @@ def run_config(cfg: Any, out: Path, command: str, progress: bool = True, cwd: Op
     from vae_ddp.audit import preflight
     from vae_ddp.audit.study import audit as study_audit
     from vae_ddp.lightning_package import env_for
+    from vae_ddp.outputs import own_folder
     from vae_ddp.utils import out_folder_lock
 
     cwd = cwd or os.getcwd()
@@ -46,11 +47,12 @@ def run_config(cfg: Any, out: Path, command: str, progress: bool = True, cwd: Op
     with contextlib.redirect_stdout(io.StringIO()):  # the checks call training_step dozens of times: not shown
         static, notes = preflight.check(run, data_cls, model_cls, cost, sizes)
     run = run.replace(param_count=sizes.get("param_count", 0))  # what the runs write: the space check's estimate
-    if progress:
-        for line in cost:  # before anything starts: what the world size costs
-            print(f"[audit] cost: {line}", file=sys.stderr, flush=True)
     if os.getcwd() != cwd:  # the user's __init__ changed the working folder: the runs start where the caller was
         os.chdir(cwd)
     out = preflight.writable(out)
+    own_folder(out / "runs")  # a planted link refused in one line, before the cost line
+    if progress:
+        for line in cost:  # before anything starts: what the world size costs
+            print(f"[audit] cost: {line}", file=sys.stderr, flush=True)
     with out_folder_lock(out, command):
         return study_audit(run, out, static=static, notes=notes, progress=progress)

@@ -287,7 +287,7 @@ def check(run, data_cls: type, model_cls: type, cost: Optional[list] = None,
         raise UserError(f"--accelerator gpu with {run.devices} devices needs that many CUDA devices, this machine "
                         f"has {torch.cuda.device_count()}: use --accelerator cpu")
     try:
-        dm = user_objects.build(run, "data", batch_size=run.global_batch_size)  # (a copy of an instance given)
+        dm = user_objects.build(run, "data", run.global_batch_size, data_cls)  # (a copy of an instance given)
     except Exception as err:  # noqa: BLE001 - the user's class: its first line
         raise UserError(f"{data_cls.__name__}(...) fails ({type(err).__name__}: {_first(err)}): check --data's "
                         "init args") from None
@@ -324,7 +324,7 @@ def _check_model(run, model_cls: type, dm, batches: list, batch,
     from vae_ddp.fixes.factor import cast_batch as _cast
     from vae_ddp.harness.resources import audit_cost
     try:
-        model = user_objects.build(run, "model")
+        model = user_objects.build(run, "model", cls=model_cls)
     except Exception as err:  # noqa: BLE001 - the user's class: its first line
         raise UserError(f"{model_cls.__name__}(...) fails ({type(err).__name__}: {_first(err)}): check --model's "
                         "init args") from None

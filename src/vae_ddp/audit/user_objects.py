@@ -70,16 +70,17 @@ class _Unpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
-def build(run: Any, key: str, batch_size: Optional[int] = None) -> Any:
+def build(run: Any, key: str, batch_size: Optional[int] = None, cls: Optional[type] = None) -> Any:
     """The user's module (``key`` ``"model"``) or datamodule (``"data"``) for ``run`` (an
     [`AuditRun`][vae_ddp.audit.spec.AuditRun]): a copy of the instance the caller gave (``run.instances[key]``,
     with its weights and attributes; a datamodule's ``batch_size`` attribute, and its ``hparams`` entry, set to
-    ``batch_size``), else its class built from its init arguments (``batch_size`` among them when given).
+    ``batch_size``), else its class built from its init arguments (``batch_size`` among them when given); ``cls``:
+    that class, imported already (the pre-flight's), else imported from the run's class path.
 
     Raises:
-        what the user's ``__init__`` raises (a class), or unpickling raises (an instance)."""
+        Exception: what the user's ``__init__`` raises (a class), or unpickling raises (an instance)."""
     cfg, file = (run.model, run.model_file) if key == "model" else (run.data, run.data_file)
-    cls = import_class(cfg["class_path"], file)
+    cls = cls or import_class(cfg["class_path"], file)
     instance = run.instances.get(key)
     if instance is None:
         return cls(**dict(cfg.get("init_args", {}), **({} if batch_size is None else {"batch_size": batch_size})))
