@@ -251,10 +251,15 @@ def entry() -> None:
 
     # the imports inside the run folder (main's, shared), so that inductor's folder they make is made in it and a
     # SIGKILL during them leaves nothing (the folder's reaper): made in TMPDIR before, it stayed there
-    with private_tmpdir():
-        _MADE[:] = filter(None, [inductor_folder_to_remove()])  # (None but where the folder cannot be made)
-        _import_or_end_at_ctrl_c(sys.argv[1:])
-        code = main()
+    try:
+        with private_tmpdir():
+            _MADE[:] = filter(None, [inductor_folder_to_remove()])  # (None but where the folder cannot be made)
+            _import_or_end_at_ctrl_c(sys.argv[1:])
+            code = main()
+    except KeyboardInterrupt:  # a Ctrl-C while the run folder is made, before the imports take it: 130, not -2
+        print("vae-ddp audit: interrupted; no verdict" if sys.argv[1:2] == ["audit"] else "vae-ddp: interrupted",
+              file=sys.stderr, flush=True)
+        code = 130
     _leave(code)
 
 
