@@ -66,9 +66,10 @@ VARIANTS = {
     "stuck_worker": ("forkserver", False, True, False, True),
     "stuck_worker_plain_bn": ("forkserver", False, False, False, True),
 }
-BATCH, SAMPLES, EPOCHS = 16, 250, 4
-#: Seconds the guard's watchdog waits beyond ``--stall``: the time ``gdb`` takes on every process of a hung run.
-GDB_S = 120.0  # 250 samples: 125 per rank, 8 batches, the last one of 13
+BATCH, SAMPLES, EPOCHS = 16, 250, 4  # 250 samples: 125 per rank, 8 batches, the last one of 13
+#: Seconds the guard's watchdog waits beyond ``--stall``: the time ``gdb`` takes on every process of a hung run
+#: (tens of seconds a process on a loaded machine: it reads libtorch's symbols).
+GDB_S = 240.0
 
 
 class Flips(Dataset):
@@ -301,7 +302,8 @@ def main(argv=None) -> int:
     p.add_argument("--runs", type=int, default=20, help="trainings per variant (default 20)")
     p.add_argument("--variants", nargs="+", default=["fork", "forkserver"], choices=list(VARIANTS))
     p.add_argument("--stall", type=float, default=60.0, help="seconds without progress that make a hang (default 60)")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds a run may take in all (default 300)")
+    p.add_argument("--timeout", type=float, default=600.0,
+                   help="seconds a run may take in all, a hang's stacks included (default 600)")
     p.add_argument("--threads", type=int, default=0,
                    help="torch's intra-op threads per rank (default 0: torch's default, as in a user's script)")
     p.add_argument("--bare", action="store_true",
