@@ -64,8 +64,9 @@ bench: setup  ## benchmarks (medians and ratios): step time per fix, CPU sync Ba
 	$(PY) benchmarks/audit_overhead.py
 	$(PY) benchmarks/audit_time.py
 
-stress: setup  ## 30 runs of each DDP case with DataLoader workers (hangs, failures, exit noise), then the fault injection: kills during writes, two runs in one folder, a full disk, a killed rank, a changed image (tens of minutes)
+stress: setup  ## 30 runs of each DDP case with DataLoader workers (hangs, failures, exit noise), 20 GlobalSyncBatchNorm trainings with forked and with forkserver workers (hangs, with every process's stacks), then the fault injection: kills during writes, two runs in one folder, a full disk, a killed rank, a changed image (tens of minutes)
 	$(PY) benchmarks/stress_workers.py --iterations 30 --out $(OUT)/stress
+	$(PY) benchmarks/bn_hang.py --out $(OUT)/bn-hang
 	$(PY) benchmarks/fault_injection.py --tries 30 --out $(OUT)/fault-injection
 
 bench-docs: setup  ## the timings and audit calibration the site shows, rewritten into docs/results/ (idle machine; then commit)

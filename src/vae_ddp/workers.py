@@ -27,7 +27,8 @@ import multiprocessing
 import os
 from typing import Any, Optional
 
-__all__ = ["worker_context", "loader_kwargs", "dataset_modules", "make_fork_safe", "thread_count", "START_METHOD"]
+__all__ = ["worker_context", "loader_kwargs", "dataset_modules", "make_fork_safe", "fork_hazard", "thread_count",
+           "START_METHOD"]
 
 #: The start method this project uses for DataLoader workers.
 START_METHOD = "forkserver"
@@ -113,3 +114,24 @@ def make_fork_safe(loader: Any, preload: tuple[str, ...] = ()) -> Optional[str]:
     return (f"the DataLoader forks its {loader.num_workers} worker(s) from a process that runs {threads} threads, "
             "which can hang a worker at start (a lock held by another thread at the fork); the audit used "
             "'forkserver': pass DataLoader(..., multiprocessing_context='forkserver')")
+
+
+def fork_hazard(loader: Any) -> Optional[str]:
+    """Why ``loader`` (a ``torch.utils.data.DataLoader``) can hang this process's training, in one line, or None:
+    it starts workers with ``fork`` (its own start method, or the default one: ``fork`` on Linux before Python
+    3.14) from a process that runs several threads (a DDP rank: gloo's). Such a worker can block before it loads
+    a sample (``PyOS_AfterFork_Child``: a lock another thread held at the fork), its rank then waits for its batch
+    for ever, and the other ranks in the step's first collective. Changes nothing."""
+    if getattr(loader, "num_workers", 0) <= 0:
+        return None
+    own = getattr(loader, "multiprocessing_context", None)
+    method = own.get_start_method() if own is not None else (
+        multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0])
+    threads = thread_count()
+    if method != "fork" or threads <= 1:
+        return None
+    return (f"DataLoader(num_workers={loader.num_workers}) forks its workers from a rank that runs {threads} threads: "
+            "a worker can block at start (PyOS_AfterFork_Child, a lock another thread held at the fork) and the "
+            "training hang, its rank waiting for the worker's batch and the other ranks in the step's first "
+            "all_reduce (GlobalBatchNorm's); start the workers from a forkserver: "
+            'DataLoader(..., multiprocessing_context="forkserver") (docs/factors/batchnorm.md)')

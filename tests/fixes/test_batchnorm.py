@@ -59,3 +59,85 @@ def test_convert_and_revert_keep_settings_and_share_state():
     assert reverted_ref[1] is nn.BatchNorm2d and reverted_ref[3] is nn.BatchNorm1d
     # without a process group it is plain BatchNorm
     torch.testing.assert_close(converted(x), nn.Sequential(*GlobalSyncBatchNorm().revert(converted))(x))
+
+
+def _loader_check(context=None):
+    """What GlobalSyncBatchNorm's check says of a 2-worker loader (``context``: its start method) in a process
+    that runs 2 threads, as a DDP rank does: the warnings raised by the callback that ``apply`` adds."""
+    import threading
+    import types
+    import warnings
+
+    from torch.utils.data import DataLoader, TensorDataset
+
+    module = nn.Sequential(nn.BatchNorm2d(2))
+    module._trainer = trainer = types.SimpleNamespace(callbacks=[])
+    GlobalSyncBatchNorm().apply(module)
+    GlobalSyncBatchNorm().apply(module)  # Lightning applies the plugin in every fit: one callback
+    assert len(trainer.callbacks) == 1, trainer.callbacks
+    trainer.train_dataloader = DataLoader(TensorDataset(torch.zeros(4, 2)), num_workers=2,
+                                          multiprocessing_context=context)
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait)  # a second thread, as gloo's in a rank
+    thread.start()
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            trainer.callbacks[0].on_train_start(trainer, module)
+    finally:
+        stop.set()
+        thread.join()
+    return [str(w.message) for w in seen]
+
+
+def test_plugin_warns_when_workers_are_forked_from_a_rank_that_runs_threads():
+    """Issue #62, the hang: a DataLoader worker forked from a rank that runs threads (gloo's) can block at start
+    (``PyOS_AfterFork_Child``), its rank waits for its batch and the other rank waits in GlobalBatchNorm's
+    all_reduce, the step's first collective: the plugin names the condition and the command that avoids it
+    (benchmarks/bn_hang.py counts the hangs); a loader with a start method of its own is left alone."""
+    import multiprocessing
+
+    default = multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
+    for context in ("fork", None) if default == "fork" else ("fork",):  # None: the default start method
+        said = _loader_check(context)
+        assert len(said) == 1 and 'multiprocessing_context="forkserver"' in said[0] and "hang" in said[0], said
+    assert _loader_check("forkserver") == []
+
+
+def test_the_batchnorm_page_names_the_hang_and_the_command_the_warning_gives(monkeypatch):
+    """docs/factors/batchnorm.md names the condition of the hang (a worker forked from a rank that runs threads,
+    blocked in ``PyOS_AfterFork_Child``), the command that avoids it, the same as the plugin's warning, and the
+    script that counts the hangs."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from vae_ddp import workers
+
+    text = (ROOT / "docs" / "factors" / "batchnorm.md").read_text()
+    monkeypatch.setattr(workers, "thread_count", lambda: 7)  # a rank: gloo's threads
+    monkeypatch.setattr(workers.multiprocessing, "get_start_method", lambda allow_none=False: "fork")
+    said = workers.fork_hazard(DataLoader(TensorDataset(torch.zeros(4, 2)), num_workers=2))
+    command = 'multiprocessing_context="forkserver"'
+    assert said and command in said and "PyOS_AfterFork_Child" in said and "7 threads" in said, said
+    assert command in text and "PyOS_AfterFork_Child" in text and "`vae_ddp/fixes/batchnorm.py`" in text
+    assert "benchmarks/bn_hang.py" in text and (ROOT / "benchmarks" / "bn_hang.py").exists()
+
+
+@pytest.mark.parametrize("batch", [16, 13, 1])
+def test_every_rank_makes_the_same_collectives_whatever_its_batch_size(monkeypatch, batch):
+    """Issue #62: a hang in GlobalBatchNorm's all_reduce is not ranks that call it a different number of times:
+    a layer in training makes two all_reduce calls in its forward and one in its backward, whatever the rank's
+    batch size (a smaller last batch, ``drop_last=False``), none in eval mode (docs/factors/batchnorm.md)."""
+    from vae_ddp.fixes import batchnorm
+
+    calls = []
+    monkeypatch.setattr(batchnorm, "_world_size", lambda group: 2)
+    monkeypatch.setattr(batchnorm.dist, "all_reduce", lambda t, group=None: calls.append(t.numel()))
+    layer = GlobalBatchNorm(4)
+    x = torch.randn(batch, 4, 5, 5, requires_grad=True)
+    y = layer(x)
+    assert calls == [1 + 4, 4], calls  # [count, sum x], then sum (x - mean)**2
+    y.sum().backward()
+    assert calls[2:] == [2 * 4], calls  # sum dy, sum dy * x_hat
+    layer.eval()
+    layer(x)
+    assert len(calls) == 3

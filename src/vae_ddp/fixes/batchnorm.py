@@ -21,11 +21,13 @@ from typing import Optional
 
 import torch
 import torch.distributed as dist
+from pytorch_lightning import Callback
 from pytorch_lightning.plugins import LayerSync
+from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from vae_ddp.fixes.factor import Audit, Factor, Finding, FixParts, Seen, Switch, world
+from vae_ddp.fixes.factor import Audit, Factor, Finding, FixParts, Seen, Switch, loader_list, world
 
 __all__ = ["GlobalBatchNorm", "GlobalSyncBatchNorm", "FACTOR", "batch_stats", "normalize", "sync_batchnorm_parts"]
 
@@ -299,13 +301,47 @@ class GlobalSyncBatchNorm(LayerSync):
     [`GlobalBatchNorm`][vae_ddp.fixes.batchnorm.GlobalBatchNorm]. Works on any backend
     (gloo on CPUs included); on GPUs ``Trainer(sync_batchnorm=True)`` does the same with
     torch's fused CUDA kernels.
+
+    ``apply`` also adds a callback to the module's ``Trainer`` (once) that warns, on rank 0, when a training or
+    validation loader starts its workers with ``fork`` from the rank, which runs threads: such a worker can block
+    at start and the training hang, the other rank waiting in `GlobalBatchNorm`'s first ``all_reduce``
+    ([`vae_ddp.workers.fork_hazard`][vae_ddp.workers.fork_hazard]; issue #62).
     """
 
     def apply(self, model: nn.Module) -> nn.Module:
+        trainer = getattr(model, "_trainer", None)
+        if trainer is not None and not any(isinstance(c, _ForkedWorkers) for c in trainer.callbacks):
+            trainer.callbacks.append(_ForkedWorkers())
         return GlobalBatchNorm.convert(model)
 
     def revert(self, model: nn.Module) -> nn.Module:
         return GlobalBatchNorm.revert(model)
+
+
+class _ForkedWorkers(Callback):
+    """The warning of [`GlobalSyncBatchNorm`][vae_ddp.fixes.batchnorm.GlobalSyncBatchNorm]: once, on rank 0, at the
+    start of training or validation, when a loader forks its workers from this rank while it runs threads."""
+
+    def __init__(self) -> None:
+        self.warned = False
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._check(trainer.train_dataloader)
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self._check(trainer.val_dataloaders)
+
+    def _check(self, loaders) -> None:
+        from vae_ddp.workers import fork_hazard
+
+        if self.warned:
+            return
+        for dl in loader_list(loaders):
+            note = fork_hazard(dl)
+            if note:
+                rank_zero_warn(note)
+                self.warned = True
+                return
 
 
 # --- the factor: its exposure check, what its fix adds, and what DDPAudit watches ----------------
