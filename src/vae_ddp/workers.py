@@ -134,4 +134,5 @@ def fork_hazard(loader: Any) -> Optional[str]:
             "a worker can block at start (PyOS_AfterFork_Child, a lock another thread held at the fork) and the "
             "training hang, its rank waiting for the worker's batch and the other ranks in the step's first "
             "all_reduce (GlobalBatchNorm's); start the workers from a forkserver: "
-            'DataLoader(..., multiprocessing_context="forkserver") (docs/factors/batchnorm.md)')
+            'DataLoader(..., multiprocessing_context="forkserver") (the "BatchNorm statistics" page of the vae-ddp '
+            'documentation)')

@@ -305,7 +305,7 @@ class GlobalSyncBatchNorm(LayerSync):
     ``apply`` also adds a callback to the module's ``Trainer`` (once) that warns, on rank 0, when a training or
     validation loader starts its workers with ``fork`` from the rank, which runs threads: such a worker can block
     at start and the training hang, the other rank waiting in `GlobalBatchNorm`'s first ``all_reduce``
-    ([`vae_ddp.workers.fork_hazard`][vae_ddp.workers.fork_hazard]; issue #62).
+    ([`vae_ddp.workers.fork_hazard`][vae_ddp.workers.fork_hazard]).
     """
 
     def apply(self, model: nn.Module) -> nn.Module:
