@@ -172,18 +172,19 @@ _LEAVES = {  # how a caller leaves its run folder: the docs runner's end_all, or
                 "    z = zygote._zygote('slow_import', wait=False)\n"
                 "    print(p, z.proc.pid, flush=True)\n"
                 "    zygote.end_all()\n"),
-    "vae-ddp main": ("from vae_ddp import cli\nZ = []\n"
-                     "def started(argv):  # the command's work: a zygote still importing when it ends\n"
-                     "    Z.append(zygote._zygote('slow_import', wait=False))\n"
-                     "    print(os.environ['TMPDIR'], Z[0].proc.pid, flush=True)\n    return 0\n"
-                     "cli._main = started\nassert cli.main([]) == 0\nz = Z[0]\n"),
+    "vae-ddp": ("import sys\nfrom vae_ddp import cli\nZ = []\n"
+                "def started(argv=None):  # the command's work: a zygote still importing when it ends\n"
+                "    Z.append(zygote._zygote('slow_import', wait=False))\n"
+                "    print(os.environ['TMPDIR'], Z[0].proc.pid, flush=True)\n    return 0\n"
+                "cli.main, cli._leave, sys.argv = started, lambda code: None, ['vae-ddp', '-h']\n"
+                "cli.entry()\nz = Z[0]\n"),
 }
 
 
 @pytest.mark.parametrize("leave", list(_LEAVES))
 def test_a_zygote_still_importing_does_not_make_the_removed_folder_again(tmp_path, leave):
-    """A caller that leaves its run folder while its zygote still imports (the docs runner or ``vae-ddp audit``
-    interrupted at once) ends the zygote first (``zygote.end_all``): the zygote's imports wrote into ``TMPDIR``
+    """A caller that leaves its run folder while its zygote still imports (the docs runner or the ``vae-ddp``
+    command interrupted at once) ends the zygote first (``zygote.end_all``): the zygote's imports wrote into ``TMPDIR``
     (inductor's cache folder) after the folder had been removed, and made it again. Here the module the zygote
     imports writes into ``TMPDIR`` once the caller has left the folder; the zygote is gone and the folder stays
     removed (a zygote left alive is given 30 s to write)."""

@@ -100,11 +100,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         from vae_ddp.utils import private_tmpdir
 
         with _sigterm_says_terminated(), private_tmpdir(tuple(_MADE)):  # nothing left in TMPDIR, however it ends
-            try:
-                return _main(argv)
-            finally:  # a zygote still importing (a SIGTERM at once) made inductor's folder in the removed TMPDIR
-                if "vae_ddp.zygote" in sys.modules:
-                    sys.modules["vae_ddp.zygote"].end_all()
+            return _main(argv)
     except Terminated:
         print("vae-ddp: terminated", file=sys.stderr, flush=True)
         return 143
@@ -253,9 +249,13 @@ def entry() -> None:
     # SIGKILL during them leaves nothing (the folder's reaper): made in TMPDIR before, it stayed there
     try:
         with private_tmpdir():
-            _MADE[:] = filter(None, [inductor_folder_to_remove()])  # (None but where the folder cannot be made)
-            _import_or_end_at_ctrl_c(sys.argv[1:])
-            code = main()
+            try:
+                _MADE[:] = filter(None, [inductor_folder_to_remove()])  # (None but where the folder cannot be made)
+                _import_or_end_at_ctrl_c(sys.argv[1:])
+                code = main()
+            finally:  # its zygote, still importing (a SIGTERM at once), made inductor's folder in the removed one
+                if "vae_ddp.zygote" in sys.modules:  # (main's callers in one process, the tests, keep theirs)
+                    sys.modules["vae_ddp.zygote"].end_all()
     except KeyboardInterrupt:  # a Ctrl-C while the run folder is made, before the imports take it: 130, not -2
         print("vae-ddp audit: interrupted; no verdict" if sys.argv[1:2] == ["audit"] else "vae-ddp: interrupted",
               file=sys.stderr, flush=True)
