@@ -23,14 +23,25 @@ def test_a_line_per_run_done_counts_the_runs_planned_so_far(tmp_path, capsys):
     one.mkdir()
     ddp.mkdir()
     (one / PROGRESS_FILE).write_text(json.dumps({"done": ["earlier"], "to_come": 0}))  # an earlier audit's
+    lines, out = [], ""
+
+    def said_lines(n: int) -> None:  # poll the watcher's output until it said n lines (or 60 s passed)
+        nonlocal out
+        deadline = time.monotonic() + 60
+        while len(lines) < n and time.monotonic() < deadline:
+            got = capsys.readouterr()
+            out, _ = out + got.out, lines.extend(got.err.splitlines())
+            time.sleep(POLL_S / 10)
+
     with watch(plan, tmp_path, time.monotonic()):
         (one / PROGRESS_FILE).write_text(json.dumps({"done": ["single"], "to_come": 2}))
-        time.sleep(3 * POLL_S)
+        said_lines(1)
         (ddp / PROGRESS_FILE).write_text(json.dumps({"done": ["ddp"], "to_come": 3}))
-        time.sleep(3 * POLL_S)
+        said_lines(2)
         (ddp / PROGRESS_FILE).write_text(json.dumps({"done": ["ddp", "ddp+fixed"], "to_come": 0}))  # decided: fewer
-    out, err = capsys.readouterr()
-    said = [DONE.match(ln).groups() for ln in err.splitlines()]
+    got = capsys.readouterr()
+    out, _ = out + got.out, lines.extend(got.err.splitlines())
+    said = [DONE.match(ln).groups() for ln in lines]
     assert [(k, n, label, where) for k, n, _, label, where in said] == [
         ("1", "7", "single", "one device"), ("2", "7", "ddp", "2 DDP ranks"), ("3", "5", "ddp+fixed", "2 DDP ranks")]
     assert out == ""
