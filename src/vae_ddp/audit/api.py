@@ -245,15 +245,12 @@ def audit(model: Classish, datamodule: Classish, *, model_args: Optional[dict] =
         accelerator: ``"cpu"`` (gloo, the default) or ``"gpu"``.
         seed: the runs' seed.
         effect_batches: global batches of the effect runs (0 skips them, else at least 4).
-        out: the output folder (``audit.json``, ``tables.md``, the runs' logs); None: a new temporary
-            folder, removed before this returns (so that parallel callers never share one). While the call
-            runs, ``TMPDIR`` (the environment's and ``tempfile``'s) is a folder of its own, in which that
-            temporary folder lies, removed when the call returns or raises, and after a SIGKILL of the
-            calling process too ([`private_tmpdir`][vae_ddp.utils.private_tmpdir]).
-        progress: print what the command prints (its progress lines and the report); else nothing
-            is printed to ``sys.stdout`` while it runs (the report is the result's ``report``).
-        **trainer_args: any other ``Trainer`` argument (``gradient_clip_val=1.0``, ``strategy=...``),
-            as ``--trainer.NAME VALUE``; those the audit sets itself are refused.
+        out: the output folder (``audit.json``, ``tables.md``, the runs' logs); None: a new temporary folder, removed
+            before this returns (parallel callers never share one). While the call runs, ``TMPDIR`` is a folder of
+            its own, holding that one, removed however the call ends, a SIGKILL of the caller too
+            ([`private_tmpdir`][vae_ddp.utils.private_tmpdir]).
+        progress: print what the command prints (progress and report); else nothing on ``sys.stdout``.
+        **trainer_args: any other ``Trainer`` argument (``gradient_clip_val=1.0``), as ``--trainer.NAME VALUE``.
 
     Returns:
         [`AuditResult`][vae_ddp.audit.api.AuditResult]; ``to_dict()`` equals the ``audit.json`` the command
@@ -262,8 +259,7 @@ def audit(model: Classish, datamodule: Classish, *, model_args: Optional[dict] =
     Raises:
         TypeError: ``model``/``datamodule`` is neither such a class nor an instance, an argument has the
             wrong type or a name neither audit's nor Trainer's (it names the closest), or init arguments are not JSON.
-        AuditInputError: (a ``ValueError``) any bad input the command answers with exit code 2, before
-            any training; the message names the Python argument and what to do.
+        AuditInputError: (a ``ValueError``) any bad input the command answers with exit 2, before any training.
         AuditRunFailed: a training run failed (the command's exit code 3).
     """
     __tracebackhide__ = True  # pytest shows a bad input's one line, not this function's source
@@ -285,27 +281,31 @@ def audit(model: Classish, datamodule: Classish, *, model_args: Optional[dict] =
                  "dtype": dtype, "accelerator": accelerator, "seed": seed, "effect_batches": effect_batches,
                  "out": str(out or "unused"), "trainer": dict(trainer_args) or None}
         cfg = dict(_parse(given).as_dict(), **{k: classes[k] for k in travel})  # an instance's class as it is
-        temporary = out is None
         if accelerator == "cpu":  # outside the call's TMPDIR: it serves this process's later calls too, and its
             # imports (inductor's folder) may outlast the call; the Lightning package of the user's module
             zygote.warm("vae_ddp.audit.run", env_for(of(model if isinstance(model, type) else type(model))))
-        # a TMPDIR of the call's own, removed however the call or its caller ends (a SIGKILL too: its reaper), and with
-        # it the temporary output folder and the pickled instances made in it
-        with private_tmpdir():
-            folder = Path(tempfile.mkdtemp(prefix="vae-ddp-audit-")) if temporary else Path(out).expanduser().resolve()
-            shown = contextlib.nullcontext() if progress else contextlib.redirect_stdout(io.StringIO())
-            try:
-                with shown:  # the report is the result's (report); the runs' own output goes to their logs
-                    result = run_config(cfg, folder, "vae_ddp.audit.api.audit", progress=progress,
-                                        instances={k: saved(obj) for k, obj in travel.items()})
-                report = (folder / "tables.md").read_text() if (folder / "tables.md").exists() else ""
-            except UserError as err:
-                raise AuditInputError(python_names(str(err))) from None
-            except RunFailed as err:
-                raise AuditRunFailed(str(err)) from None
-            finally:
-                if temporary:  # whatever happened: no folder left behind per call
-                    shutil.rmtree(folder, ignore_errors=True)
+        return _audited(cfg, out, progress, travel)
+
+
+def _audited(cfg: dict, out: Any, progress: bool, travel: dict) -> AuditResult:
+    """The audit of ``cfg`` in a TMPDIR of its own, removed (its reaper's after a SIGKILL) with what it holds."""
+    __tracebackhide__ = True
+    temporary = out is None
+    with private_tmpdir():
+        folder = Path(tempfile.mkdtemp(prefix="vae-ddp-audit-")) if temporary else Path(out).expanduser().resolve()
+        shown = contextlib.nullcontext() if progress else contextlib.redirect_stdout(io.StringIO())
+        try:
+            with shown:  # the report is the result's (report); the runs' own output goes to their logs
+                result = run_config(cfg, folder, "vae_ddp.audit.api.audit", progress=progress,
+                                    instances={k: saved(obj) for k, obj in travel.items()})
+            report = (folder / "tables.md").read_text() if (folder / "tables.md").exists() else ""
+        except UserError as err:
+            raise AuditInputError(python_names(str(err))) from None
+        except RunFailed as err:
+            raise AuditRunFailed(str(err)) from None
+        finally:
+            if temporary:  # whatever happened: no folder left behind per call
+                shutil.rmtree(folder, ignore_errors=True)
     return AuditResult.of(result, report, None if temporary else folder)
 
 

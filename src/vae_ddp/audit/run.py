@@ -1,25 +1,22 @@
 """Audit runs in one process tree: ``python -m vae_ddp.harness vae_ddp.audit.run:train_runs JOB OUT``.
 
 The job (a [`Job`][vae_ddp.harness.launch.Job]'s JSON in ``JOB_FILE``) holds groups of
-[`AuditRun`][vae_ddp.audit.spec.AuditRun]s, each with one ``devices`` (the audit's one-device
-runs and its DDP runs, at the same time: see ``train_runs``); the runs of a group are trained one
-after the other in the same processes (Lightning reuses the process group), which saves a
-launch per variant. On CPU the other ranks are forks of this process
-([`vae_ddp.ranks`][vae_ddp.ranks]); on GPUs Lightning's launcher re-runs this command for them.
-Rank 0 writes, in its group's folder ``OUT_DIR/TAG/``, ``<label>.pt`` (the final floating-point
-parameters and buffers of each run), ``<label>.steps.pt`` (per-step gradients, for a run with a ``steps_file``) and
-``run.json``: ``{label: {"findings": [...], "steps": int, "notes": [...]}}``, the
-findings being what [`DDPAudit`][vae_ddp.audit.callback.DDPAudit] saw. A teacher-forced run
-waits until the reference run (in the process beside it) has written its weights. Where the run
-``localise.RANKS_GRADS`` saw a ``self.all_gather`` without ``sync_grads=True`` on a tensor that
-requires a gradient (on any rank), the ranks train it again with ``sync_grads=True`` forced there,
-as ``localise.SYNC_GRADS``, right after it: the audit's check of its advice. Likewise a run with
-``if_seen`` (a factor's ablation and effect runs) trains only when the deciding DDP runs (``spec.DECIDING``,
-the first two) saw one of those factors exposed: rank 0 broadcasts what their ``DDPAudit`` saw to the other
-ranks and writes it to ``OUT_DIR/seen.json`` for the one-device process, which waits for it there. A run
-that differs from another only by fixes that changed nothing in the run with every fix (``Audit.idle``: a
-module without BatchNorm, without draws the noise fix serves) is that run: trained once, its ``run.json``
-entry says ``same_as``.
+[`AuditRun`][vae_ddp.audit.spec.AuditRun]s, each with one ``devices`` (the audit's one-device runs and its DDP runs,
+at the same time: see ``train_runs``); the runs of a group are trained one after the other in the same processes
+(Lightning reuses the process group), which saves a launch per variant. On CPU the other ranks are forks of this
+process ([`vae_ddp.ranks`][vae_ddp.ranks]); on GPUs Lightning's launcher re-runs this command for them. Rank 0 writes,
+in ``OUT_DIR/TAG/``, ``<label>.pt`` (each run's final floating-point parameters and buffers), ``<label>.steps.pt``
+(per-step gradients, for a run with a ``steps_file``) and ``run.json``: ``{label: {"findings": [...], "steps": int,
+"notes": [...]}}``, the findings what [`DDPAudit`][vae_ddp.audit.callback.DDPAudit] saw. A teacher-forced run waits
+until the reference run (in the process beside it) has written its weights. Where the run ``localise.RANKS_GRADS`` saw
+a ``self.all_gather`` without ``sync_grads=True`` on a tensor that requires a gradient (on any rank), the ranks train
+it again with ``sync_grads=True`` forced there, as ``localise.SYNC_GRADS``, right after it: the audit's check of its
+advice. Likewise a run with ``if_seen`` (a factor's ablation and effect runs) trains only when the deciding DDP runs
+(``spec.DECIDING``, the first two) saw one of those factors exposed: rank 0 broadcasts what their ``DDPAudit`` saw to
+the other ranks and writes it to ``OUT_DIR/seen.json`` for the one-device process, which waits for it there. A run
+that differs from another only by fixes that changed nothing in the run with every fix (``Audit.idle``: a module
+without BatchNorm, without draws the noise fix serves) is that run: trained once, its ``run.json`` entry says
+``same_as``.
 """
 
 from __future__ import annotations
@@ -387,16 +384,57 @@ def train_runs(runs: list[AuditRun], out: Path) -> int:
         raise
 
 
+def _saved(run: AuditRun, trainer: Trainer, model: LightningModule, probe: Optional[StepProbe], out: Path,
+           gathers: Any) -> dict:
+    """Rank 0's files of the run just trained (weights, recorded steps, the reference's) and its ``run.json`` entry."""
+    audit = next(c for c in trainer.callbacks if isinstance(c, DDPAudit))
+    with replacing(out / f"{run.label}.pt") as tmp:
+        torch.save({n: t.detach().cpu() for n, t in model.state_dict().items() if t.is_floating_point()}, tmp)
+    entry = {"findings": audit.state(), "steps": trainer.global_step, "notes": list(NOTES), "gathers": gathers}
+    drawn = next((c for c in trainer.callbacks if isinstance(c, LoaderDraws)), None)
+    if drawn is not None:  # what the ranks' loaders drew for the same samples
+        entry["loader_draws"] = drawn.measured
+    if probe is not None and probe.forced:  # which of the reference's θ_k each batch started from
+        entry["weights_of_batch"] = probe.loaded
+    if probe is not None:
+        record = probe.record()
+        with replacing(out / f"{run.label}.steps.pt") as tmp:
+            torch.save(record, tmp)
+        if not run.teacher_forced:  # the reference: its weights, for the forced runs (written whole)
+            with replacing(Path(run.steps_file)) as tmp:
+                torch.save({**record, "states": probe.states}, tmp)
+    return entry
+
+
+def _fit(run: AuditRun) -> tuple[LightningModule, Any, Trainer, Optional[StepProbe], Any]:
+    """Train ``run`` in this rank: its module, datamodule, trainer, probe and the gathers seen."""
+    _CURRENT[:] = [run.label]  # which run each process trains, in the log: a rank that dies is named with its run
+    say_run(run.label)
+    probe = None
+    if run.steps_file:
+        probe = StepProbe(wait_for_steps(Path(run.steps_file)) if run.teacher_forced else None,
+                          record_states=not run.teacher_forced, lag=run.lag, label=run.label,
+                          repeat=run.repeat, sketch=run.sketch, ranks_grads=run.label == localise.RANKS_GRADS)
+    # the user's own output (print) is shown once, for one device's reference run; every other run's goes
+    # to the launch's log (its stderr), where its errors go
+    shown = run.label == REFERENCE and run.devices == 1
+    with contextlib.redirect_stdout(sys.stdout if shown else sys.stderr):
+        model, dm, trainer = build(run, probe)
+        try:
+            with localise.watch_gathers(force=run.sync_grads) as gathers:
+                trainer.fit(model, datamodule=dm)
+        except Exception as err:  # the user's code failed under the audit's settings: the error names them
+            raise with_settings(err, run)
+    return model, dm, trainer, probe, gathers
+
+
 def _train(runs: list[AuditRun], out: Path) -> int:
     """Train ``runs`` one after the other in this rank; rank 0 writes what the audit reads."""
     quiet()
     out.mkdir(parents=True, exist_ok=True)
     info = {}
     runs = list(runs)
-    # the runs of AuditRun.if_seen train only where the deciding DDP runs (spec.DECIDING) saw what they
-    # measure: decided here, after those runs, by rank 0's findings; the one-device process beside the ranks
-    # reads it from SEEN_FILE. A run that differs from another only by fixes that changed nothing in the run
-    # with every fix (Audit.idle, asked there) is not trained again: that run's files serve it (same_runs).
+    # if_seen runs train where the deciding DDP runs saw their factor; runs the same as another: once (module doc)
     deciding = [run.label for run in runs if run.label in DECIDING and run.devices > 1]
     seen: set[str] = set()
     idle: set[str] = set()
@@ -424,24 +462,7 @@ def _train(runs: list[AuditRun], out: Path) -> int:
                 continue
         if run.label in same:
             continue
-        # which run each process trains, in the log: a rank that dies is named with its run (launch)
-        _CURRENT[:] = [run.label]
-        say_run(run.label)
-        probe = None
-        if run.steps_file:
-            probe = StepProbe(wait_for_steps(Path(run.steps_file)) if run.teacher_forced else None,
-                              record_states=not run.teacher_forced, lag=run.lag, label=run.label,
-                              repeat=run.repeat, sketch=run.sketch, ranks_grads=run.label == localise.RANKS_GRADS)
-        # the user's own output (print) is shown once, for one device's reference run; every other run's goes
-        # to the launch's log (its stderr), where its errors go
-        shown = run.label == REFERENCE and run.devices == 1
-        with contextlib.redirect_stdout(sys.stdout if shown else sys.stderr):
-            model, dm, trainer = build(run, probe)
-            try:
-                with localise.watch_gathers(force=run.sync_grads) as gathers:
-                    trainer.fit(model, datamodule=dm)
-            except Exception as err:  # the user's code failed under the audit's settings: the error names them
-                raise with_settings(err, run)
+        model, dm, trainer, probe, gathers = _fit(run)
         if run.label == localise.RANKS_GRADS and run.devices > 1 and trainer.strategy.reduce_boolean_decision(
                 bool(gathers), all=False):  # a gather without gradient on any rank: its advice checked, next
             runs.insert(runs.index(run) + 1, run.replace(label=localise.SYNC_GRADS, sync_grads=True))
@@ -465,28 +486,10 @@ def _train(runs: list[AuditRun], out: Path) -> int:
                 if trainer.is_global_zero:
                     write_atomic(out.parent / SEEN_FILE, json.dumps({"seen": sorted(seen), "idle": sorted(idle)}))
         if trainer.is_global_zero:
-            audit = next(c for c in trainer.callbacks if isinstance(c, DDPAudit))
-            with replacing(out / f"{run.label}.pt") as tmp:
-                torch.save({n: t.detach().cpu() for n, t in model.state_dict().items() if t.is_floating_point()}, tmp)
-            info[run.label] = {"findings": audit.state(), "steps": trainer.global_step, "notes": list(NOTES),
-                               "gathers": gathers}
-            drawn = next((c for c in trainer.callbacks if isinstance(c, LoaderDraws)), None)
-            if drawn is not None:  # what the ranks' loaders drew for the same samples
-                info[run.label]["loader_draws"] = drawn.measured
-            if probe is not None and probe.forced:  # which of the reference's θ_k each batch started from
-                info[run.label]["weights_of_batch"] = probe.loaded
-            if probe is not None:
-                record = probe.record()
-                with replacing(out / f"{run.label}.steps.pt") as tmp:
-                    torch.save(record, tmp)
-                if not run.teacher_forced:  # the reference: its weights, for the forced runs (written whole)
-                    with replacing(Path(run.steps_file)) as tmp:
-                        torch.save({**record, "states": probe.states}, tmp)
+            info[run.label] = _saved(run, trainer, model, probe, out, gathers)
             _say_progress(out, list(info), runs[runs.index(run) + 1:], same, decided, left_checked)
-        # Lightning's Trainer and module refer to each other: without a collection here each run's
-        # module, optimizer state and recorded steps (several copies of the parameters) outlive it
+        # Trainer and module refer to each other: uncollected, each run's module and optimizer state outlive it
         del model, dm, trainer, probe
-        audit = record = None  # noqa: F841 - what they refer to, collected below
         gc.collect()
     for label, other in same.items():  # a run the same as another: its entry says which (its files are that run's)
         if other in info:
