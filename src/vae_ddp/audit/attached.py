@@ -19,10 +19,11 @@ __all__ = ["one_device_trainer", "one_device_view", "LOGGERS"]
 LOGGERS = ("pytorch_lightning", "lightning_fabric", "lightning.pytorch")
 
 
-def one_device_trainer(package: str = "pytorch_lightning") -> Any:
+def one_device_trainer(package: str = "pytorch_lightning", **arguments: Any) -> Any:
     """A ``Trainer`` of ``package`` (``pytorch_lightning`` or ``lightning``: ``lightning.pytorch``, the package the
-    user's classes are built on) on one CPU (no logger, checkpoints, progress bar or summary), built with
-    Lightning's chatter (its device lines, its warnings) silenced."""
+    user's classes are built on) on one CPU (no logger, checkpoints, progress bar or summary; ``arguments``: more of
+    its arguments, the user's, which Lightning checks as it builds it), with Lightning's chatter (its device lines,
+    its warnings) silenced. Raises what Lightning raises for the arguments."""
     import importlib
 
     Trainer = importlib.import_module("lightning.pytorch" if package == "lightning" else "pytorch_lightning").Trainer
@@ -35,7 +36,7 @@ def one_device_trainer(package: str = "pytorch_lightning") -> Any:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                           enable_progress_bar=False, enable_model_summary=False)
+                           enable_progress_bar=False, enable_model_summary=False, **arguments)
     finally:
         for lg, level in zip(loggers, levels):
             lg.setLevel(level)

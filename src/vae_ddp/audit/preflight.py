@@ -21,7 +21,6 @@ import abc
 import contextlib
 import inspect
 import itertools
-import logging
 import warnings
 from pathlib import Path
 from typing import Any, Optional
@@ -180,21 +179,12 @@ def trainer_args(given: Optional[dict]) -> dict:
     if args.get("accumulate_grad_batches", 1) < 1:  # Lightning takes 0 and fails at the first step
         raise UserError(f"--trainer.accumulate_grad_batches must be at least 1, got {args['accumulate_grad_batches']}")
     rest = {k: v for k, v in args.items() if k not in {"strategy", "precision", *TRAINER_OVERRIDDEN}}
-    loggers = [logging.getLogger(n) for n in ("pytorch_lightning", "lightning_fabric", "lightning.pytorch")]
-    levels = [lg.level for lg in loggers]
     deterministic = torch.are_deterministic_algorithms_enabled()  # Trainer(deterministic=True) sets it
     try:  # Lightning's own checks of the values, here rather than in every run (its chatter silenced)
-        for lg in loggers:
-            lg.setLevel(logging.ERROR)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                    enable_progress_bar=False, enable_model_summary=False, **rest)
+        one_device_trainer(**rest)
     except Exception as err:  # noqa: BLE001 - Lightning's MisconfigurationException/ValueError: its first line
         raise UserError(f"--trainer.{'/'.join(rest)}: {_first(err) or type(err).__name__}") from None
     finally:
-        for lg, level in zip(loggers, levels):
-            lg.setLevel(level)
         torch.use_deterministic_algorithms(deterministic)
     return args
 
